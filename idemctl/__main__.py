@@ -1,0 +1,3 @@
+from idemctl.cli import main
+
+main()

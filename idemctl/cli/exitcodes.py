@@ -1,0 +1,61 @@
+"""The exit codes of every idemctl command: one table, also shown by ``idemctl --help``."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from idemctl.errors import (
+    ConfigError,
+    IdemctlError,
+    InvalidKey,
+    InvalidPayload,
+    KeyNotFound,
+    NotProvisioned,
+    Refused,
+    StoreUnavailable,
+)
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    UNEXPECTED = 1
+    USAGE = 2
+    STORE_UNREACHABLE = 3
+    NOT_PROVISIONED = 4
+    KEY_NOT_FOUND = 5
+    REFUSED = 6
+    INTERRUPTED = 130
+
+
+MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "ok",
+    ExitCode.UNEXPECTED: "unexpected error",
+    ExitCode.USAGE: "usage error or bad configuration (URL, scheme, missing driver, config file)",
+    ExitCode.STORE_UNREACHABLE: "store unreachable",
+    ExitCode.NOT_PROVISIONED: "store not provisioned: run 'idemctl init'",
+    ExitCode.KEY_NOT_FOUND: "key not found",
+    ExitCode.REFUSED: "refused: a live lease without --force, or a conflicting state",
+    ExitCode.INTERRUPTED: "interrupted",
+}
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    if isinstance(exc, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    if isinstance(exc, ConfigError | InvalidKey | InvalidPayload):
+        return ExitCode.USAGE
+    if isinstance(exc, StoreUnavailable):
+        return ExitCode.STORE_UNREACHABLE
+    if isinstance(exc, NotProvisioned):
+        return ExitCode.NOT_PROVISIONED
+    if isinstance(exc, KeyNotFound):
+        return ExitCode.KEY_NOT_FOUND
+    if isinstance(exc, Refused):
+        return ExitCode.REFUSED
+    if isinstance(exc, IdemctlError):
+        return ExitCode.UNEXPECTED
+    return ExitCode.UNEXPECTED
+
+
+def exit_code_table() -> str:
+    return "\n".join(f"{int(code):>3}  {MEANINGS[code]}" for code in ExitCode)

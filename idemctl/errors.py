@@ -1,0 +1,111 @@
+"""The error tree: every error idemctl raises derives from IdemctlError.
+
+The CLI turns each branch into one exit code (see ``idemctl.cli.exitcodes``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from idemctl.model import Record
+
+
+class IdemctlError(Exception):
+    """Root of every error idemctl raises on purpose."""
+
+
+# Configuration -----------------------------------------------------------------
+
+
+class ConfigError(IdemctlError):
+    """A bad URL, an unknown scheme, an invalid option or config file."""
+
+
+class MissingDriver(ConfigError):
+    """The store's Python driver is not installed; the message names the extra."""
+
+
+# Keys and payloads --------------------------------------------------------------
+
+
+class InvalidKey(IdemctlError, ValueError):
+    """An empty idempotency key, or one longer than 512 bytes."""
+
+
+class InvalidPayload(IdemctlError, ValueError):
+    """A payload or result that cannot be fingerprinted or stored as JSON."""
+
+
+# Stores ------------------------------------------------------------------------------
+
+
+class StoreError(IdemctlError):
+    """The store could not do what was asked."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or did not answer in time. Nothing was decided:
+    callers must fail closed (not process, not commit) and try again later."""
+
+
+class NotProvisioned(StoreError):
+    """The store is reachable but its tables, indexes or scripts are missing.
+
+    ``idemctl init`` provisions them."""
+
+
+class KeyNotFound(StoreError, KeyError):
+    """No record under that key (or it is past retention)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+    def __str__(self) -> str:
+        return f"no record for key {self.key!r}"
+
+
+class Refused(StoreError):
+    """The operation would be unsafe in the key's current state (a live lease, a
+    completed key asked to unlock); pass force where the operation offers it."""
+
+    def __init__(self, message: str, record: Record | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+class LeaseLost(StoreError):
+    """This owner no longer holds the key: its lease was taken over, released or
+    unlocked, or the record is gone. Whatever the attempt produced must be discarded."""
+
+    def __init__(self, message: str, record: Record | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+# Running work ---------------------------------------------------------------------------
+
+
+class ProcessingError(IdemctlError):
+    """Raised by ``@idempotent`` when the key cannot be processed now."""
+
+    def __init__(self, message: str, record: Record | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+class KeyBusy(ProcessingError):
+    """Another worker holds a live lease on the key: retry later."""
+
+
+class FingerprintMismatch(ProcessingError):
+    """The key was used before with a different payload."""
+
+
+class PreviouslyFailed(ProcessingError):
+    """The key failed permanently before; it is not run again."""
+
+
+class Permanent(Exception):
+    """Raise from a handler (or wrap another exception) to fail the key without retries."""

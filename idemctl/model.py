@@ -1,0 +1,259 @@
+"""The idempotency record, its states, the claim outcomes and payload fingerprints.
+
+Pure values and functions: nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, TypeAlias
+
+from idemctl.errors import InvalidKey, InvalidPayload
+
+MAX_KEY_BYTES = 512
+
+JSON: TypeAlias = Any
+"""A value that ``json.dumps`` accepts: the stored result of a handler."""
+
+
+class Status(StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One idempotency key as the store holds it. Times are timezone-aware UTC."""
+
+    key: str
+    status: Status
+    fingerprint: str | None
+    owner: str | None
+    fencing_token: int
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+    lease_expires_at: datetime | None = None
+    completed_at: datetime | None = None
+    expires_at: datetime | None = None
+    result: JSON = None
+    error: str | None = None
+    retriable: bool = False
+
+    def lease_live(self, now: datetime) -> bool:
+        """True while an owner holds an unexpired lease on an in-progress key."""
+        return (
+            self.status is Status.IN_PROGRESS
+            and self.owner is not None
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+    def stale(self, now: datetime) -> bool:
+        """An in-progress key nobody is working on: its lease expired or was released."""
+        return self.status is Status.IN_PROGRESS and not self.lease_live(now)
+
+    def retention_over(self, now: datetime) -> bool:
+        """Past retention the key is as if never seen."""
+        return self.expires_at is not None and self.expires_at <= now
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape of ``schemas/record.schema.json``."""
+        return {
+            "key": self.key,
+            "status": self.status.value,
+            "fingerprint": self.fingerprint,
+            "owner": self.owner,
+            "fencing_token": self.fencing_token,
+            "attempts": self.attempts,
+            "lease_expires_at": _iso(self.lease_expires_at),
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "completed_at": _iso(self.completed_at),
+            "expires_at": _iso(self.expires_at),
+            "result": self.result,
+            "error": self.error,
+            "retriable": self.retriable,
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+# Claim outcomes -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """This attempt holds the key: run the handler, then complete or fail with these tokens."""
+
+    key: str
+    owner: str
+    fencing_token: int
+    attempt: int
+    lease_expires_at: datetime
+    takeover: bool = False
+    """True when the key was taken from an in-progress attempt that never finished:
+    that attempt may have done part of its work."""
+
+
+@dataclass(frozen=True)
+class Completed:
+    """Done before: replay ``record.result`` instead of running the handler."""
+
+    record: Record
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another owner holds a live lease: try again later."""
+
+    record: Record
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The key was seen with another payload fingerprint: never run."""
+
+    record: Record
+    fingerprint: str | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The key failed permanently: never run again until forgotten or past retention."""
+
+    record: Record
+
+
+ClaimOutcome: TypeAlias = Acquired | Completed | Busy | Mismatch | Failed
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One item of ``claim_many``."""
+
+    key: str
+    fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One item of ``complete_many``."""
+
+    key: str
+    owner: str
+    fencing_token: int
+    result: JSON = None
+
+
+# Admin values ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of ``scan``; pass ``cursor`` back for the next, None when there is none."""
+
+    records: list[Record]
+    cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    total: int
+    by_status: dict[Status, int]
+    stale: int
+    """In-progress keys whose lease expired or was released."""
+    oldest_in_progress: datetime | None
+    """created_at of the oldest in-progress key."""
+    past_retention: int = 0
+    """Records kept physically after retention, waiting for ``purge``."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of ``check()``: what was looked at, whether it is fine, how to fix it."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class Provisioning:
+    """What ``provision`` ran (or, with ``dry_run``, would run)."""
+
+    statements: list[str]
+    changed: bool
+    dry_run: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+# Keys and fingerprints ---------------------------------------------------------
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a usable idempotency key, else raise InvalidKey."""
+    if not isinstance(key, str):
+        raise InvalidKey(f"idempotency key must be a string, not {type(key).__name__}")
+    if not key:
+        raise InvalidKey("idempotency key is empty")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidKey(f"idempotency key {key!r} is not valid UTF-8") from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidKey(
+            f"idempotency key is {size} bytes long; at most {MAX_KEY_BYTES} bytes are allowed "
+            "(hash long keys, e.g. with the payload-hash key strategy)"
+        )
+    return key
+
+
+def canonical_json(value: JSON) -> bytes:
+    """One byte form per JSON value: sorted keys, no whitespace, UTF-8, no NaN."""
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InvalidPayload(f"value is not JSON-serializable: {exc}") from exc
+
+
+def fingerprint(payload: JSON | bytes | str, *, fields: Sequence[str] | None = None) -> str:
+    """SHA-256 (hex) of the payload's canonical JSON form.
+
+    ``bytes`` and ``str`` holding JSON are parsed first, so key order and whitespace
+    do not change the fingerprint; ones that are not JSON are hashed as they are.
+    ``fields`` picks part of a JSON object (dotted paths such as ``"order.amount"``),
+    for payloads that carry volatile parts like timestamps.
+    """
+    value: Any = payload
+    if isinstance(payload, bytes | bytearray | memoryview | str):
+        raw = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+        try:
+            value = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            if fields:
+                raise InvalidPayload("fields were given but the payload is not JSON") from None
+            return hashlib.sha256(raw).hexdigest()
+    if fields:
+        value = {path: _pick(value, path) for path in fields}
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def _pick(value: Any, path: str) -> Any:
+    current = value
+    for part in path.split("."):
+        if not isinstance(current, dict) or part not in current:
+            raise InvalidPayload(f"payload has no field {path!r}")
+        current = current[part]
+    return current

@@ -1,0 +1,327 @@
+"""Run one unit of work: claim the key, run the handler, complete or fail it.
+
+``run()`` is what ``consume`` builds on; ``@idempotent`` wraps a plain function for
+library users. While a handler runs, a heartbeat thread extends its lease; a result
+produced after the lease was lost is discarded, never stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from idemctl.errors import (
+    FingerprintMismatch,
+    InvalidPayload,
+    KeyBusy,
+    LeaseLost,
+    Permanent,
+    PreviouslyFailed,
+    StoreError,
+)
+from idemctl.model import (
+    JSON,
+    Acquired,
+    Busy,
+    Completed,
+    Failed,
+    Mismatch,
+    Record,
+    canonical_json,
+)
+from idemctl.model import (
+    fingerprint as fingerprint_of,
+)
+
+if TYPE_CHECKING:
+    from idemctl.stores.base import Store
+
+log = logging.getLogger("idemctl.runner")
+
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a handler may know about the attempt running it."""
+
+    key: str
+    fencing_token: int
+    """Pass it to your own writes so a zombie attempt's writes can be refused."""
+    attempt: int
+    takeover: bool
+    """A previous attempt on this key never finished and may have done part of the work."""
+    owner: str
+    store: Store
+    logger: logging.Logger
+
+
+_current: contextvars.ContextVar[Context] = contextvars.ContextVar("idemctl_context")
+
+
+def current_context() -> Context:
+    """The Context of the handler running in this thread (inside ``@idempotent`` or ``run``)."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError(
+            "current_context() is only available inside an idempotent handler"
+        ) from None
+
+
+class Outcome(StrEnum):
+    EXECUTED = "executed"
+    """The handler ran and its result is stored."""
+    REPLAYED = "replayed"
+    """The key was completed before: the stored result, without running the handler."""
+    BUSY = "busy"
+    """Another worker holds a live lease: try again later."""
+    MISMATCH = "mismatch"
+    """The key was seen with another payload: not run."""
+    FAILED = "failed"
+    """The key failed permanently before: not run."""
+    ERROR = "error"
+    """The handler raised now; the key is recorded as failed (``retriable``: may it run again)."""
+    LEASE_LOST = "lease_lost"
+    """The handler ran but another attempt took the key meanwhile: its result was discarded."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: Outcome
+    key: str
+    result: JSON = None
+    record: Record | None = None
+    error: BaseException | None = None
+    attempt: int | None = None
+    fencing_token: int | None = None
+    retriable: bool = False
+
+
+class Heartbeat:
+    """Extends a lease every ``interval`` seconds until stopped or the lease is lost."""
+
+    def __init__(self, store: Store, acquired: Acquired, lease: float, interval: float) -> None:
+        self._store, self._acquired, self._lease, self._interval = store, acquired, lease, interval
+        self._stop = threading.Event()
+        self.lost: LeaseLost | None = None
+        self._thread = threading.Thread(
+            target=self._beat, name=f"idemctl-heartbeat-{acquired.key}", daemon=True
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        a = self._acquired
+        while not self._stop.wait(self._interval):
+            try:
+                self._store.extend(a.key, a.owner, a.fencing_token, self._lease)
+            except LeaseLost as exc:
+                self.lost = exc
+                log.warning("heartbeat: %s", exc)
+                return
+            except StoreError as exc:
+                # Keep trying: the lease may still hold until the store answers again.
+                log.warning("heartbeat could not extend the lease on %r: %s", a.key, exc)
+
+
+def run(
+    store: Store,
+    key: str,
+    handler: Callable[[Context], Any],
+    *,
+    fingerprint: str | None = None,
+    lease: float | None = None,
+    retention: float | None = None,
+    permanent: tuple[type[BaseException], ...] = (),
+    heartbeat: bool = True,
+    logger: logging.Logger = log,
+) -> RunResult:
+    """Run ``handler`` at most once to completion for ``key``.
+
+    Store problems (StoreUnavailable, ...) propagate: nothing was decided, so the caller
+    must not treat the work as done. Handler exceptions do not propagate; they come back
+    as ``Outcome.ERROR`` with the exception in ``error``. ``idemctl.Permanent`` and the
+    exception types in ``permanent`` fail the key for good; others leave it retriable.
+    The result is returned as JSON gives it back, the same on the first run and on replays.
+    """
+    outcome = store.claim(key, fingerprint, lease)
+    match outcome:
+        case Completed(record):
+            return RunResult(Outcome.REPLAYED, key, record.result, record)
+        case Busy(record):
+            return RunResult(Outcome.BUSY, key, record=record)
+        case Mismatch(record):
+            return RunResult(Outcome.MISMATCH, key, record=record)
+        case Failed(record):
+            return RunResult(Outcome.FAILED, key, record=record)
+    assert isinstance(outcome, Acquired)
+    return _execute(store, outcome, handler, lease, retention, permanent, heartbeat, logger)
+
+
+def _execute(
+    store: Store,
+    acquired: Acquired,
+    handler: Callable[[Context], Any],
+    lease: float | None,
+    retention: float | None,
+    permanent: tuple[type[BaseException], ...],
+    heartbeat: bool,
+    logger: logging.Logger,
+) -> RunResult:
+    key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
+    ctx = Context(key, token, acquired.attempt, acquired.takeover, owner, store, logger)
+    lease_seconds = store.default_lease if lease is None else lease
+    done: dict[str, Any] = {"attempt": acquired.attempt, "fencing_token": token}
+    beat = Heartbeat(store, acquired, lease_seconds, lease_seconds / 3)
+    try:
+        with beat if heartbeat else contextlib.nullcontext():
+            value = contextvars.copy_context().run(_call_with_context, ctx, handler)
+    except Exception as exc:
+        retriable = not isinstance(exc, (Permanent, *permanent))
+        try:
+            record = store.fail(key, owner, token, _error_text(exc), retriable, retention)
+        except LeaseLost as lost:
+            return RunResult(Outcome.LEASE_LOST, key, error=lost, record=lost.record, **done)
+        return RunResult(Outcome.ERROR, key, record=record, error=exc, retriable=retriable, **done)
+    except BaseException:
+        # Interrupted (Ctrl-C, SystemExit): free the key for the next delivery at once.
+        try:
+            store.release(key, owner, token)
+        except StoreError as exc:
+            logger.warning("could not release %r after an interrupt: %s", key, exc)
+        raise
+    try:
+        # What a replay will return; the first run returns the same, so callers cannot
+        # come to depend on a form (a tuple, an object) that only the first run gives.
+        value = json.loads(canonical_json(value))
+    except InvalidPayload as exc:
+        # The effects happened; failing permanently keeps them from happening twice.
+        error = InvalidPayload(
+            f"handler for {key!r} returned a result that cannot be stored: {exc}"
+        )
+        try:
+            record = store.fail(key, owner, token, str(error), False, retention)
+        except LeaseLost as lost:
+            return RunResult(Outcome.LEASE_LOST, key, error=lost, record=lost.record, **done)
+        return RunResult(Outcome.ERROR, key, record=record, error=error, **done)
+    try:
+        record = store.complete(key, owner, token, value, retention)
+    except LeaseLost as lost:
+        discarded = LeaseLost(
+            f"result for {key!r} discarded: {lost} (the handler ran past its lease; "
+            "raise the lease or keep the heartbeat on)",
+            lost.record,
+        )
+        logger.warning("%s", discarded)
+        return RunResult(Outcome.LEASE_LOST, key, error=discarded, record=lost.record, **done)
+    return RunResult(Outcome.EXECUTED, key, value, record, **done)
+
+
+def _call_with_context(ctx: Context, handler: Callable[[Context], Any]) -> Any:
+    _current.set(ctx)
+    return handler(ctx)
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+# The decorator ------------------------------------------------------------------------------
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def idempotent(
+    store: Store | str,
+    *,
+    key: str | Callable[..., str],
+    fingerprint: bool | Callable[..., Any] = True,
+    lease: float | None = None,
+    retention: float | None = None,
+    permanent: tuple[type[BaseException], ...] = (),
+) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Make a function run at most once to completion per idempotency key.
+
+    ``key`` is a template over the function's arguments (``"charge:{order_id}"``) or a
+    function of them. ``fingerprint`` guards against reusing a key with other arguments:
+    True fingerprints all arguments (they must be JSON-serializable), a function picks
+    what to fingerprint, False turns the check off. A repeated call returns the stored
+    (JSON) result without running the function; see ``idemctl.errors`` for what it raises
+    when the key is busy, mismatched or failed before.
+    """
+
+    def decorate(fn: Callable[P, T]) -> Callable[P, T]:
+        signature = inspect.signature(fn)
+        opened: list[Store] = []
+
+        def the_store() -> Store:
+            if not isinstance(store, str):
+                return store
+            if not opened:
+                from idemctl.stores import open_store
+
+                opened.append(open_store(store))
+            return opened[0]
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
+            k = key.format(**arguments) if isinstance(key, str) else key(*args, **kwargs)
+            fp: str | None = None
+            if fingerprint is True:
+                fp = fingerprint_of(arguments)
+            elif callable(fingerprint):
+                fp = fingerprint_of(fingerprint(*args, **kwargs))
+            result = run(
+                the_store(),
+                k,
+                lambda _ctx: fn(*args, **kwargs),
+                fingerprint=fp,
+                lease=lease,
+                retention=retention,
+                permanent=permanent,
+            )
+            match result.outcome:
+                case Outcome.EXECUTED | Outcome.REPLAYED:
+                    value: T = result.result
+                    return value
+                case Outcome.BUSY:
+                    raise KeyBusy(
+                        f"key {k!r} is being processed by another worker; retry later",
+                        result.record,
+                    )
+                case Outcome.MISMATCH:
+                    raise FingerprintMismatch(
+                        f"key {k!r} was used before with different arguments", result.record
+                    )
+                case Outcome.FAILED:
+                    error = result.record.error if result.record else None
+                    raise PreviouslyFailed(
+                        f"key {k!r} failed permanently before: {error}", result.record
+                    )
+            assert result.error is not None
+            raise result.error
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,39 @@
+"""Open a store by URL. Backends are imported only when their scheme is asked for."""
+
+from __future__ import annotations
+
+import importlib
+
+from idemctl.errors import ConfigError, MissingDriver
+from idemctl.stores.base import Store
+from idemctl.urls import redact_url, split_url
+
+DEFAULT_URL = "sqlite:///./idemctl.db"
+
+# scheme -> ("module:Class", the driver package, the extra that installs it)
+BACKENDS: dict[str, tuple[str, str | None, str | None]] = {
+    "sqlite": ("idemctl.stores.sqlite:SQLiteStore", None, None),
+    "memory": ("idemctl.stores.memory:MemoryStore", None, None),
+}
+
+__all__ = ["BACKENDS", "DEFAULT_URL", "Store", "open_store"]
+
+
+def open_store(url: str = DEFAULT_URL) -> Store:
+    """The store at ``url`` (``sqlite:///path``, ``memory://``, ...), ready to use."""
+    scheme = split_url(url).scheme.lower()
+    if scheme not in BACKENDS:
+        known = ", ".join(f"{s}://" for s in BACKENDS)
+        raise ConfigError(f"unknown store scheme {scheme!r} in {redact_url(url)}; known: {known}")
+    target, driver, extra = BACKENDS[scheme]
+    module_name, class_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if driver is not None and exc.name is not None and exc.name.split(".")[0] == driver:
+            raise MissingDriver(
+                f"the {scheme}:// store needs the {driver} package: pip install 'idemctl[{extra}]'"
+            ) from exc
+        raise
+    store: Store = getattr(module, class_name).from_url(url)
+    return store

@@ -1,0 +1,565 @@
+"""The Store protocol every backend implements, and the shared logic they need not repeat.
+
+Backends that can lock a row, read it and write it back in one transaction (memory,
+SQLite) subclass RowStore and get every operation from one state machine here. Backends
+whose atomic unit is a script or a statement (Redis, PostgreSQL, DynamoDB) implement the
+protocol themselves and must pass the same contract suite.
+"""
+
+from __future__ import annotations
+
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
+
+from idemctl.errors import KeyNotFound, LeaseLost, Refused
+from idemctl.model import (
+    JSON,
+    Acquired,
+    Busy,
+    ClaimOutcome,
+    ClaimRequest,
+    Completed,
+    Completion,
+    Failed,
+    Finding,
+    Mismatch,
+    Page,
+    Provisioning,
+    Record,
+    Stats,
+    Status,
+    validate_key,
+)
+
+DEFAULT_LEASE = 30.0
+"""Seconds a claim holds a key before another worker may take it over."""
+DEFAULT_RETENTION = 7 * 86400.0
+"""Seconds a completed or failed key is remembered: Kafka's default topic retention."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The atomic claim/complete protocol plus the operator's admin operations.
+
+    Durations are seconds. Every state change is atomic in the store itself.
+    """
+
+    url: str
+    """The store's URL with any password redacted: safe to print."""
+    default_lease: float
+    default_retention: float
+
+    def claim(
+        self, key: str, fingerprint: str | None = None, lease: float | None = None
+    ) -> ClaimOutcome: ...
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record: ...
+    def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record: ...
+    def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime: ...
+    def release(self, key: str, owner: str, fencing_token: int) -> Record: ...
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]: ...
+    def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]: ...
+    def get(self, key: str) -> Record | None: ...
+    def scan(
+        self,
+        status: Status | None = None,
+        stale_only: bool = False,
+        prefix: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page: ...
+    def stats(self) -> Stats: ...
+    def unlock(self, key: str, force: bool = False) -> Record: ...
+    def unlock_stale(self, older_than: float = 0.0) -> list[str]: ...
+    def forget(self, key: str, force: bool = False) -> Record: ...
+    def purge(self, older_than: float = 0.0) -> int: ...
+    def provision(self, dry_run: bool = False) -> Provisioning: ...
+    def check(self) -> list[Finding]: ...
+    def close(self) -> None: ...
+
+
+def new_owner() -> str:
+    """A random owner token for one attempt."""
+    return secrets.token_hex(16)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class BaseStore(ABC):
+    """What every backend shares: defaults, batch fallbacks, context management."""
+
+    scheme: ClassVar[str]
+
+    def __init__(
+        self, url: str, *, lease: float = DEFAULT_LEASE, retention: float = DEFAULT_RETENTION
+    ) -> None:
+        from idemctl.urls import redact_url
+
+        self.url = redact_url(url)
+        self.default_lease = lease
+        self.default_retention = retention
+
+    def _lease(self, lease: float | None) -> float:
+        return self.default_lease if lease is None else lease
+
+    def _retention(self, retention: float | None) -> float:
+        return self.default_retention if retention is None else retention
+
+    # Batch forms: backends with a cheaper round trip override these.
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]:
+        claim: Callable[..., ClaimOutcome] = getattr(self, "claim")  # noqa: B009
+        return [claim(r.key, r.fingerprint, lease) for r in requests]
+
+    def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        complete: Callable[..., Record] = getattr(self, "complete")  # noqa: B009
+        done = []
+        for c in completions:
+            try:
+                complete(c.key, c.owner, c.fencing_token, c.result, retention)
+            except LeaseLost:
+                done.append(False)
+            else:
+                done.append(True)
+        return done
+
+    def close(self) -> None:  # noqa: B027 - most stores hold something to close, not all
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+# The state machine ----------------------------------------------------------------------
+
+
+def decide_claim(
+    existing: Record | None, key: str, fingerprint: str | None, now: datetime, lease: float
+) -> tuple[ClaimOutcome, Record | None]:
+    """The claim rules of ARCHITECTURE.md: the outcome, and the record to write (None: no write)."""
+    expires = now + timedelta(seconds=lease)
+    owner = new_owner()
+    if existing is None or existing.retention_over(now):
+        # Past retention the key is new, but the fencing counter goes on: a zombie of the
+        # old life must never hold a token that is valid again.
+        token = 1 if existing is None else existing.fencing_token + 1
+        record = Record(
+            key=key,
+            status=Status.IN_PROGRESS,
+            fingerprint=fingerprint,
+            owner=owner,
+            fencing_token=token,
+            attempts=1,
+            created_at=now,
+            updated_at=now,
+            lease_expires_at=expires,
+        )
+        return Acquired(key, owner, token, 1, expires, takeover=False), record
+    if (
+        fingerprint is not None
+        and existing.fingerprint is not None
+        and fingerprint != existing.fingerprint
+    ):
+        return Mismatch(existing, fingerprint), None
+    if existing.status is Status.COMPLETED:
+        return Completed(existing), None
+    if existing.status is Status.FAILED and not existing.retriable:
+        return Failed(existing), None
+    if existing.lease_live(now):
+        return Busy(existing), None
+    # An expired or released lease, or a retriable failure: claim it again.
+    token = existing.fencing_token + 1
+    attempt = existing.attempts + 1
+    record = replace(
+        existing,
+        status=Status.IN_PROGRESS,
+        owner=owner,
+        fencing_token=token,
+        attempts=attempt,
+        updated_at=now,
+        lease_expires_at=expires,
+        completed_at=None,
+        expires_at=None,
+        fingerprint=existing.fingerprint or fingerprint,
+    )
+    takeover = existing.status is Status.IN_PROGRESS
+    return Acquired(key, owner, token, attempt, expires, takeover=takeover), record
+
+
+def check_holder(
+    existing: Record | None, key: str, owner: str, fencing_token: int, now: datetime
+) -> Record:
+    """The record if ``owner`` with ``fencing_token`` still holds ``key``, else LeaseLost.
+
+    An owner whose lease ran out keeps the key until somebody takes it over: nobody else
+    ran the work, so finishing it is still safe.
+    """
+    if existing is None or existing.retention_over(now):
+        raise LeaseLost(f"key {key!r} is gone: it was forgotten or purged", existing)
+    if (
+        existing.status is not Status.IN_PROGRESS
+        or existing.owner != owner
+        or existing.fencing_token != fencing_token
+    ):
+        holder = (
+            f"now {existing.status.value} with fencing token {existing.fencing_token}"
+            if existing.owner != owner or existing.fencing_token != fencing_token
+            else f"already {existing.status.value}"
+        )
+        raise LeaseLost(
+            f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
+            f"the key is {holder}",
+            existing,
+        )
+    return existing
+
+
+def completed(record: Record, now: datetime, result: JSON, retention: float) -> Record:
+    return replace(
+        record,
+        status=Status.COMPLETED,
+        owner=None,
+        lease_expires_at=None,
+        updated_at=now,
+        completed_at=now,
+        expires_at=now + timedelta(seconds=retention),
+        result=result,
+        error=None,
+        retriable=False,
+    )
+
+
+def failed(record: Record, now: datetime, error: str, retriable: bool, retention: float) -> Record:
+    return replace(
+        record,
+        status=Status.FAILED,
+        owner=None,
+        lease_expires_at=None,
+        updated_at=now,
+        expires_at=now + timedelta(seconds=retention),
+        error=error,
+        retriable=retriable,
+    )
+
+
+def released(record: Record, now: datetime) -> Record:
+    """Claimable again at once; attempts and the fencing counter stay."""
+    return replace(record, owner=None, lease_expires_at=now, updated_at=now)
+
+
+# Stores built on row transactions -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Query:
+    """A filter over records, pushed down into SQL by stores that have it."""
+
+    status: Status | None = None
+    prefix: str | None = None
+    after: str | None = None
+    limit: int | None = None
+    live_at: datetime | None = None
+    """Leave out records past retention at this time."""
+    lease_expired_at: datetime | None = None
+    """Only in-progress records whose lease ended (or was released) by this time."""
+    owned: bool | None = None
+    """Only records with (True) or without (False) an owner."""
+    retention_over_at: datetime | None = None
+    """Only records whose retention ended by this time."""
+
+    def matches(self, r: Record) -> bool:
+        if self.status is not None and r.status is not self.status:
+            return False
+        if self.prefix is not None and not r.key.startswith(self.prefix):
+            return False
+        if self.after is not None and r.key <= self.after:
+            return False
+        if self.live_at is not None and r.retention_over(self.live_at):
+            return False
+        if self.lease_expired_at is not None and not (
+            r.status is Status.IN_PROGRESS
+            and r.lease_expires_at is not None
+            and r.lease_expires_at <= self.lease_expired_at
+        ):
+            return False
+        if self.owned is not None and (r.owner is not None) != self.owned:
+            return False
+        return self.retention_over_at is None or r.retention_over(self.retention_over_at)
+
+
+class RowTx(Protocol):
+    """One atomic transaction over the records of a row store."""
+
+    def get(self, key: str) -> Record | None: ...
+    def put(self, record: Record) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def select(self, query: Query) -> list[Record]:
+        """Matching records in key order, at most ``query.limit``."""
+        ...
+
+
+class RowStore(BaseStore):
+    """Every store operation, written once over ``_transaction()``."""
+
+    def __init__(self, url: str, *, clock: Callable[[], datetime] = utcnow, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self._clock = clock
+
+    @abstractmethod
+    def _transaction(self, write: bool = True) -> AbstractContextManager[RowTx]:
+        """Exclusive until it exits when ``write``; rolled back if the block raises."""
+
+    def now(self) -> datetime:
+        # Milliseconds: what SQLite keeps, so a returned record equals the stored one.
+        now = self._clock()
+        return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+    def claim(
+        self, key: str, fingerprint: str | None = None, lease: float | None = None
+    ) -> ClaimOutcome:
+        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]:
+        for r in requests:
+            validate_key(r.key)
+        outcomes = []
+        with self._transaction() as tx:
+            now = self.now()
+            for r in requests:
+                outcome, record = decide_claim(
+                    tx.get(r.key), r.key, r.fingerprint, now, self._lease(lease)
+                )
+                if record is not None:
+                    tx.put(record)
+                outcomes.append(outcome)
+        return outcomes
+
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = completed(
+                check_holder(tx.get(key), key, owner, fencing_token, now),
+                now,
+                result,
+                self._retention(retention),
+            )
+            tx.put(record)
+        return record
+
+    def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        done = []
+        with self._transaction() as tx:
+            now = self.now()
+            for c in completions:
+                try:
+                    held = check_holder(tx.get(c.key), c.key, c.owner, c.fencing_token, now)
+                except LeaseLost:
+                    done.append(False)
+                    continue
+                tx.put(completed(held, now, c.result, self._retention(retention)))
+                done.append(True)
+        return done
+
+    def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = failed(
+                check_holder(tx.get(key), key, owner, fencing_token, now),
+                now,
+                error,
+                retriable,
+                self._retention(retention),
+            )
+            tx.put(record)
+        return record
+
+    def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime:
+        with self._transaction() as tx:
+            now = self.now()
+            held = check_holder(tx.get(key), key, owner, fencing_token, now)
+            expires = now + timedelta(seconds=self._lease(lease))
+            tx.put(replace(held, lease_expires_at=expires, updated_at=now))
+        return expires
+
+    def release(self, key: str, owner: str, fencing_token: int) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = released(check_holder(tx.get(key), key, owner, fencing_token, now), now)
+            tx.put(record)
+        return record
+
+    # Admin ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Record | None:
+        with self._transaction(write=False) as tx:
+            record = tx.get(key)
+        return None if record is None or record.retention_over(self.now()) else record
+
+    def scan(
+        self,
+        status: Status | None = None,
+        stale_only: bool = False,
+        prefix: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        now = self.now()
+        query = Query(
+            status=Status.IN_PROGRESS if stale_only else status,
+            prefix=prefix,
+            after=cursor,
+            limit=limit + 1,
+            live_at=now,
+            lease_expired_at=now if stale_only else None,
+        )
+        if stale_only and status not in (None, Status.IN_PROGRESS):
+            return Page([], None)
+        with self._transaction(write=False) as tx:
+            records = tx.select(query)
+        more = len(records) > limit
+        records = records[:limit]
+        return Page(records, records[-1].key if more and records else None)
+
+    def stats(self) -> Stats:
+        now = self.now()
+        with self._transaction(write=False) as tx:
+            records = tx.select(Query())
+        return stats_of(records, now)
+
+    def unlock(self, key: str, force: bool = False) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = tx.get(key)
+            if record is None or record.retention_over(now):
+                raise KeyNotFound(key)
+            record = unlocked(record, now, force)
+            tx.put(record)
+        return record
+
+    def unlock_stale(self, older_than: float = 0.0) -> list[str]:
+        with self._transaction() as tx:
+            now = self.now()
+            query = Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
+            stale = tx.select(query)
+            for record in stale:
+                tx.put(released(record, now))
+        return [r.key for r in stale]
+
+    def forget(self, key: str, force: bool = False) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = tx.get(key)
+            if record is None or record.retention_over(now):
+                raise KeyNotFound(key)
+            check_forgettable(record, force)
+            tx.delete(key)
+        return record
+
+    def purge(self, older_than: float = 0.0) -> int:
+        with self._transaction() as tx:
+            now = self.now()
+            over = tx.select(Query(retention_over_at=now - timedelta(seconds=older_than)))
+            for record in over:
+                tx.delete(record.key)
+        return len(over)
+
+
+def unlocked(record: Record, now: datetime, force: bool) -> Record:
+    """The record freed by an operator, or Refused when that would be unsafe."""
+    if record.status is not Status.IN_PROGRESS:
+        raise Refused(
+            f"key {record.key!r} is {record.status.value}: there is no lease to unlock", record
+        )
+    if record.lease_live(now) and not force:
+        assert record.lease_expires_at is not None
+        left = (record.lease_expires_at - now).total_seconds()
+        raise Refused(
+            f"key {record.key!r} has a live lease ({left:.1f}s left) held by {record.owner}; "
+            "unlocking it lets a second worker run it concurrently (use force to do it anyway)",
+            record,
+        )
+    return released(record, now) if record.owner is not None else record
+
+
+def check_forgettable(record: Record, force: bool) -> None:
+    if record.status is Status.IN_PROGRESS and not force:
+        raise Refused(
+            f"key {record.key!r} is in progress; forgetting it lets a redelivery run it "
+            "while the current attempt may still be working (use force to do it anyway)",
+            record,
+        )
+
+
+def stats_of(records: Iterator[Record] | Sequence[Record], now: datetime) -> Stats:
+    by_status = dict.fromkeys(Status, 0)
+    stale = past = 0
+    oldest: datetime | None = None
+    for r in records:
+        if r.retention_over(now):
+            past += 1
+            continue
+        by_status[r.status] += 1
+        if r.status is Status.IN_PROGRESS:
+            if r.stale(now):
+                stale += 1
+            if oldest is None or r.created_at < oldest:
+                oldest = r.created_at
+    return Stats(sum(by_status.values()), by_status, stale, oldest, past)

@@ -1,0 +1,312 @@
+"""``sqlite:///path``: the embedded default store (stdlib sqlite3, WAL).
+
+Every write is one ``BEGIN IMMEDIATE`` transaction, so several processes on one machine
+can share a database file safely. Three slashes and a relative path
+(``sqlite:///./idemctl.db``), four for an absolute one (``sqlite:////var/lib/idemctl.db``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from idemctl.errors import ConfigError, NotProvisioned, StoreError, StoreUnavailable
+from idemctl.model import Finding, Provisioning, Record, Stats, Status
+from idemctl.resources import read_resource
+from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query, RowStore
+
+SCHEMA_VERSION = 1
+_COLUMNS = (
+    "key, status, fingerprint, owner, fencing_token, attempts, lease_expires_at, created_at, "
+    "updated_at, completed_at, expires_at, result, error, retriable"
+)
+_SYNCHRONOUS = ("full", "normal", "extra")
+
+
+def _ms(value: datetime | None) -> int | None:
+    return None if value is None else round(value.timestamp() * 1000)
+
+
+def _dt(value: int | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value / 1000, UTC)
+
+
+def _record(row: tuple[Any, ...]) -> Record:
+    return Record(
+        key=row[0],
+        status=Status(row[1]),
+        fingerprint=row[2],
+        owner=row[3],
+        fencing_token=row[4],
+        attempts=row[5],
+        lease_expires_at=_dt(row[6]),
+        created_at=datetime.fromtimestamp(row[7] / 1000, UTC),
+        updated_at=datetime.fromtimestamp(row[8] / 1000, UTC),
+        completed_at=_dt(row[9]),
+        expires_at=_dt(row[10]),
+        result=None if row[11] is None else json.loads(row[11]),
+        error=row[12],
+        retriable=bool(row[13]),
+    )
+
+
+def schema_statements() -> list[str]:
+    text = read_resource("schemas", "sqlite.sql")
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";\n") if s.strip().rstrip(";")]
+
+
+class _SQLiteTx:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def get(self, key: str) -> Record | None:
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM idem_keys WHERE key = ?", (key,)
+        ).fetchone()
+        return None if row is None else _record(row)
+
+    def put(self, r: Record) -> None:
+        result = None if r.result is None else json.dumps(r.result, separators=(",", ":"))
+        self._conn.execute(
+            f"INSERT OR REPLACE INTO idem_keys ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                r.key,
+                r.status.value,
+                r.fingerprint,
+                r.owner,
+                r.fencing_token,
+                r.attempts,
+                _ms(r.lease_expires_at),
+                _ms(r.created_at),
+                _ms(r.updated_at),
+                _ms(r.completed_at),
+                _ms(r.expires_at),
+                result,
+                r.error,
+                int(r.retriable),
+            ),
+        )
+
+    def delete(self, key: str) -> None:
+        self._conn.execute("DELETE FROM idem_keys WHERE key = ?", (key,))
+
+    def select(self, query: Query) -> list[Record]:
+        where, args = _where(query)
+        sql = f"SELECT {_COLUMNS} FROM idem_keys WHERE {where} ORDER BY key"
+        if query.limit is not None:
+            sql += " LIMIT ?"
+            args.append(query.limit)
+        return [_record(row) for row in self._conn.execute(sql, args)]
+
+
+def _where(q: Query) -> tuple[str, list[Any]]:
+    clauses: list[str] = ["1 = 1"]
+    args: list[Any] = []
+    if q.status is not None:
+        clauses.append("status = ?")
+        args.append(q.status.value)
+    if q.prefix:
+        # substr comparison, not LIKE: a key may contain % and _.
+        clauses.append("substr(key, 1, ?) = ?")
+        args += [len(q.prefix), q.prefix]
+    if q.after is not None:
+        clauses.append("key > ?")
+        args.append(q.after)
+    if q.live_at is not None:
+        clauses.append("(expires_at IS NULL OR expires_at > ?)")
+        args.append(_ms(q.live_at))
+    if q.lease_expired_at is not None:
+        clauses.append("status = 'in_progress' AND lease_expires_at <= ?")
+        args.append(_ms(q.lease_expired_at))
+    if q.owned is not None:
+        clauses.append("owner IS NOT NULL" if q.owned else "owner IS NULL")
+    if q.retention_over_at is not None:
+        clauses.append("expires_at <= ?")
+        args.append(_ms(q.retention_over_at))
+    return " AND ".join(clauses), args
+
+
+class SQLiteStore(RowStore):
+    scheme = "sqlite"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        url: str | None = None,
+        synchronous: str = "full",
+        busy_timeout: float = 10.0,
+        auto_provision: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(url or f"sqlite:///{path}", **kwargs)
+        self.path = path
+        self._lock = threading.Lock()
+        self._busy_timeout = busy_timeout
+        try:
+            self._conn = sqlite3.connect(
+                path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            # WAL lets readers run beside the one writer; synchronous=FULL makes a
+            # completed key survive power loss, so it never runs twice.
+            self._conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+        if auto_provision and self._schema_version() is None:
+            self.provision()
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteStore:
+        from idemctl.urls import UrlOptions, redact_url
+
+        options = UrlOptions(url)
+        parts = options.parts
+        if parts.netloc or not parts.path.startswith("/") or parts.path == "/":
+            raise ConfigError(
+                f"bad SQLite URL {redact_url(url)!r}: use sqlite:///relative/path.db "
+                "or sqlite:////absolute/path.db"
+            )
+        settings: dict[str, Any] = {
+            "synchronous": options.choice("synchronous", _SYNCHRONOUS, "full"),
+            "busy_timeout": options.duration("busy_timeout", 10.0),
+            "auto_provision": options.flag("auto_provision", True),
+            "lease": options.duration("lease", DEFAULT_LEASE),
+            "retention": options.duration("retention", DEFAULT_RETENTION),
+        }
+        options.finish()
+        return cls(parts.path[1:], url=url, **settings)
+
+    def _translate(self, exc: sqlite3.Error) -> StoreError:
+        text = str(exc)
+        if "no such table" in text:
+            return NotProvisioned(
+                f"SQLite database {self.path} has no idemctl tables: run 'idemctl init'"
+            )
+        if "locked" in text or "busy" in text:
+            return StoreUnavailable(
+                f"SQLite database {self.path} stayed locked by another writer for "
+                f"{self._busy_timeout:g}s ({text})"
+            )
+        if "unable to open" in text or "readonly" in text or "disk" in text:
+            return StoreUnavailable(f"cannot use SQLite database {self.path}: {text}")
+        return StoreError(f"SQLite database {self.path}: {text}")
+
+    @contextmanager
+    def _transaction(self, write: bool = True) -> Iterator[_SQLiteTx]:
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
+            try:
+                yield _SQLiteTx(self._conn)
+            except sqlite3.Error as exc:
+                self._conn.execute("ROLLBACK")
+                raise self._translate(exc) from exc
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._conn.execute("ROLLBACK")
+                raise self._translate(exc) from exc
+
+    def stats(self) -> Stats:
+        now = _ms(self.now())
+        with self._transaction(write=False):
+            rows = self._conn.execute(
+                """SELECT status, count(*),
+                          sum(status = 'in_progress' AND (owner IS NULL OR lease_expires_at <= ?)),
+                          min(CASE WHEN status = 'in_progress' THEN created_at END)
+                   FROM idem_keys WHERE expires_at IS NULL OR expires_at > ? GROUP BY status""",
+                (now, now),
+            ).fetchall()
+            (past,) = self._conn.execute(
+                "SELECT count(*) FROM idem_keys WHERE expires_at <= ?", (now,)
+            ).fetchone()
+        by_status = dict.fromkeys(Status, 0)
+        stale, oldest = 0, None
+        for status, count, stale_count, oldest_ms in rows:
+            by_status[Status(status)] = count
+            stale += stale_count or 0
+            oldest = _dt(oldest_ms) if oldest_ms is not None else oldest
+        return Stats(sum(by_status.values()), by_status, stale, oldest, past)
+
+    def _schema_version(self) -> int | None:
+        with self._lock:
+            try:
+                row = self._conn.execute(
+                    "SELECT value FROM idem_meta WHERE name = 'schema_version'"
+                ).fetchone()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return None
+                raise self._translate(exc) from exc
+        return None if row is None else int(row[0])
+
+    def provision(self, dry_run: bool = False) -> Provisioning:
+        current = self._schema_version()
+        if current == SCHEMA_VERSION:
+            return Provisioning(
+                [], changed=False, dry_run=dry_run, notes=[f"schema version {current} is current"]
+            )
+        statements = schema_statements()
+        if not dry_run:
+            with self._transaction() as tx:
+                for statement in statements:
+                    tx._conn.execute(statement)
+        return Provisioning(statements, changed=not dry_run, dry_run=dry_run)
+
+    def check(self) -> list[Finding]:
+        findings = []
+        version = self._schema_version()
+        findings.append(
+            Finding(
+                "schema",
+                version == SCHEMA_VERSION,
+                f"schema version {version}",
+                None if version == SCHEMA_VERSION else "run 'idemctl init'",
+            )
+        )
+        with self._lock:
+            (mode,) = self._conn.execute("PRAGMA journal_mode").fetchone()
+            (sync,) = self._conn.execute("PRAGMA synchronous").fetchone()
+        findings.append(
+            Finding(
+                "journal",
+                mode == "wal",
+                f"journal_mode={mode}",
+                None
+                if mode == "wal"
+                else "the store sets WAL itself; is the file on a network filesystem?",
+            )
+        )
+        durable = sync >= 2
+        findings.append(
+            Finding(
+                "durability",
+                durable,
+                f"synchronous={['off', 'normal', 'full', 'extra'][sync]}",
+                None
+                if durable
+                else "add ?synchronous=full: with less, a power loss can forget a completed key",
+            )
+        )
+        writable = self.path == ":memory:" or os.access(self.path, os.W_OK)
+        findings.append(
+            Finding("file", writable, f"{self.path} {'is' if writable else 'is not'} writable")
+        )
+        return findings
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

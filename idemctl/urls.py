@@ -1,0 +1,92 @@
+"""Store URLs: parsing their options and printing them without passwords."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import SplitResult, parse_qsl, urlsplit, urlunsplit
+
+from idemctl.durations import parse_duration
+from idemctl.errors import ConfigError
+
+# userinfo "user:secret@" where urlsplit cannot help (a malformed URL), and libpq-style
+# query options that carry secrets.
+_USERINFO = re.compile(r"(?<=:)[^:/@?#\s]+(?=@)")
+_SECRET_OPTION = re.compile(
+    r"(?i)\b(password|passwd|pwd|secret|token|sslpassword|aws_secret_access_key|aws_session_token)=[^&#\s]*"
+)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***``: the only form that may be printed."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        password = None
+        parts = None
+    if parts is not None and password is not None:
+        host = parts.netloc.rsplit("@", 1)[1]
+        url = urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    else:
+        url = _USERINFO.sub("***", url)
+    return _SECRET_OPTION.sub(lambda m: f"{m.group(1)}=***", url)
+
+
+def split_url(url: str) -> SplitResult:
+    """``urlsplit`` with a ConfigError (that hides the password) for what it cannot parse."""
+    if "://" not in url:
+        raise ConfigError(
+            f"not a store URL: {redact_url(url)!r} (expected scheme://..., "
+            "e.g. sqlite:///./idemctl.db or memory://)"
+        )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parses the port, raising for a bad one
+    except ValueError as exc:
+        raise ConfigError(f"cannot parse store URL {redact_url(url)}: {exc}") from None
+    return parts
+
+
+class UrlOptions:
+    """The query options of a store URL, consumed one by one so unknown ones are reported."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.parts = split_url(url)
+        self._options = dict(parse_qsl(self.parts.query, keep_blank_values=True))
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        return self._options.pop(name, default)
+
+    def duration(self, name: str, default: float) -> float:
+        raw = self._options.pop(name, None)
+        if raw is None:
+            return default
+        try:
+            return parse_duration(raw)
+        except ValueError as exc:
+            raise ConfigError(f"store URL option {name}: {exc}") from None
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self._options.pop(name, None)
+        if raw is None:
+            return default
+        if raw.lower() in {"1", "true", "yes", "on"}:
+            return True
+        if raw.lower() in {"0", "false", "no", "off"}:
+            return False
+        raise ConfigError(f"store URL option {name}={raw!r}: use 1 or 0")
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        raw = self._options.pop(name, None)
+        if raw is None:
+            return default
+        if raw.lower() not in choices:
+            raise ConfigError(f"store URL option {name}={raw!r}: use one of {', '.join(choices)}")
+        return raw.lower()
+
+    def finish(self) -> None:
+        """Raise for options nobody consumed: a typo must not be silently ignored."""
+        if self._options:
+            names = ", ".join(sorted(self._options))
+            raise ConfigError(f"unknown store URL option(s) {names} in {redact_url(self.url)}")

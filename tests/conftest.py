@@ -1,0 +1,18 @@
+"""Shared fixtures. Backends for the contract suite live in tests/backends.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip locally when a server or tool is missing; fail in CI, where it must be there."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"CI must provide this: {reason}")
+    pytest.skip(reason)

@@ -1,0 +1,383 @@
+"""The claim/complete protocol: one suite, run on every store in tests/backends.py.
+
+Leases and retentions here are short real durations: stores judge time by their own clock
+(Redis TIME, Postgres now()), so a fake clock cannot be injected everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from idemctl import (
+    Acquired,
+    Busy,
+    ClaimRequest,
+    Completed,
+    Completion,
+    Failed,
+    InvalidKey,
+    KeyNotFound,
+    LeaseLost,
+    Mismatch,
+    Refused,
+    Status,
+    fingerprint,
+)
+from idemctl.runner import Outcome, run
+from idemctl.stores.base import Store
+
+SHORT = 0.4  # a lease or retention that the test waits out
+WAIT = 0.7  # long enough for SHORT to pass on any store's clock
+LONG = 60.0
+
+
+def acquire(store: Store, key: str, fp: str | None = None, lease: float = LONG) -> Acquired:
+    outcome = store.claim(key, fp, lease)
+    assert isinstance(outcome, Acquired), outcome
+    return outcome
+
+
+def test_first_claim_acquires(store: Store) -> None:
+    a = acquire(store, "order-1", fingerprint({"amount": 10}))
+    assert (a.fencing_token, a.attempt, a.takeover) == (1, 1, False)
+    record = store.get("order-1")
+    assert record is not None
+    assert record.status is Status.IN_PROGRESS
+    assert record.owner == a.owner
+    assert record.fencing_token == 1
+    assert record.attempts == 1
+    assert record.fingerprint == fingerprint({"amount": 10})
+    assert record.lease_expires_at is not None and record.lease_expires_at > record.created_at
+
+
+def test_get_missing_is_none(store: Store) -> None:
+    assert store.get("never-seen") is None
+
+
+def test_duplicate_after_completion_replays_without_running(store: Store) -> None:
+    runs: list[str] = []
+
+    def handler(ctx: object) -> dict[str, object]:
+        runs.append("ran")
+        return {"charge_id": "ch_1", "amount": 10, "note": "ünïcödé"}
+
+    first = run(store, "order-1", handler, fingerprint=fingerprint({"amount": 10}))
+    second = run(store, "order-1", handler, fingerprint=fingerprint({"amount": 10}))
+    assert first.outcome is Outcome.EXECUTED
+    assert second.outcome is Outcome.REPLAYED
+    assert second.result == {"charge_id": "ch_1", "amount": 10, "note": "ünïcödé"}
+    assert runs == ["ran"]
+    record = store.get("order-1")
+    assert record is not None and record.status is Status.COMPLETED
+    assert record.result == second.result
+    assert record.owner is None
+    assert record.completed_at is not None and record.expires_at is not None
+
+
+def test_other_payload_same_key_is_mismatch(store: Store) -> None:
+    a = acquire(store, "order-1", fingerprint({"amount": 10}))
+    store.complete("order-1", a.owner, a.fencing_token, "ok")
+    outcome = store.claim("order-1", fingerprint({"amount": 99}))
+    assert isinstance(outcome, Mismatch)
+    assert outcome.record.fingerprint == fingerprint({"amount": 10})
+    # The same payload still replays.
+    assert isinstance(store.claim("order-1", fingerprint({"amount": 10})), Completed)
+
+
+def test_live_lease_is_busy(store: Store) -> None:
+    a = acquire(store, "order-1")
+    outcome = store.claim("order-1")
+    assert isinstance(outcome, Busy)
+    assert outcome.record.owner == a.owner
+    assert outcome.record.fencing_token == 1
+
+
+def test_expired_lease_is_taken_over_and_old_owner_is_fenced(store: Store) -> None:
+    old = acquire(store, "order-1", lease=SHORT)
+    time.sleep(WAIT)
+    new = acquire(store, "order-1")
+    assert new.takeover is True
+    assert new.fencing_token == old.fencing_token + 1
+    assert new.attempt == 2
+    assert new.owner != old.owner
+
+    for call in (
+        lambda: store.complete("order-1", old.owner, old.fencing_token, "zombie"),
+        lambda: store.fail("order-1", old.owner, old.fencing_token, "zombie"),
+        lambda: store.extend("order-1", old.owner, old.fencing_token, LONG),
+        lambda: store.release("order-1", old.owner, old.fencing_token),
+    ):
+        with pytest.raises(LeaseLost):
+            call()
+    # The right owner with the wrong token is refused too.
+    with pytest.raises(LeaseLost):
+        store.complete("order-1", new.owner, old.fencing_token, "confused")
+
+    store.complete("order-1", new.owner, new.fencing_token, "B's result")
+    record = store.get("order-1")
+    assert record is not None
+    assert record.status is Status.COMPLETED
+    assert record.result == "B's result"
+    assert record.fencing_token == 2
+
+
+def test_owner_may_finish_an_expired_lease_nobody_took(store: Store) -> None:
+    a = acquire(store, "order-1", lease=SHORT)
+    time.sleep(WAIT)
+    store.complete("order-1", a.owner, a.fencing_token, "late but alone")
+    record = store.get("order-1")
+    assert record is not None and record.result == "late but alone"
+
+
+def test_extend_keeps_the_lease_live(store: Store) -> None:
+    a = acquire(store, "order-1", lease=SHORT)
+    expires = store.extend("order-1", a.owner, a.fencing_token, LONG)
+    time.sleep(WAIT)
+    assert isinstance(store.claim("order-1"), Busy)
+    record = store.get("order-1")
+    assert record is not None and record.lease_expires_at is not None
+    assert abs((record.lease_expires_at - expires).total_seconds()) < 0.01
+
+
+def test_release_keeps_fencing_and_attempts(store: Store) -> None:
+    first = acquire(store, "order-1")
+    store.release("order-1", first.owner, first.fencing_token)
+    record = store.get("order-1")
+    assert record is not None and record.owner is None and record.attempts == 1
+    second = acquire(store, "order-1")
+    assert second.fencing_token == 2
+    assert second.attempt == 2
+    store.release("order-1", second.owner, second.fencing_token)
+    third = acquire(store, "order-1")
+    assert third.fencing_token == 3
+    assert third.attempt == 3
+    # The released owners are fenced out for good.
+    with pytest.raises(LeaseLost):
+        store.complete("order-1", first.owner, first.fencing_token, "zombie")
+
+
+def test_retriable_failure_is_claimed_again(store: Store) -> None:
+    a = acquire(store, "order-1")
+    store.fail("order-1", a.owner, a.fencing_token, "gateway timeout", retriable=True)
+    record = store.get("order-1")
+    assert record is not None
+    assert record.status is Status.FAILED and record.retriable is True
+    assert record.error == "gateway timeout"
+    again = acquire(store, "order-1")
+    assert again.attempt == 2
+    assert again.fencing_token == 2
+    assert again.takeover is False
+
+
+def test_permanent_failure_is_never_run_again(store: Store) -> None:
+    a = acquire(store, "order-1")
+    store.fail("order-1", a.owner, a.fencing_token, "card declined", retriable=False)
+    outcome = store.claim("order-1")
+    assert isinstance(outcome, Failed)
+    assert outcome.record.error == "card declined"
+    assert outcome.record.retriable is False
+
+
+def test_attempts_survive_release_takeover_and_retry(store: Store) -> None:
+    a1 = acquire(store, "k", lease=SHORT)
+    time.sleep(WAIT)
+    a2 = acquire(store, "k")  # takeover
+    store.release("k", a2.owner, a2.fencing_token)
+    a3 = acquire(store, "k")  # after release
+    store.fail("k", a3.owner, a3.fencing_token, "boom", retriable=True)
+    a4 = acquire(store, "k")  # after a retriable failure
+    assert [a.attempt for a in (a1, a2, a3, a4)] == [1, 2, 3, 4]
+    assert [a.fencing_token for a in (a1, a2, a3, a4)] == [1, 2, 3, 4]
+
+
+def test_retention_expiry_makes_a_key_new_again(store: Store) -> None:
+    a = acquire(store, "order-1", fingerprint({"v": 1}))
+    store.complete("order-1", a.owner, a.fencing_token, "first life", retention=SHORT)
+    assert isinstance(store.claim("order-1", fingerprint({"v": 1})), Completed)
+    time.sleep(WAIT)
+    assert store.get("order-1") is None
+    # Past retention even another payload is welcome: the key is as if never seen.
+    again = acquire(store, "order-1", fingerprint({"v": 2}))
+    assert again.attempt == 1
+    assert again.takeover is False
+    assert again.fencing_token >= 1
+    with pytest.raises(LeaseLost):
+        store.complete("order-1", a.owner, a.fencing_token, "zombie of the first life")
+
+
+def test_keys_are_validated(store: Store) -> None:
+    with pytest.raises(InvalidKey):
+        store.claim("")
+    with pytest.raises(InvalidKey):
+        store.claim("x" * 513)
+    longest = "é" * 256  # 512 bytes of UTF-8
+    assert isinstance(store.claim(longest), Acquired)
+    record = store.get(longest)
+    assert record is not None and record.key == longest
+
+
+def test_claim_many_has_the_single_forms_semantics(store: Store) -> None:
+    done = acquire(store, "done", fingerprint("p"))
+    store.complete("done", done.owner, done.fencing_token, {"n": 1})
+    acquire(store, "busy")
+    outcomes = store.claim_many(
+        [
+            ClaimRequest("new", fingerprint("p")),
+            ClaimRequest("done", fingerprint("p")),
+            ClaimRequest("busy"),
+            ClaimRequest("done", fingerprint("other")),
+            ClaimRequest("new", fingerprint("p")),  # the same key twice in one batch
+        ],
+        lease=LONG,
+    )
+    assert isinstance(outcomes[0], Acquired)
+    assert isinstance(outcomes[1], Completed) and outcomes[1].record.result == {"n": 1}
+    assert isinstance(outcomes[2], Busy)
+    assert isinstance(outcomes[3], Mismatch)
+    assert isinstance(outcomes[4], Busy)
+
+
+def test_complete_many_refuses_lost_leases(store: Store) -> None:
+    a = acquire(store, "a")
+    b = acquire(store, "b")
+    c = acquire(store, "c")
+    store.release("c", c.owner, c.fencing_token)
+    done = store.complete_many(
+        [
+            Completion("a", a.owner, a.fencing_token, {"r": "a"}),
+            Completion("b", b.owner, b.fencing_token + 7, {"r": "b"}),
+            Completion("c", c.owner, c.fencing_token, {"r": "c"}),
+            Completion("missing", "nobody", 1, None),
+        ]
+    )
+    assert done == [True, False, False, False]
+    a_rec, b_rec = store.get("a"), store.get("b")
+    assert a_rec is not None and a_rec.status is Status.COMPLETED and a_rec.result == {"r": "a"}
+    assert b_rec is not None and b_rec.status is Status.IN_PROGRESS
+
+
+# Admin operations ----------------------------------------------------------------------------
+
+
+def _fill(store: Store) -> None:
+    """tenant-a/1..3 completed, tenant-a/4 failed, tenant-b/1 live, tenant-b/2 stale."""
+    for i in range(1, 4):
+        a = acquire(store, f"tenant-a/{i}")
+        store.complete(f"tenant-a/{i}", a.owner, a.fencing_token, i)
+    a = acquire(store, "tenant-a/4")
+    store.fail("tenant-a/4", a.owner, a.fencing_token, "nope", retriable=False)
+    acquire(store, "tenant-b/1")
+    acquire(store, "tenant-b/2", lease=SHORT)
+    time.sleep(WAIT)
+
+
+def _scan_all(store: Store, **filters: object) -> list[str]:
+    keys: list[str] = []
+    cursor = None
+    for _ in range(100):
+        page = store.scan(limit=2, cursor=cursor, **filters)  # type: ignore[arg-type]
+        keys += [r.key for r in page.records]
+        cursor = page.cursor
+        if cursor is None:
+            return sorted(keys)
+    raise AssertionError("scan never ended")
+
+
+def test_scan_filters_and_pages(store: Store) -> None:
+    _fill(store)
+    assert _scan_all(store) == [
+        "tenant-a/1",
+        "tenant-a/2",
+        "tenant-a/3",
+        "tenant-a/4",
+        "tenant-b/1",
+        "tenant-b/2",
+    ]
+    assert _scan_all(store, status=Status.COMPLETED) == ["tenant-a/1", "tenant-a/2", "tenant-a/3"]
+    assert _scan_all(store, status=Status.FAILED) == ["tenant-a/4"]
+    assert _scan_all(store, prefix="tenant-b/") == ["tenant-b/1", "tenant-b/2"]
+    assert _scan_all(store, stale_only=True) == ["tenant-b/2"]
+    assert _scan_all(store, prefix="tenant-a/", status=Status.IN_PROGRESS) == []
+
+
+def test_stats(store: Store) -> None:
+    _fill(store)
+    stats = store.stats()
+    assert stats.total == 6
+    assert stats.by_status == {Status.COMPLETED: 3, Status.FAILED: 1, Status.IN_PROGRESS: 2}
+    assert stats.stale == 1
+    b1 = store.get("tenant-b/1")
+    assert b1 is not None and stats.oldest_in_progress is not None
+    assert stats.oldest_in_progress <= b1.created_at
+
+
+def test_unlock(store: Store) -> None:
+    _fill(store)
+    with pytest.raises(KeyNotFound):
+        store.unlock("nope")
+    with pytest.raises(Refused):
+        store.unlock("tenant-a/1")  # completed: nothing to unlock
+    live = store.get("tenant-b/1")
+    assert live is not None
+    with pytest.raises(Refused):
+        store.unlock("tenant-b/1")
+    freed = store.unlock("tenant-b/1", force=True)
+    assert freed.owner is None and freed.fencing_token == live.fencing_token
+    with pytest.raises(LeaseLost):
+        store.complete("tenant-b/1", live.owner or "", live.fencing_token, "zombie")
+    stale = store.unlock("tenant-b/2")  # an expired lease needs no force
+    assert stale.owner is None
+    again = acquire(store, "tenant-b/1")
+    assert again.fencing_token == live.fencing_token + 1
+
+
+def test_unlock_stale(store: Store) -> None:
+    _fill(store)
+    assert store.unlock_stale(older_than=LONG) == []  # expired well under a minute ago
+    assert store.unlock_stale() == ["tenant-b/2"]
+    assert store.unlock_stale() == []  # already freed
+    record = store.get("tenant-b/2")
+    assert record is not None and record.owner is None and record.fencing_token == 1
+    live = store.get("tenant-b/1")
+    assert live is not None and live.owner is not None  # a live lease is left alone
+    assert acquire(store, "tenant-b/2").fencing_token == 2
+
+
+def test_forget(store: Store) -> None:
+    _fill(store)
+    with pytest.raises(KeyNotFound):
+        store.forget("nope")
+    with pytest.raises(Refused):
+        store.forget("tenant-b/1")
+    forgotten = store.forget("tenant-a/1")
+    assert forgotten.status is Status.COMPLETED
+    assert store.get("tenant-a/1") is None
+    assert acquire(store, "tenant-a/1").attempt == 1
+    store.forget("tenant-a/4")
+    assert isinstance(store.claim("tenant-a/4"), Acquired)
+    store.forget("tenant-b/1", force=True)
+    assert store.get("tenant-b/1") is None
+
+
+def test_purge_removes_only_records_past_retention(store: Store) -> None:
+    for key, retention in (("old-1", SHORT), ("old-2", SHORT), ("kept", LONG)):
+        a = acquire(store, key)
+        store.complete(key, a.owner, a.fencing_token, key, retention=retention)
+    acquire(store, "running")
+    time.sleep(WAIT)
+    assert store.purge(older_than=LONG) == 0  # retention ended under a minute ago
+    purged = store.purge()
+    assert purged in (0, 2)  # stores that expire by TTL have nothing left to purge
+    assert store.get("old-1") is None and store.get("old-2") is None
+    assert _scan_all(store) == ["kept", "running"]
+    assert store.stats().past_retention == 0
+
+
+def test_provision_twice_changes_nothing(store: Store) -> None:
+    store.provision()
+    second = store.provision()
+    assert second.changed is False
+    assert store.provision(dry_run=True).changed is False
+    assert all(f.name for f in store.check())

@@ -1,0 +1,51 @@
+"""The README's code and the examples run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def readme_block(heading: str) -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split(f"## {heading}\n", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, f"no python block under '## {heading}'"
+    return match.group(1)
+
+
+def test_readme_library_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    exec(compile(readme_block("Use it as a library"), "README.md", "exec"), namespace)
+    assert namespace["charges"] == ["o-1001"]
+    assert (tmp_path / "idemctl.db").exists()
+
+
+@pytest.mark.slow
+def test_quickstart_charges_every_payment_once(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "quickstart.py"),
+            "--payments",
+            "80",
+            "--workers",
+            "4",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "every payment charged exactly once" in proc.stdout
+    assert re.search(r"payments charged twice\s*│\s*0\s", proc.stdout)
+    assert re.search(r"charges made\s*│\s*80\s", proc.stdout)
