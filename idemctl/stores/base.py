@@ -132,22 +132,35 @@ class BaseStore(ABC):
     def _retention(self, retention: float | None) -> float:
         return self.default_retention if retention is None else retention
 
-    # Batch forms: backends with a cheaper round trip override these.
+    @abstractmethod
+    def claim(
+        self, key: str, fingerprint: str | None = None, lease: float | None = None
+    ) -> ClaimOutcome: ...
+
+    @abstractmethod
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record: ...
+
+    # Batch forms, one call per item: backends with a cheaper round trip override these.
 
     def claim_many(
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]:
-        claim: Callable[..., ClaimOutcome] = getattr(self, "claim")  # noqa: B009
-        return [claim(r.key, r.fingerprint, lease) for r in requests]
+        return [self.claim(r.key, r.fingerprint, lease) for r in requests]
 
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
-        complete: Callable[..., Record] = getattr(self, "complete")  # noqa: B009
         done = []
         for c in completions:
             try:
-                complete(c.key, c.owner, c.fencing_token, c.result, retention)
+                self.complete(c.key, c.owner, c.fencing_token, c.result, retention)
             except LeaseLost:
                 done.append(False)
             else:
