@@ -218,12 +218,15 @@ def validate_key(key: str) -> str:
     return key
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: JSON) -> bytes:
     """One byte form per JSON value: sorted keys, no whitespace, UTF-8, no NaN."""
     try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        ).encode("utf-8")
+        return _CANONICAL.encode(value).encode("utf-8")
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidPayload(f"value is not JSON-serializable: {exc}") from exc
 

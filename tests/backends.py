@@ -4,6 +4,7 @@ through a session fixture if it needs one)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,7 +36,52 @@ def _sqlite(request: pytest.FixtureRequest) -> Backend:
     return Backend("sqlite", url, lambda: open_store(url))
 
 
+def unique_prefix() -> str:
+    """A key prefix of its own for one test: tests sharing a server never see each other's keys."""
+    return f"t-{uuid.uuid4().hex}:"
+
+
+def _redis(request: pytest.FixtureRequest) -> Backend:
+    server = request.getfixturevalue("redis_server")
+    url = f"redis://127.0.0.1:{server.port}/0?prefix={unique_prefix()}"
+    return Backend("redis", url, lambda: open_store(url))
+
+
+def _redis_cluster(request: pytest.FixtureRequest) -> Backend:
+    cluster = request.getfixturevalue("redis_cluster")
+    url = f"redis+cluster://127.0.0.1:{cluster.port}?prefix={unique_prefix()}"
+    return Backend("redis-cluster", url, lambda: open_store(url))
+
+
+def _fakeredis(request: pytest.FixtureRequest) -> Backend:
+    """The Redis store over fakeredis, in this process: its Lua runs in lupa."""
+    from tests.conftest import need
+
+    try:
+        import fakeredis
+        import lupa  # noqa: F401 - fakeredis runs EVAL/EVALSHA only with lupa installed
+    except ImportError:
+        need(False, "fakeredis[lua] is not installed (pip install -e '.[dev]')")
+        raise
+    from idemctl.stores.redis import RedisStore
+
+    server = fakeredis.FakeServer()
+    prefix = unique_prefix()
+
+    def open_fake() -> Store:
+        return RedisStore(
+            fakeredis.FakeRedis(server=server, decode_responses=True),
+            url="redis://fake",
+            prefix=prefix,
+        )
+
+    return Backend("fakeredis", "", open_fake)
+
+
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     "memory": _memory,
     "sqlite": _sqlite,
+    "redis": _redis,
+    "redis-cluster": _redis_cluster,
+    "fakeredis": _fakeredis,
 }

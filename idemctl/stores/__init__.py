@@ -14,6 +14,9 @@ DEFAULT_URL = "sqlite:///./idemctl.db"
 BACKENDS: dict[str, tuple[str, str | None, str | None]] = {
     "sqlite": ("idemctl.stores.sqlite:SQLiteStore", None, None),
     "memory": ("idemctl.stores.memory:MemoryStore", None, None),
+    "redis": ("idemctl.stores.redis:RedisStore", "redis", "redis"),
+    "rediss": ("idemctl.stores.redis:RedisStore", "redis", "redis"),
+    "redis+cluster": ("idemctl.stores.redis:RedisStore", "redis", "redis"),
 }
 
 __all__ = ["BACKENDS", "DEFAULT_URL", "Store", "open_store"]

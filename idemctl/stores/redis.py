@@ -1,0 +1,733 @@
+"""``redis://``, ``rediss://`` (TLS) and ``redis+cluster://``: the fastest store.
+
+Every state change is one Lua script from ``lua/`` over one hash per key, judged by the
+server's clock. Keys are ``PREFIX{KEY}``: the hash tag keeps each record on one slot, so
+the same scripts run on Redis Cluster. Batches are one pipelined round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from idemctl.errors import (
+    ConfigError,
+    KeyNotFound,
+    LeaseLost,
+    Refused,
+    StoreError,
+    StoreUnavailable,
+)
+from idemctl.model import (
+    JSON,
+    Acquired,
+    Busy,
+    ClaimOutcome,
+    ClaimRequest,
+    Completed,
+    Completion,
+    Failed,
+    Finding,
+    Mismatch,
+    Page,
+    Provisioning,
+    Record,
+    Stats,
+    Status,
+    canonical_json,
+    validate_key,
+)
+from idemctl.resources import read_resource
+from idemctl.stores.base import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    BaseStore,
+    Query,
+    check_forgettable,
+    new_owner,
+    stats_of,
+)
+
+SCRIPT_NAMES = ("claim", "complete", "fail", "extend", "release", "unlock", "forget", "purge")
+SCAN_COUNT = 500
+# redis-py options a URL may carry through to the client.
+_CLIENT_DURATIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
+_CLIENT_TEXTS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "client_name")
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str
+
+
+def _lib() -> tuple[str, tuple[str, ...]]:
+    """``_lib.lua`` and the order of the record fields in every script's reply, read from it."""
+    lib = read_resource("lua", "_lib.lua")
+    match = re.search(r"local FIELDS = \{(.*?)\}", lib, re.S)
+    assert match, "lua/_lib.lua defines no FIELDS"
+    return lib, tuple(re.findall(r"'(\w+)'", match.group(1)))
+
+
+LIB, FIELDS = _lib()
+
+
+def load_scripts() -> dict[str, Script]:
+    """The scripts as sent to the server: ``_lib.lua`` followed by the script's own file."""
+    scripts = {}
+    for name in SCRIPT_NAMES:
+        source = LIB + "\n" + read_resource("lua", f"{name}.lua")
+        sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts so
+        scripts[name] = Script(name, source, sha)
+    return scripts
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _ms(value: str, _at: Any = datetime.fromtimestamp) -> datetime | None:
+    return _at(int(value) / 1000, UTC) if value else None
+
+
+def _values(raw: Sequence[Any]) -> list[str]:
+    """Field values in FIELDS order, '' where absent (a client may or may not decode)."""
+    if any(isinstance(v, bytes) for v in raw):
+        return ["" if v is None else _text(v) for v in raw]
+    return [v or "" for v in raw]
+
+
+def _parse(reply: Sequence[Any]) -> tuple[str, list[str] | None]:
+    """A script's reply: its code, and the record's values (None when there is no record)."""
+    return _text(reply[0]), _values(reply[1:]) if len(reply) > 1 else None
+
+
+(_STATUS, _FP, _OWNER, _TOKEN, _ATTEMPTS, _LEASE, _CREATED, _UPDATED, _COMPLETED, _EXPIRES,
+ _RESULT, _ERROR, _RETRIABLE) = range(13)  # fmt: skip
+assert FIELDS[:13] == (
+    "status", "fp", "owner", "token", "attempts", "lease", "created", "updated", "completed",
+    "expires", "result", "error", "retriable",
+)  # fmt: skip
+
+
+def _record(key: str, v: Sequence[str]) -> Record:
+    created = _ms(v[_CREATED])
+    assert created is not None
+    return Record(
+        key=key,
+        status=Status(v[_STATUS]),
+        fingerprint=v[_FP] or None,
+        owner=v[_OWNER] or None,
+        fencing_token=int(v[_TOKEN]),
+        attempts=int(v[_ATTEMPTS]),
+        lease_expires_at=_ms(v[_LEASE]),
+        created_at=created,
+        updated_at=_ms(v[_UPDATED]) or created,
+        completed_at=_ms(v[_COMPLETED]),
+        expires_at=_ms(v[_EXPIRES]),
+        result=json.loads(v[_RESULT]) if v[_RESULT] else None,
+        error=v[_ERROR] or None,
+        retriable=v[_RETRIABLE] == "1",
+    )
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+class RedisStore(BaseStore):
+    scheme = "redis"
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        url: str,
+        prefix: str = "idem:",
+        lease: float = DEFAULT_LEASE,
+        retention: float = DEFAULT_RETENTION,
+        durable: bool = False,
+        replicas: int = 0,
+        durable_timeout: float = 1.0,
+    ) -> None:
+        super().__init__(url, lease=lease, retention=retention)
+        self._client = client
+        self.prefix = prefix
+        self.cluster = isinstance(client, RedisCluster)
+        if durable and self.cluster:
+            raise ConfigError(
+                "durable=1 is not available on redis+cluster: WAIT only covers writes sent on "
+                "its own connection, which a cluster client does not guarantee"
+            )
+        self.durable = durable
+        self.replicas = replicas
+        self.durable_timeout = durable_timeout
+        self._waitaof: bool | None = None  # whether the server has WAITAOF, found on first use
+        self.scripts = load_scripts()
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        from idemctl.urls import UrlOptions, redact_url
+
+        options = UrlOptions(url)
+        parts = options.parts
+        cluster = parts.scheme == "redis+cluster"
+        settings: dict[str, Any] = {
+            "prefix": options.text("prefix", "idem:"),
+            "lease": options.duration("lease", DEFAULT_LEASE),
+            "retention": options.duration("retention", DEFAULT_RETENTION),
+            "durable": options.flag("durable", False),
+            "durable_timeout": options.duration("durable_timeout", 1.0),
+        }
+        replicas = options.text("replicas", "0") or "0"
+        if not replicas.isdigit():
+            raise ConfigError(f"store URL option replicas={replicas!r}: use a whole number")
+        settings["replicas"] = int(replicas)
+        client_options: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
+        for name in _CLIENT_DURATIONS:
+            client_options[name] = options.duration(name, client_options.get(name, 0.0))
+        for name in _CLIENT_TEXTS:
+            value = options.text(name)
+            if value is not None:
+                client_options[name] = value
+        options.finish()
+        if not parts.hostname:
+            raise ConfigError(f"Redis URL {redact_url(url)} names no host")
+        # A few quick retries ride out a reconnect; a dead server is reported in about a second.
+        retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+        plain = urlunsplit(parts._replace(scheme="redis" if cluster else parts.scheme, query=""))
+        try:
+            if cluster:
+                client: Any = RedisCluster.from_url(
+                    plain, decode_responses=True, retry=retry, **client_options
+                )
+            else:
+                client = redis.Redis.from_url(
+                    plain, decode_responses=True, retry=retry, **client_options
+                )
+        except (RedisClusterException, RedisError) as exc:
+            raise _translate(exc, redact_url(url)) from exc
+        return cls(client, url=url, **settings)
+
+    # Plumbing ---------------------------------------------------------------------------------
+
+    def _rkey(self, key: str) -> str:
+        return f"{self.prefix}{{{key}}}"
+
+    def _key_of(self, rkey: str) -> str:
+        return rkey[len(self.prefix) + 1 : -1]
+
+    def _guard(self) -> AbstractContextManager[None]:
+        return _guard(self.url)
+
+    def _load(self) -> None:
+        for script in self.scripts.values():
+            self._client.script_load(script.source)
+
+    def _eval(self, name: str, key: str, *args: Any, durable: bool = False) -> Any:
+        """One script on one key: EVALSHA, loading the scripts once if the server lost them."""
+        script = self.scripts[name]
+        with self._guard():
+            if durable and self.durable:
+                return self._eval_batch(name, [(key, args)], durable=True)[0]
+            try:
+                return self._client.evalsha(script.sha, 1, self._rkey(key), *args)
+            except NoScriptError:
+                self._load()
+                return self._client.evalsha(script.sha, 1, self._rkey(key), *args)
+
+    def _eval_batch(
+        self, name: str, items: Sequence[tuple[str, Sequence[Any]]], durable: bool = False
+    ) -> list[Any]:
+        """One script over many keys in one pipelined round trip (one per node on a cluster).
+
+        Every script is safe to repeat with the same arguments, so the items a server
+        without the script refused are simply sent again after loading it."""
+        script = self.scripts[name]
+        replies: list[Any] = [None] * len(items)
+        todo = list(range(len(items)))
+        with self._guard():
+            for _ in range(2):
+                pipe = self._client.pipeline(transaction=False)
+                for i in todo:
+                    key, args = items[i]
+                    # execute_command: the cluster pipeline refuses .evalsha() by name, but
+                    # routes EVALSHA by its key like any other command.
+                    pipe.execute_command("EVALSHA", script.sha, 1, self._rkey(key), *args)
+                confirmations = self._add_confirmation(pipe) if durable and self.durable else 0
+                results = pipe.execute(raise_on_error=False)
+                if confirmations:
+                    self._check_confirmation(results[-confirmations:])
+                    del results[-confirmations:]
+                missing = []
+                for i, result in zip(todo, results, strict=True):
+                    if isinstance(result, NoScriptError):
+                        missing.append(i)
+                    elif isinstance(result, Exception):
+                        raise result
+                    else:
+                        replies[i] = result
+                if not missing:
+                    return replies
+                self._load()
+                todo = missing
+        raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    def _add_confirmation(self, pipe: Any) -> int:
+        """Queue what confirms the writes before it on this connection; returns how many replies.
+
+        WAITAOF where the server has it (7.2+). Older servers have only WAIT, for replicas;
+        that the write reached their own disk is read from their fsync settings, in the same
+        round trip every time, since CONFIG SET can change them at any moment."""
+        timeout_ms = int(self.durable_timeout * 1000)
+        if self._waitaof is None:
+            version = str(self._client.info("server").get("redis_version", "0"))
+            self._waitaof = tuple(int(p) for p in version.split(".")[:2]) >= (7, 2)
+            if not self._waitaof:  # refuse a server that cannot confirm before writing to it
+                self._check_fsync(self._client.config_get("append*"))
+        if self._waitaof:
+            pipe.execute_command("WAITAOF", 1, self.replicas, timeout_ms)
+            return 1
+        pipe.config_get("append*")
+        pipe.execute_command("WAIT", self.replicas, timeout_ms)
+        return 2
+
+    def _check_fsync(self, config: dict[str, str]) -> None:
+        if config.get("appendonly") != "yes" or config.get("appendfsync") != "always":
+            raise StoreError(
+                f"durable=1: Redis at {self.url} cannot confirm writes reach its disk: it has "
+                f"appendonly {config.get('appendonly')} and appendfsync "
+                f"{config.get('appendfsync')}, and no WAITAOF (Redis 7.2+); set appendonly yes "
+                "and appendfsync always"
+            )
+
+    def _check_confirmation(self, replies: list[Any]) -> None:
+        failed = [r for r in replies if isinstance(r, Exception)]
+        if failed:
+            raise StoreError(
+                f"durable=1: Redis at {self.url} could not confirm the write: {failed[0]}"
+            )
+        if self._waitaof:
+            local, replicas = (int(x) for x in replies[0])
+            if local < 1 or replicas < self.replicas:
+                raise StoreError(
+                    f"durable=1: Redis at {self.url} confirmed the write on {local} local AOF and "
+                    f"{replicas} of {self.replicas} replicas within {self.durable_timeout:g}s"
+                )
+            return
+        config, acked = replies
+        self._check_fsync(config)
+        if int(acked) < self.replicas:
+            raise StoreError(
+                f"durable=1: only {int(acked)} of {self.replicas} replicas confirmed the write "
+                f"within {self.durable_timeout:g}s"
+            )
+
+    def _ms(self, seconds: float) -> int:
+        return max(1, round(seconds * 1000))
+
+    # The protocol ----------------------------------------------------------------------------
+
+    def claim(
+        self, key: str, fingerprint: str | None = None, lease: float | None = None
+    ) -> ClaimOutcome:
+        validate_key(key)
+        owner = new_owner()
+        reply = self._eval(
+            "claim", key, fingerprint or "", owner, self._ms(self._lease(lease)),
+            self._ms(self.default_retention), durable=True,
+        )  # fmt: skip
+        return _outcome(ClaimRequest(key, fingerprint), owner, reply)
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]:
+        for r in requests:
+            validate_key(r.key)
+        lease_ms = self._ms(self._lease(lease))
+        retention_ms = self._ms(self.default_retention)
+        owners = [new_owner() for _ in requests]
+        items = [
+            (r.key, (r.fingerprint or "", owner, lease_ms, retention_ms))
+            for r, owner in zip(requests, owners, strict=True)
+        ]
+        replies = self._eval_batch("claim", items, durable=True)
+        return [
+            _outcome(r, owner, reply)
+            for r, owner, reply in zip(requests, owners, replies, strict=True)
+        ]
+
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record:
+        reply = self._eval(
+            "complete", key, owner, fencing_token, canonical_json(result),
+            self._ms(self._retention(retention)), durable=True,
+        )  # fmt: skip
+        return self._held(key, fencing_token, reply)
+
+    def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        retention_ms = self._ms(self._retention(retention))
+        items = [
+            (c.key, (c.owner, c.fencing_token, canonical_json(c.result), retention_ms))
+            for c in completions
+        ]
+        replies = self._eval_batch("complete", items, durable=True)
+        return [_text(reply[0]) == "ok" for reply in replies]
+
+    def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        reply = self._eval(
+            "fail", key, owner, fencing_token, error, "1" if retriable else "0",
+            self._ms(self._retention(retention)), durable=True,
+        )  # fmt: skip
+        return self._held(key, fencing_token, reply)
+
+    def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime:
+        reply = self._eval(
+            "extend", key, owner, fencing_token, self._ms(self._lease(lease)),
+            self._ms(self.default_retention),
+        )  # fmt: skip
+        expires = self._held(key, fencing_token, reply).lease_expires_at
+        assert expires is not None
+        return expires
+
+    def release(self, key: str, owner: str, fencing_token: int) -> Record:
+        return self._held(key, fencing_token, self._eval("release", key, owner, fencing_token))
+
+    def _held(self, key: str, fencing_token: int, reply: Sequence[Any]) -> Record:
+        code, fields = _parse(reply)
+        if fields is not None and code == "ok":
+            return _record(key, fields)
+        if fields is None:
+            raise LeaseLost(f"key {key!r} is gone: it was forgotten, purged or expired")
+        record = _record(key, fields)
+        raise LeaseLost(
+            f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
+            f"the key is now {record.status.value} with fencing token {record.fencing_token}",
+            record,
+        )
+
+    # Admin ----------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Record | None:
+        with self._guard():
+            fields = _values(self._client.hmget(self._rkey(key), FIELDS))
+            now = self._now()
+        if not fields[_STATUS]:
+            return None
+        record = _record(key, fields)
+        return None if record.retention_over(now) else record
+
+    def _now(self) -> datetime:
+        seconds, micros = self._client.time()
+        return datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, UTC)
+
+    def _nodes(self) -> list[Any]:
+        return list(self._client.get_primaries()) if self.cluster else [None]
+
+    def _scan_batch(self, node: Any, cursor: int, match: str) -> tuple[int, list[Record]]:
+        # On a cluster, each primary is scanned through its own connection: the keys it
+        # returns live there, so their records are read there in one pipeline too.
+        client = self._client if node is None else node.redis_connection
+        cursor, rkeys = client.scan(cursor, match=match, count=SCAN_COUNT)
+        rkeys = [_text(k) for k in rkeys]
+        pipe = client.pipeline(transaction=False)
+        for rkey in rkeys:
+            pipe.hmget(rkey, FIELDS)
+        records = []
+        for rkey, raw in zip(rkeys, pipe.execute() if rkeys else [], strict=True):
+            fields = _values(raw)
+            if fields[_STATUS]:  # gone since SCAN saw it, or not ours
+                records.append(_record(self._key_of(rkey), fields))
+        return int(cursor), records
+
+    def _iterate(
+        self, prefix: str | None = None, start: str | None = None
+    ) -> Iterator[tuple[str | None, list[Record]]]:
+        """Every record under ``prefix``, a SCAN batch at a time, with the cursor after it."""
+        match = _glob_escape(self.prefix) + "{" + _glob_escape(prefix or "") + "*"
+        nodes = self._nodes()
+        node_index, cursor = (0, 0) if not start else (int(p) for p in start.split(":"))
+        with self._guard():
+            while node_index < len(nodes):
+                cursor, records = self._scan_batch(nodes[node_index], cursor, match)
+                if cursor == 0:
+                    node_index += 1
+                yield (f"{node_index}:{cursor}" if node_index < len(nodes) else None), records
+
+    def scan(
+        self,
+        status: Status | None = None,
+        stale_only: bool = False,
+        prefix: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """A page holds at least ``limit`` records unless the scan ended, and may hold a few
+        more: SCAN cannot stop mid-batch, and dropping the rest would lose them."""
+        if stale_only and status not in (None, Status.IN_PROGRESS):
+            return Page([], None)
+        with self._guard():
+            now = self._now()
+        query = Query(
+            status=Status.IN_PROGRESS if stale_only else status,
+            live_at=now,
+            lease_expired_at=now if stale_only else None,
+        )
+        found: list[Record] = []
+        after: str | None = None
+        for after, records in self._iterate(prefix, cursor):  # noqa: B007 - kept past the loop
+            found += [r for r in records if query.matches(r)]
+            if len(found) >= limit:
+                break
+        return Page(sorted(found, key=lambda r: r.key), after)
+
+    def _all(self, query: Query) -> list[Record]:
+        return [r for _, records in self._iterate() for r in records if query.matches(r)]
+
+    def stats(self) -> Stats:
+        with self._guard():
+            now = self._now()
+        return stats_of(self._all(Query()), now)
+
+    def unlock(self, key: str, force: bool = False) -> Record:
+        validate_key(key)
+        code, fields = _parse(self._eval("unlock", key, "one", "1" if force else "0"))
+        if fields is None:
+            raise KeyNotFound(key)
+        record = _record(key, fields)
+        if code == "not_in_progress":
+            raise Refused(
+                f"key {key!r} is {record.status.value}: there is no lease to unlock", record
+            )
+        if code == "live":
+            raise Refused(
+                f"key {key!r} has a live lease held by {record.owner}; unlocking it lets a second "
+                "worker run it concurrently (use force to do it anyway)",
+                record,
+            )
+        return record
+
+    def unlock_stale(self, older_than: float = 0.0) -> list[str]:
+        with self._guard():
+            now = self._now()
+        cutoff = now - timedelta(seconds=older_than)
+        stale = self._all(Query(lease_expired_at=cutoff, owned=True))
+        if not stale:
+            return []
+        items = [(r.key, ("stale", round(older_than * 1000))) for r in stale]
+        replies = self._eval_batch("unlock", items)
+        return sorted(
+            r.key for r, reply in zip(stale, replies, strict=True) if _text(reply[0]) == "ok"
+        )
+
+    def forget(self, key: str, force: bool = False) -> Record:
+        validate_key(key)
+        code, fields = _parse(self._eval("forget", key, "1" if force else "0"))
+        if fields is None:
+            raise KeyNotFound(key)
+        record = _record(key, fields)
+        if code == "in_progress":
+            check_forgettable(record, force)
+        return record
+
+    def purge(self, older_than: float = 0.0) -> int:
+        with self._guard():
+            now = self._now()
+        over = self._all(Query(retention_over_at=now - timedelta(seconds=older_than)))
+        if not over:
+            return 0
+        replies = self._eval_batch("purge", [(r.key, (round(older_than * 1000),)) for r in over])
+        return sum(int(r) for r in replies)
+
+    # Provisioning and health ------------------------------------------------------------------
+
+    def _loaded(self) -> dict[str, bool]:
+        names = list(self.scripts)
+        with self._guard():
+            answers = self._client.script_exists(*(self.scripts[n].sha for n in names))
+        if isinstance(answers, dict):  # a cluster answers per primary: loaded means everywhere
+            answers = [all(col) for col in zip(*answers.values(), strict=True)]
+        return dict(zip(names, (bool(a) for a in answers), strict=True))
+
+    def provision(self, dry_run: bool = False) -> Provisioning:
+        missing = [name for name, loaded in self._loaded().items() if not loaded]
+        statements = [
+            f"SCRIPT LOAD {name}.lua  -- sha1 {self.scripts[name].sha}" for name in missing
+        ]
+        if not dry_run and missing:
+            with self._guard():
+                self._load()
+        notes = [] if missing else ["all Lua scripts are loaded"]
+        return Provisioning(
+            statements, changed=bool(missing) and not dry_run, dry_run=dry_run, notes=notes
+        )
+
+    def check(self) -> list[Finding]:
+        findings: list[Finding] = []
+        with self._guard():
+            started = time.perf_counter()
+            self._client.ping()
+            latency = (time.perf_counter() - started) * 1000
+            server_now = self._now()
+        try:
+            with self._guard():
+                version = self._client.info("server").get("redis_version", "?")
+        except StoreError:  # INFO may be renamed away, or missing from an emulator
+            version = "(version unknown)"
+        skew = (server_now - datetime.now(UTC)).total_seconds()
+        findings.append(
+            Finding(
+                "connection", True,
+                f"Redis {version} at {self.url}, ping {latency:.2f} ms"
+                + (", cluster" if self.cluster else ""),
+            )
+        )  # fmt: skip
+        findings.append(
+            Finding(
+                "clock", abs(skew) < 5, f"server clock {skew * 1000:+.0f} ms from this machine's",
+                None if abs(skew) < 5 else "leases are judged by the server's clock; fix NTP",
+            )
+        )  # fmt: skip
+        findings += self._config_findings()
+        loaded = self._loaded()
+        missing = [n for n, ok in loaded.items() if not ok]
+        findings.append(
+            Finding(
+                "scripts", not missing,
+                f"not loaded: {', '.join(missing)}" if missing else "all Lua scripts are loaded",
+                None if not missing else "run 'idemctl init' (they also load on first use)",
+            )
+        )  # fmt: skip
+        return findings
+
+    def _config_findings(self) -> list[Finding]:
+        try:
+            with self._guard():
+                config = self._client.config_get("*")
+                replication = self._client.info("replication")
+        except StoreError as exc:
+            return [Finding("config", False, f"cannot read the server's config: {exc}")]
+        if (
+            isinstance(config, dict)
+            and config
+            and all(isinstance(v, dict) for v in config.values())
+        ):
+            config = next(iter(config.values()))  # one primary speaks for the cluster
+        aof = config.get("appendonly")
+        fsync = config.get("appendfsync")
+        policy = config.get("maxmemory-policy")
+        replicas = int(replication.get("connected_slaves", 0))
+        synced = fsync in ("always", "everysec")
+        lossy = " (a crash may lose the last second of completions)" if fsync == "everysec" else ""
+        return [
+            Finding(
+                "appendonly", aof == "yes", f"appendonly {aof}",
+                None if aof == "yes"
+                else "CONFIG SET appendonly yes: without it a restart forgets every key",
+            ),
+            Finding(
+                "appendfsync", aof == "yes" and synced, f"appendfsync {fsync}{lossy}",
+                None if synced else "CONFIG SET appendfsync always (or everysec)",
+            ),
+            Finding(
+                "replicas", replicas >= self.replicas, f"{replicas} connected replica(s)",
+                None if replicas >= self.replicas
+                else f"durable=1 waits for {self.replicas} replica(s)",
+            ),
+            Finding(
+                "maxmemory-policy", policy == "noeviction", f"maxmemory-policy {policy}",
+                None if policy == "noeviction"
+                else "CONFIG SET maxmemory-policy noeviction: other policies evict "
+                "idempotency records under memory pressure, and evicted keys run again",
+            ),
+        ]  # fmt: skip
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _outcome(request: ClaimRequest, owner: str, reply: Sequence[Any]) -> ClaimOutcome:
+    code, fields = _parse(reply)
+    assert fields is not None
+    if code in ("acquired", "takeover"):
+        lease = _ms(fields[_LEASE])
+        assert lease is not None
+        return Acquired(
+            request.key, owner, int(fields[_TOKEN]), int(fields[_ATTEMPTS]), lease,
+            takeover=code == "takeover",
+        )  # fmt: skip
+    record = _record(request.key, fields)
+    if code == "completed":
+        return Completed(record)
+    if code == "busy":
+        return Busy(record)
+    if code == "mismatch":
+        return Mismatch(record, request.fingerprint)
+    if code == "failed":
+        return Failed(record)
+    raise StoreError(f"claim script answered {code!r}")
+
+
+def _translate(exc: BaseException, url: str) -> StoreError | ConfigError:
+    if isinstance(exc, AuthenticationError):
+        return ConfigError(f"Redis at {url} refused the credentials in the URL: {exc}")
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ClusterDownError) or (
+        isinstance(exc, RedisClusterException) and "connect" in str(exc).lower()
+    ):
+        return StoreUnavailable(f"Redis at {url} is unreachable: {exc}")
+    if isinstance(exc, ResponseError) and "NOPERM" in str(exc):
+        return ConfigError(f"Redis at {url} denied a command to this user: {exc}")
+    return StoreError(f"Redis at {url}: {exc}")
+
+
+@contextmanager
+def _guard(url: str) -> Iterator[None]:
+    """Turns redis-py's errors into idemctl's, naming the store by its redacted URL."""
+    try:
+        yield
+    except NoScriptError:
+        raise
+    except (RedisError, RedisClusterException) as exc:
+        raise _translate(exc, url) from exc

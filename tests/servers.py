@@ -1,0 +1,431 @@
+"""Real servers for tests: on 127.0.0.1 only, on free ports, with their data in a temp
+dir, and each stopped by its own PID (never by name).
+
+    server = RedisServer(tmp_path, "--maxmemory-policy", "allkeys-lru").start()
+    try:
+        ...
+    finally:
+        server.stop()
+
+Servers run in the foreground as children of the test process (no --daemonize), so the
+PID we hold is the server's. As a safety net they are also stopped when the test process
+exits normally, and on Linux they get SIGKILL if the thread that started them dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Self
+
+HOST = "127.0.0.1"
+CLUSTER_BUS_OFFSET = 10000
+START_TIMEOUT = 15.0
+STOP_TIMEOUT = 10.0
+MISSING = "redis-server is not installed (scripts/install-servers installs it)"
+
+_live: dict[int, RedisServer] = {}
+"""Servers started and not yet stopped, by PID: stopped at exit if a test forgot one."""
+_live_lock = threading.Lock()
+
+
+def redis_binaries() -> tuple[str, str]:
+    """Paths of redis-server and redis-cli; skips (locally) or fails (CI) when missing."""
+    from tests.conftest import need
+
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    need(server is not None and cli is not None, MISSING)
+    assert server is not None and cli is not None
+    return server, cli
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As redis-server binds: TIME_WAIT leftovers of old connections do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(cluster: bool = False) -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now; for a cluster node also port+10000
+    (its cluster bus). Cluster ports are picked below the ephemeral range, so that neither
+    port can be taken meanwhile by an outgoing connection."""
+    if not cluster:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            return int(s.getsockname()[1])
+    high = _ephemeral_low() - CLUSTER_BUS_OFFSET
+    low, high = (10000, high) if high > 11000 else (20000, 65535 - CLUSTER_BUS_OFFSET)
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(low, high)
+        if _bindable(port) and _bindable(port + CLUSTER_BUS_OFFSET):
+            return port
+    raise RuntimeError("no free port pair (port, port+10000) for a cluster node")
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL when the starting thread dies (Linux only)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _has_option(args: tuple[str, ...], name: str) -> bool:
+    return any(a == name for a in args)
+
+
+def ping(port: int, password: str | None = None, timeout: float = 1.0) -> bool:
+    """True when a Redis server on ``port`` answers PING (or asks for a password we lack)."""
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout) as s:
+            if password is not None:
+                s.sendall(_command("AUTH", password))
+                if not _readline(s).startswith(b"+OK"):
+                    return False
+            s.sendall(_command("PING"))
+            reply = _readline(s)
+    except OSError:
+        return False
+    return reply.startswith(b"+PONG") or (password is None and reply.startswith(b"-NOAUTH"))
+
+
+def _command(*parts: str) -> bytes:
+    out = [f"*{len(parts)}\r\n".encode()]
+    for p in parts:
+        b = p.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def _readline(s: socket.socket) -> bytes:
+    buf = b""
+    while not buf.endswith(b"\r\n"):
+        chunk = s.recv(1)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+class RedisServer:
+    """One redis-server process. ``args`` are extra command-line options; unless they say
+    otherwise it runs with ``--save '' --appendonly no`` (no persistence)."""
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *args: str,
+        port: int | None = None,
+        password: str | None = None,
+        cluster: bool = False,
+    ) -> None:
+        self.server_bin, self.cli_bin = redis_binaries()
+        self.port = port if port is not None else free_port(cluster=cluster)
+        self.dir = Path(directory) / f"redis-{self.port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.password = password
+        self.cluster = cluster
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = self.dir / "redis.log"
+
+    # Life cycle ---------------------------------------------------------------------------
+
+    def command_line(self) -> list[str]:
+        cmd = [
+            self.server_bin,
+            "--bind",
+            HOST,
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            str(self.log),
+        ]
+        if not _has_option(self.args, "--save"):
+            cmd += ["--save", ""]
+        if not _has_option(self.args, "--appendonly"):
+            cmd += ["--appendonly", "no"]
+        if self.password is not None:
+            cmd += ["--requirepass", self.password]
+        if self.cluster:
+            cmd += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(self.dir / "nodes.conf"),
+                "--cluster-node-timeout",
+                "5000",
+            ]
+        return cmd + list(self.args)
+
+    def start(self, timeout: float = START_TIMEOUT) -> Self:
+        if self.running:
+            raise RuntimeError(f"redis-server on port {self.port} is already running")
+        in_main = threading.current_thread() is threading.main_thread()
+        self.proc = subprocess.Popen(
+            self.command_line(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if in_main else None,  # noqa: PLW1509
+        )
+        with _live_lock:
+            _live[self.proc.pid] = self
+        deadline = time.monotonic() + timeout
+        while not ping(self.port, self.password):
+            if self.proc.poll() is not None:
+                self._forget()
+                raise RuntimeError(
+                    f"redis-server on port {self.port} exited with {self.proc.returncode}:\n"
+                    + self.log_tail()
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"redis-server on port {self.port} not ready after {timeout}s:\n"
+                    + self.log_tail()
+                )
+            time.sleep(0.01)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM, then SIGKILL if it has not exited after ``timeout``; by PID, reaped."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused server could not act on SIGTERM
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL by PID: a crash, nothing flushed."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._forget()
+
+    def pause(self) -> None:
+        """SIGSTOP by PID: the server still accepts connections (the kernel does) but
+        answers nothing, like a frozen host. ``resume()`` or ``stop()`` undo it."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT by PID."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def restart(self, timeout: float = START_TIMEOUT) -> Self:
+        """Stop if running, then start again on the same port with the same options and dir."""
+        self.stop()
+        deadline = time.monotonic() + timeout
+        while not _bindable(self.port):  # a killed server's port may take a moment to free
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {self.port} still in use after the server stopped")
+            time.sleep(0.05)
+        return self.start(timeout)
+
+    def _forget(self) -> None:
+        if self.proc is not None:
+            with _live_lock:
+                _live.pop(self.proc.pid, None)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Self:
+        return self.start() if not self.running else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # Talking to it ------------------------------------------------------------------------
+
+    def url(self, path: str = "/0", query: str = "") -> str:
+        auth = f":{self.password}@" if self.password is not None else ""
+        return f"redis://{auth}{HOST}:{self.port}{path}" + (f"?{query}" if query else "")
+
+    def client(self, **kwargs: Any) -> Any:
+        """A redis.Redis on this server (redis-py is imported only here)."""
+        import redis
+
+        kwargs.setdefault("socket_timeout", 5)
+        kwargs.setdefault("socket_connect_timeout", 5)
+        return redis.Redis(host=HOST, port=self.port, password=self.password, **kwargs)
+
+    def cli(self, *args: str, timeout: float = 30.0) -> str:
+        """Run redis-cli against this server; its stdout. Raises if it fails."""
+        cmd = [self.cli_bin, "-h", HOST, "-p", str(self.port)]
+        env = dict(os.environ)
+        if self.password is not None:
+            env["REDISCLI_AUTH"] = self.password  # not on the command line, not in ps
+        done = subprocess.run(
+            [*cmd, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli {' '.join(args)} failed: {done.stderr}{done.stdout}")
+        return done.stdout
+
+    def __repr__(self) -> str:
+        return f"RedisServer(port={self.port}, pid={self.pid}, running={self.running})"
+
+
+class RedisCluster:
+    """A Redis Cluster of ``primaries`` nodes (no replicas), all slots assigned."""
+
+    def __init__(self, directory: Path | str, *args: str, primaries: int = 3) -> None:
+        self.dir = Path(directory)
+        self.args = args
+        self.nodes: list[RedisServer] = []
+        self.primaries = primaries
+
+    @property
+    def port(self) -> int:
+        """A seed node's port."""
+        return self.nodes[0].port
+
+    @property
+    def pids(self) -> list[int]:
+        return [n.pid for n in self.nodes if n.pid is not None]
+
+    def start(self, timeout: float = 60.0) -> Self:
+        try:
+            for _ in range(self.primaries):
+                node = RedisServer(self.dir, *self.args, cluster=True)
+                self.nodes.append(node)
+                node.start()
+            self.nodes[0].cli(
+                "--cluster",
+                "create",
+                *(f"{HOST}:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+                timeout=timeout,
+            )
+            self.wait_ok(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def states(self) -> list[str]:
+        out = []
+        for n in self.nodes:
+            info = n.cli("CLUSTER", "INFO")
+            state = next((ln for ln in info.splitlines() if ln.startswith("cluster_state:")), "")
+            out.append(state.strip().split(":", 1)[-1])
+        return out
+
+    def wait_ok(self, timeout: float = 60.0) -> None:
+        """Until every node says cluster_state:ok and knows all of its peers."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.states()
+            known = [
+                len([ln for ln in n.cli("CLUSTER", "NODES").splitlines() if ln.strip()])
+                for n in self.nodes
+            ]
+            if states == ["ok"] * len(self.nodes) and known == [len(self.nodes)] * len(self.nodes):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster not ok after {timeout}s: {states}, knows {known}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop every node by its PID, also when one of them fails to stop."""
+        errors = []
+        for n in self.nodes:
+            try:
+                n.stop()
+            except Exception as exc:  # keep stopping the others
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def node_for_slot(self, slot: int) -> RedisServer:
+        """The node that serves ``slot``."""
+        for n in self.nodes:
+            for line in n.cli("CLUSTER", "NODES").splitlines():
+                fields = line.split()
+                if "myself" not in fields[2]:
+                    continue
+                for r in fields[8:]:
+                    lo, _, hi = r.partition("-")
+                    if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                        return n
+        raise LookupError(f"no node serves slot {slot}")
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"RedisCluster(ports={[n.port for n in self.nodes]})"
+
+
+def pid_alive(pid: int) -> bool:
+    """True while a process with this PID exists (and is not a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    with _live_lock:
+        leftovers = list(_live.values())
+    for server in leftovers:
+        with contextlib.suppress(Exception):
+            server.stop(timeout=5)

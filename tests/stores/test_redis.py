@@ -1,0 +1,742 @@
+"""The Redis store on real servers (tests/servers.py): what only Redis has, beyond the
+contract suite (which runs on "redis", "redis-cluster" and "fakeredis" as well).
+
+Shared servers come from the session fixtures ``redis_server`` and ``redis_cluster``; a
+test that kills, restarts or reconfigures a server starts its own and stops it by PID.
+Every store gets a prefix of its own, so tests never see each other's keys.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from redis.crc import key_slot
+
+from idemctl import (
+    Acquired,
+    Busy,
+    ClaimRequest,
+    Completed,
+    Completion,
+    LeaseLost,
+    Status,
+    fingerprint,
+)
+from idemctl.errors import ConfigError, IdemctlError, StoreError, StoreUnavailable
+from idemctl.stores import open_store
+from idemctl.stores.base import Store
+from tests.backends import unique_prefix
+from tests.servers import RedisCluster, RedisServer, free_port
+
+T = TypeVar("T")
+HANG = 30.0
+"""No single store call may take longer than this: a bound that catches hangs, not speed."""
+LONG = 60.0
+SCRIPTS = ("claim", "complete", "fail", "extend", "release", "unlock", "forget", "purge")
+
+
+def bounded(fn: Callable[[], T], timeout: float = HANG) -> T:
+    """fn() in a thread: its result or its exception, or a failure if it hangs."""
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(fn).result(timeout)
+    except FutureTimeout:
+        pytest.fail(f"store call still running after {timeout}s: it hangs")
+    finally:
+        pool.shutdown(wait=False)
+
+
+def redis_url(server: RedisServer, prefix: str, options: str = "") -> str:
+    auth = f":{server.password}@" if server.password is not None else ""
+    extra = f"&{options}" if options else ""
+    return f"redis://{auth}127.0.0.1:{server.port}/0?prefix={prefix}{extra}"
+
+
+def cluster_url(cluster: RedisCluster, prefix: str, options: str = "") -> str:
+    extra = f"&{options}" if options else ""
+    return f"redis+cluster://127.0.0.1:{cluster.port}?prefix={prefix}{extra}"
+
+
+@pytest.fixture
+def prefix() -> str:
+    return unique_prefix()
+
+
+@pytest.fixture
+def raw(redis_server: RedisServer) -> Iterator[Any]:
+    """A plain client on the shared server, to look at what the store wrote."""
+    client = redis_server.client(decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(redis_server: RedisServer, prefix: str) -> Iterator[Store]:
+    s = open_store(redis_url(redis_server, prefix, "retention=120s"))
+    yield s
+    s.close()
+
+
+def acquire(store: Store, key: str, lease: float = LONG, fp: str | None = None) -> Acquired:
+    outcome = store.claim(key, fp, lease)
+    assert isinstance(outcome, Acquired), outcome
+    return outcome
+
+
+def scan_all(store: Store, **filters: Any) -> list[str]:
+    keys: list[str] = []
+    cursor = None
+    for _ in range(10_000):
+        page = store.scan(limit=50, cursor=cursor, **filters)
+        keys += [r.key for r in page.records]
+        cursor = page.cursor
+        if cursor is None:
+            return sorted(keys)
+    raise AssertionError("scan never ended")
+
+
+# The record's shape -------------------------------------------------------------------------
+
+
+def test_each_record_is_one_hash_under_its_hash_tag(store: Store, raw: Any, prefix: str) -> None:
+    a = acquire(store, "order-1", fp=fingerprint({"amount": 10}))
+    assert raw.keys(f"{prefix}*") == [f"{prefix}{{order-1}}"]
+    rkey = f"{prefix}{{order-1}}"
+    assert raw.type(rkey) == "hash"
+    fields = raw.hgetall(rkey)
+    assert fields["status"] == "in_progress"
+    assert fields["owner"] == a.owner
+    assert fields["token"] == "1"
+    assert fields["fp"] == fingerprint({"amount": 10})
+    # The hash tag: the record hashes to the slot of the idempotency key itself.
+    assert key_slot(rkey.encode()) == key_slot(b"order-1")
+    store.complete("order-1", a.owner, a.fencing_token, {"charge": "ch_1"})
+    assert raw.keys(f"{prefix}*") == [rkey]
+    assert raw.hget(rkey, "status") == "completed"
+
+
+def test_scan_prefix_is_literal_not_a_glob(store: Store) -> None:
+    for key in ("a*1", "ab1", "a?2", "a[x]3", "a\\4", "b"):
+        acquire(store, key)
+    assert scan_all(store, prefix="a*") == ["a*1"]
+    assert scan_all(store, prefix="a?") == ["a?2"]
+    assert scan_all(store, prefix="a[x]") == ["a[x]3"]
+    assert scan_all(store, prefix="a\\") == ["a\\4"]
+    assert scan_all(store, prefix="a") == ["a*1", "a?2", "a[x]3", "a\\4", "ab1"]
+
+
+def test_cluster_batch_lands_on_every_primary_and_every_operation_works(
+    redis_cluster: RedisCluster, prefix: str
+) -> None:
+    keys = [f"order-{i:03d}" for i in range(200)]
+    store = open_store(cluster_url(redis_cluster, prefix))
+    nodes = [n.client(decode_responses=True) for n in redis_cluster.nodes]
+    try:
+        outcomes = store.claim_many([ClaimRequest(k, fingerprint(k)) for k in keys], lease=LONG)
+        assert all(isinstance(o, Acquired) for o in outcomes)
+
+        # Which primary holds each record: the one serving the slot of its hash tag.
+        ranges = nodes[0].execute_command("CLUSTER SLOTS")
+        port_of_slot = {slot: r[2][1] for r in ranges for slot in range(int(r[0]), int(r[1]) + 1)}
+        held: dict[int, set[str]] = {}
+        for node, server in zip(nodes, redis_cluster.nodes, strict=True):
+            rkeys = set(node.scan_iter(match=f"{prefix}*", count=1000))
+            held[server.port] = rkeys
+            for rkey in rkeys:
+                key = rkey[len(prefix) + 1 : -1]
+                slot = node.execute_command("CLUSTER KEYSLOT", rkey)
+                assert slot == node.execute_command("CLUSTER KEYSLOT", key)
+                assert port_of_slot[slot] == server.port
+        assert all(held[n.port] for n in redis_cluster.nodes), {p: len(k) for p, k in held.items()}
+        assert sorted(k for ks in held.values() for k in ks) == sorted(
+            f"{prefix}{{{k}}}" for k in keys
+        )
+
+        # The batch forms across nodes.
+        done = store.complete_many(
+            [Completion(o.key, o.owner, o.fencing_token, {"k": o.key}) for o in outcomes[:150]]
+            + [Completion(o.key, o.owner, o.fencing_token + 1, None) for o in outcomes[150:160]]
+        )
+        assert done == [True] * 150 + [False] * 10
+        replays = store.claim_many([ClaimRequest(k, fingerprint(k)) for k in keys[:150]])
+        assert all(
+            isinstance(r, Completed) and r.record.result == {"k": k}
+            for r, k in zip(replays, keys[:150], strict=True)
+        )
+
+        # Admin across nodes: a scan pages through every primary.
+        assert scan_all(store) == keys
+        assert scan_all(store, status=Status.COMPLETED) == keys[:150]
+        assert scan_all(store, prefix="order-19") == keys[190:200]
+        stats = store.stats()
+        assert stats.total == 200
+        assert stats.by_status[Status.COMPLETED] == 150
+        assert stats.by_status[Status.IN_PROGRESS] == 50
+
+        # Single forms on keys of every node.
+        for o in outcomes[150:153]:
+            store.fail(o.key, o.owner, o.fencing_token, "boom", retriable=True)
+        for o in outcomes[153:156]:
+            store.extend(o.key, o.owner, o.fencing_token, LONG)
+            store.release(o.key, o.owner, o.fencing_token)
+        again = [acquire(store, o.key) for o in outcomes[150:156]]
+        assert [a.fencing_token for a in again] == [2] * 6
+        short = store.claim_many([ClaimRequest(f"stale-{i}") for i in range(12)], lease=0.2)
+        assert all(isinstance(s, Acquired) for s in short)
+        time.sleep(0.5)
+        assert store.unlock_stale() == sorted(f"stale-{i}" for i in range(12))
+        store.unlock(outcomes[160].key, force=True)
+        assert store.forget(keys[0]).status is Status.COMPLETED
+        assert store.get(keys[0]) is None
+        assert store.purge() == 0  # TTLs do the purging
+        assert {f.name for f in store.check()} >= {"appendonly", "maxmemory-policy", "scripts"}
+    finally:
+        store.close()
+        for node in nodes:
+            node.close()
+
+
+# TTLs and the fencing counter ---------------------------------------------------------------
+
+
+def test_ttl_is_lease_plus_retention_in_progress_and_retention_when_finished(
+    store: Store, raw: Any, prefix: str
+) -> None:
+    retention = 120.0  # the store fixture's URL says retention=120s
+    a = acquire(store, "k", lease=30)
+    pttl = raw.pttl(f"{prefix}{{k}}")
+    assert 30_000 < pttl <= 150_000
+    assert pttl == pytest.approx(150_000, abs=5_000)
+
+    store.extend("k", a.owner, a.fencing_token, 300)
+    assert raw.pttl(f"{prefix}{{k}}") == pytest.approx(420_000, abs=5_000)
+
+    store.complete("k", a.owner, a.fencing_token, "done")
+    assert raw.pttl(f"{prefix}{{k}}") == pytest.approx(retention * 1000, abs=5_000)
+
+    k2 = acquire(store, "k2")
+    store.complete("k2", k2.owner, k2.fencing_token, None, retention=45)
+    assert raw.pttl(f"{prefix}{{k2}}") == pytest.approx(45_000, abs=5_000)
+
+    f = acquire(store, "k3")
+    store.fail("k3", f.owner, f.fencing_token, "nope", retriable=False, retention=75)
+    assert raw.pttl(f"{prefix}{{k3}}") == pytest.approx(75_000, abs=5_000)
+    # No record is ever left without a TTL.
+    assert all(raw.pttl(k) > 0 for k in raw.keys(f"{prefix}*"))
+
+
+def test_fencing_counter_never_goes_backwards(store: Store, raw: Any, prefix: str) -> None:
+    rkey = f"{prefix}{{k}}"
+    seen: list[int] = []
+
+    def token_now() -> int:
+        assert raw.pttl(rkey) > 0  # the record exists, with a TTL
+        token = int(raw.hget(rkey, "token"))
+        record = store.get("k")
+        assert record is not None and record.fencing_token == token
+        assert not seen or token >= seen[-1], (seen, token)
+        seen.append(token)
+        return token
+
+    tokens = []
+    a = acquire(store, "k")
+    tokens.append(a.fencing_token)
+    token_now()
+    store.release("k", a.owner, a.fencing_token)
+    token_now()
+    b = acquire(store, "k", lease=0.2)
+    tokens.append(b.fencing_token)
+    token_now()
+    time.sleep(0.4)
+    c = acquire(store, "k")  # takeover of b's expired lease
+    assert c.takeover is True
+    tokens.append(c.fencing_token)
+    token_now()
+    with pytest.raises(LeaseLost):
+        store.complete("k", b.owner, b.fencing_token, "zombie")
+    token_now()
+    store.unlock("k", force=True)
+    token_now()
+    d = acquire(store, "k")
+    tokens.append(d.fencing_token)
+    store.fail("k", d.owner, d.fencing_token, "retry me", retriable=True)
+    token_now()
+    e = acquire(store, "k")
+    tokens.append(e.fencing_token)
+    store.complete("k", e.owner, e.fencing_token, "done")
+    token_now()
+    assert tokens == [1, 2, 3, 4, 5]
+    assert seen[-1] == 5
+    for stale in (a, b, c, d):  # every earlier holder stays fenced out
+        with pytest.raises(LeaseLost):
+            store.complete("k", stale.owner, stale.fencing_token, "zombie")
+    assert token_now() == 5
+
+
+# Scripts: SCRIPT FLUSH and restarts ---------------------------------------------------------
+
+
+def test_scripts_survive_script_flush_in_single_and_batch_calls(store: Store, raw: Any) -> None:
+    a = acquire(store, "one")
+    raw.script_flush()
+    b = acquire(store, "two")
+    raw.script_flush()
+    store.complete("one", a.owner, a.fencing_token, 1)
+    raw.script_flush()
+    outcomes = store.claim_many([ClaimRequest(f"batch-{i}") for i in range(20)], lease=LONG)
+    assert all(isinstance(o, Acquired) for o in outcomes)
+    raw.script_flush()
+    done = store.complete_many(
+        [Completion(o.key, o.owner, o.fencing_token, o.key) for o in outcomes]
+        + [Completion("two", b.owner, b.fencing_token, 2)]
+    )
+    assert done == [True] * 21
+    raw.script_flush()
+    replays = store.claim_many([ClaimRequest(f"batch-{i}") for i in range(20)])
+    assert [r.record.result for r in replays if isinstance(r, Completed)] == [
+        f"batch-{i}" for i in range(20)
+    ]
+    raw.script_flush()
+    x = acquire(store, "x")
+    store.extend("x", x.owner, x.fencing_token, LONG)
+    raw.script_flush()
+    assert store.unlock("x", force=True).owner is None
+    raw.script_flush()
+    assert store.forget("one").result == 1
+
+
+def test_scripts_survive_script_flush_on_every_cluster_node(
+    redis_cluster: RedisCluster, prefix: str
+) -> None:
+    store = open_store(cluster_url(redis_cluster, prefix))
+    try:
+        first = store.claim_many([ClaimRequest(f"k-{i}") for i in range(60)], lease=LONG)
+        assert all(isinstance(o, Acquired) for o in first)
+        for node in redis_cluster.nodes:
+            node.cli("SCRIPT", "FLUSH")
+        done = store.complete_many(
+            [Completion(o.key, o.owner, o.fencing_token, i) for i, o in enumerate(first)]
+        )
+        assert done == [True] * 60
+        redis_cluster.nodes[1].cli("SCRIPT", "FLUSH")  # one node only lost them
+        again = store.claim_many([ClaimRequest(f"k-{i}") for i in range(60)])
+        assert [o.record.result for o in again if isinstance(o, Completed)] == list(range(60))
+        for node in redis_cluster.nodes:
+            node.cli("SCRIPT", "FLUSH")
+        assert isinstance(store.claim("single"), Acquired)
+    finally:
+        store.close()
+
+
+def test_same_store_works_after_a_server_restart(tmp_path: Path, prefix: str) -> None:
+    server = RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always")
+    try:
+        server.start()
+        store = open_store(redis_url(server, prefix))
+        a = acquire(store, "kept")
+        store.complete("kept", a.owner, a.fencing_token, {"n": 1})
+        running = acquire(store, "running")
+        server.restart()  # SIGTERM, same port, same dir: the AOF is replayed, scripts are not
+        replay = bounded(lambda: store.claim("kept"))
+        assert isinstance(replay, Completed) and replay.record.result == {"n": 1}
+        assert isinstance(bounded(lambda: store.claim("running")), Busy)
+        store.complete("running", running.owner, running.fencing_token, "after restart")
+        assert isinstance(bounded(lambda: store.claim("new")), Acquired)
+        store.close()
+    finally:
+        server.stop()
+
+
+# A server that dies -------------------------------------------------------------------------
+
+
+def test_killed_server_gives_store_unavailable_and_the_same_store_recovers(
+    tmp_path: Path, prefix: str
+) -> None:
+    server = RedisServer(tmp_path)
+    try:
+        server.start()
+        store = open_store(redis_url(server, prefix, "socket_timeout=3s"))
+        results: list[tuple[int, float, object]] = []  # (call number, seconds, outcome or error)
+        stop = threading.Event()
+        killed = threading.Event()
+        after_kill: list[int] = []
+
+        def loop() -> None:
+            i = 0
+            while not stop.is_set():
+                started_after_kill = killed.is_set()
+                started = time.monotonic()
+                try:
+                    outcome: object = store.claim(f"k-{i}", lease=LONG)
+                except Exception as exc:
+                    outcome = exc
+                results.append((i, time.monotonic() - started, outcome))
+                if started_after_kill:
+                    after_kill.append(i)
+                    if len(after_kill) >= 5:
+                        return
+                i += 1
+
+        worker = threading.Thread(target=loop, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + HANG
+        while len(results) < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(results) >= 100, "the claim loop did not get going"
+        server.kill()
+        killed.set()
+        worker.join(HANG * 6)
+        stop.set()
+        assert not worker.is_alive(), f"claims hang after the kill: {results[-3:]}"
+
+        unexpected = [r for r in results if not isinstance(r[2], Acquired | StoreUnavailable)]
+        assert unexpected == []
+        # A claim that answered answered right: every key is new, so Acquired, token 1.
+        assert all(r[2].fencing_token == 1 for r in results if isinstance(r[2], Acquired))
+        # Every call begun after the kill failed closed, none hung.
+        for i, seconds, outcome in results:
+            if i in after_kill:
+                assert isinstance(outcome, StoreUnavailable), outcome
+                assert seconds < HANG
+        assert len(after_kill) == 5
+
+        # Other operations fail closed too.
+        for call in (
+            lambda: store.claim_many([ClaimRequest("a"), ClaimRequest("b")]),
+            lambda: store.complete_many([Completion("a", "o", 1, None)]),
+            lambda: store.get("k-0"),
+            store.stats,
+        ):
+            with pytest.raises(StoreUnavailable):
+                bounded(call)
+
+        server.restart()  # same port, nothing persisted
+        outcome = bounded(lambda: store.claim("after-restart"))
+        assert isinstance(outcome, Acquired)
+        store.complete("after-restart", outcome.owner, outcome.fencing_token, "ok")
+        record = store.get("after-restart")
+        assert record is not None and record.result == "ok"
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_a_frozen_server_gives_store_unavailable_not_a_hang(tmp_path: Path, prefix: str) -> None:
+    server = RedisServer(tmp_path)
+    try:
+        server.start()
+        store = open_store(redis_url(server, prefix, "socket_timeout=500ms"))
+        before = acquire(store, "before")
+        server.pause()  # SIGSTOP: connections are accepted, nothing is answered
+        with pytest.raises(StoreUnavailable):
+            bounded(lambda: store.claim("during"))
+        with pytest.raises(StoreUnavailable):
+            bounded(lambda: store.complete("before", before.owner, before.fencing_token, 1))
+        server.resume()
+        # The same store carries on. A call that timed out may still have been applied
+        # once the server woke up (its reply was lost): then the key is merely busy.
+        after = bounded(lambda: store.claim("during"))
+        assert isinstance(after, Acquired | Busy)
+        record = store.complete("before", before.owner, before.fencing_token, 1)
+        assert record.status is Status.COMPLETED and record.result == 1
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_nothing_listening_is_store_unavailable(prefix: str) -> None:
+    port = free_port()
+    store = open_store(f"redis://127.0.0.1:{port}/0?prefix={prefix}")
+    with pytest.raises(StoreUnavailable) as info:
+        bounded(lambda: store.claim("k"))
+    assert str(port) in str(info.value)
+
+
+# Durability -------------------------------------------------------------------------------------
+
+
+def test_durable_refuses_a_server_that_cannot_confirm(
+    redis_server: RedisServer, raw: Any, prefix: str
+) -> None:
+    # The shared server runs with appendonly no and has no replicas.
+    assert raw.config_get("appendonly")["appendonly"] == "no"
+    store = open_store(redis_url(redis_server, prefix, "durable=1"))
+    with pytest.raises(StoreError) as info:
+        store.claim("k")
+    assert not isinstance(info.value, StoreUnavailable)
+    message = str(info.value)
+    assert "durable" in message
+    assert "appendonly" in message or "AOF" in message
+    # Nothing was claimed behind the caller's back.
+    assert raw.exists(f"{prefix}{{k}}") == 0
+    store.close()
+
+
+def test_durable_works_with_an_fsynced_aof(tmp_path: Path, prefix: str) -> None:
+    with RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always") as server:
+        store = open_store(redis_url(server, prefix, "durable=1&durable_timeout=1s"))
+        a = acquire(store, "k")
+        store.complete("k", a.owner, a.fencing_token, "safe")
+        outcomes = store.claim_many([ClaimRequest(f"b-{i}") for i in range(10)])
+        assert all(isinstance(o, Acquired) for o in outcomes)
+        assert (
+            store.complete_many(
+                [Completion(o.key, o.owner, o.fencing_token, None) for o in outcomes]
+            )
+            == [True] * 10
+        )
+        f = acquire(store, "f")
+        store.fail("f", f.owner, f.fencing_token, "x")
+        replay = store.claim("k")
+        assert isinstance(replay, Completed) and replay.record.result == "safe"
+
+        # Asking for a replica that does not exist is refused, and says so.
+        wants_replica = open_store(
+            redis_url(server, prefix, "durable=1&replicas=1&durable_timeout=200ms")
+        )
+        with pytest.raises(StoreError) as info:
+            wants_replica.claim("needs-a-replica")
+        assert not isinstance(info.value, StoreUnavailable)
+        assert "replica" in str(info.value)
+        assert "0 of 1" in str(info.value)
+        wants_replica.close()
+        store.close()
+
+
+def test_durable_notices_when_the_server_stops_fsyncing(tmp_path: Path, prefix: str) -> None:
+    with RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always") as server:
+        store = open_store(redis_url(server, prefix, "durable=1"))
+        acquire(store, "before")
+        client = server.client()
+        client.config_set("appendonly", "no")
+        client.close()
+        try:
+            with pytest.raises(StoreError, match="appendonly"):
+                store.claim("after")
+        finally:
+            store.close()
+
+
+def test_durable_is_refused_on_a_cluster_url(redis_cluster: RedisCluster, prefix: str) -> None:
+    with pytest.raises(ConfigError, match="durable"):
+        open_store(cluster_url(redis_cluster, prefix, "durable=1"))
+
+
+# check() and provision() ------------------------------------------------------------------------
+
+
+def findings_of(store: Store) -> dict[str, Any]:
+    return {f.name: f for f in store.check()}
+
+
+def test_check_reports_what_the_server_really_has(store: Store, raw: Any) -> None:
+    config = raw.config_get("*")
+    found = findings_of(store)
+    assert {"appendonly", "appendfsync", "replicas", "maxmemory-policy", "scripts"} <= set(found)
+    assert config["appendonly"] == "no"
+    assert found["appendonly"].ok is False
+    assert "no" in found["appendonly"].detail and found["appendonly"].fix
+    assert found["appendfsync"].ok is False  # no AOF: nothing is fsynced at all
+    assert config["appendfsync"] in found["appendfsync"].detail
+    assert found["replicas"].ok is True  # none asked for
+    assert "0" in found["replicas"].detail
+    assert config["maxmemory-policy"] == "noeviction"
+    assert found["maxmemory-policy"].ok is True
+    assert "noeviction" in found["maxmemory-policy"].detail
+
+    raw.script_flush()
+    scripts = findings_of(store)["scripts"]
+    assert scripts.ok is False and scripts.fix
+    store.provision()
+    assert findings_of(store)["scripts"].ok is True
+
+
+def test_check_flags_an_evicting_policy_and_accepts_a_good_aof(tmp_path: Path) -> None:
+    with RedisServer(
+        tmp_path,
+        "--maxmemory-policy",
+        "allkeys-lru",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+    ) as server:
+        store = open_store(redis_url(server, unique_prefix()))
+        found = findings_of(store)
+        assert found["maxmemory-policy"].ok is False
+        assert "allkeys-lru" in found["maxmemory-policy"].detail
+        assert "noeviction" in (found["maxmemory-policy"].fix or "")
+        assert found["appendonly"].ok is True
+        assert found["appendfsync"].ok is True
+        assert "everysec" in found["appendfsync"].detail
+        assert found["replicas"].ok is True
+
+        replicated = open_store(redis_url(server, unique_prefix(), "durable=1&replicas=2"))
+        replicas = findings_of(replicated)["replicas"]
+        assert replicas.ok is False and "0" in replicas.detail and replicas.fix
+        replicated.close()
+        store.close()
+
+
+def test_provision_dry_run_lists_scripts_and_loads_nothing(store: Store, raw: Any) -> None:
+    raw.script_flush()
+    plan = store.provision(dry_run=True)
+    assert plan.dry_run is True and plan.changed is False
+    text = "\n".join(plan.statements)
+    for name in SCRIPTS:
+        assert name in text
+    shas = re.findall(r"\b[0-9a-f]{40}\b", text)
+    assert len(set(shas)) == len(SCRIPTS)
+    assert raw.script_exists(*shas) == [False] * len(SCRIPTS)
+
+    done = store.provision()
+    assert done.changed is True and done.dry_run is False
+    assert raw.script_exists(*shas) == [True] * len(SCRIPTS)
+    assert store.provision().changed is False
+    assert store.provision(dry_run=True).statements == []
+
+
+def test_provision_loads_on_every_cluster_node(redis_cluster: RedisCluster, prefix: str) -> None:
+    store = open_store(cluster_url(redis_cluster, prefix))
+    nodes = [n.client(decode_responses=True) for n in redis_cluster.nodes]
+    try:
+        for node in nodes:
+            node.script_flush()
+        plan = store.provision(dry_run=True)
+        shas = re.findall(r"\b[0-9a-f]{40}\b", "\n".join(plan.statements))
+        assert len(set(shas)) == len(SCRIPTS)
+        assert all(node.script_exists(*shas) == [False] * len(SCRIPTS) for node in nodes)
+        assert store.provision().changed is True
+        assert all(node.script_exists(*shas) == [True] * len(SCRIPTS) for node in nodes)
+        assert findings_of(store)["scripts"].ok is True
+    finally:
+        store.close()
+        for node in nodes:
+            node.close()
+
+
+# Passwords ---------------------------------------------------------------------------------------
+
+
+def test_password_works_and_is_never_shown(tmp_path: Path, prefix: str) -> None:
+    with RedisServer(tmp_path, password="s3cret") as server:
+        url = f"redis://:s3cret@127.0.0.1:{server.port}/0?prefix={prefix}"
+        store = open_store(url)
+        assert "s3cret" not in store.url and "s3cret" not in repr(store)
+        a = acquire(store, "k")
+        store.complete("k", a.owner, a.fencing_token, "ok")
+        assert all("s3cret" not in f.detail for f in store.check())
+        store.close()
+
+        for bad in (
+            f"redis://:wr0ngpass@127.0.0.1:{server.port}/0?prefix={prefix}",
+            f"redis://127.0.0.1:{server.port}/0?prefix={prefix}",
+        ):
+            wrong = open_store(bad)
+            with pytest.raises(IdemctlError) as info:
+                bounded(lambda w=wrong: w.claim("k"))  # type: ignore[misc]
+            assert not isinstance(info.value, StoreUnavailable | LeaseLost)
+            shown = "".join(traceback.format_exception(info.value))
+            assert "wr0ngpass" not in shown and "s3cret" not in shown
+            assert re.search(r"(?i)auth|password|credential", str(info.value)), info.value
+
+
+# The takeover scenario --------------------------------------------------------------------------
+
+
+def test_takeover_between_two_workers(redis_server: RedisServer, prefix: str) -> None:
+    url = redis_url(redis_server, prefix)
+    worker_a, worker_b = open_store(url), open_store(url)
+    try:
+        a = acquire(worker_a, "payment-1", lease=0.3, fp=fingerprint({"amount": 5}))
+        assert isinstance(worker_b.claim("payment-1", fingerprint({"amount": 5})), Busy)
+        time.sleep(0.6)  # A stalls past its lease
+        b = acquire(worker_b, "payment-1", fp=fingerprint({"amount": 5}))
+        assert b.takeover is True and b.fencing_token == a.fencing_token + 1
+        worker_b.complete("payment-1", b.owner, b.fencing_token, {"by": "B"})
+        with pytest.raises(LeaseLost):
+            worker_a.complete("payment-1", a.owner, a.fencing_token, {"by": "A"})
+        with pytest.raises(LeaseLost):
+            worker_a.fail("payment-1", a.owner, a.fencing_token, "A gives up")
+        replay = worker_a.claim("payment-1", fingerprint({"amount": 5}))
+        assert isinstance(replay, Completed)
+        assert replay.record.result == {"by": "B"}
+        assert replay.record.fencing_token == 2
+        assert replay.record.attempts == 2
+    finally:
+        worker_a.close()
+        worker_b.close()
+
+
+# URLs ---------------------------------------------------------------------------------------------
+
+
+def test_a_prefix_with_glob_characters_scans_only_its_own_records(
+    redis_server: RedisServer,
+) -> None:
+    tag = unique_prefix()
+    bracket = open_store(redis_url(redis_server, f"{tag}app[1]:"))
+    star = open_store(redis_url(redis_server, f"{tag}app*:"))
+    try:
+        acquire(bracket, "a")
+        acquire(star, "z")
+        assert scan_all(bracket) == ["a"]
+        assert scan_all(star) == ["z"]
+        assert star.stats().total == 1
+    finally:
+        bracket.close()
+        star.close()
+
+
+def test_unknown_url_option_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="prefx"):
+        open_store("redis://127.0.0.1:6379/0?prefx=a:")
+    with pytest.raises(ConfigError):
+        open_store("redis://127.0.0.1:6379/0?lease=soon")
+
+
+# Clients the store accepts ------------------------------------------------------------------------
+
+
+def test_a_client_without_decode_responses_sees_its_records(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """A redis.Redis made by the caller answers bytes unless told otherwise."""
+    from idemctl.stores.redis import RedisStore
+
+    store = RedisStore(redis_server.client(), url="redis://127.0.0.1", prefix=prefix)
+    a = acquire(store, "k")
+    assert store.get("k") is not None
+    assert scan_all(store) == ["k"]
+    assert store.stats().total == 1
+    store.complete("k", a.owner, a.fencing_token, None)
+    assert isinstance(store.claim("k"), Completed)
+    found = findings_of(store)
+    assert found["appendonly"].detail == "appendonly no"
+    assert found["maxmemory-policy"].detail == "maxmemory-policy noeviction"
+    store.close()
+
+
+def test_check_on_fakeredis_reports_what_it_cannot_read() -> None:
+    """fakeredis has no INFO and no CONFIG GET: check() says so instead of raising."""
+    fakeredis = pytest.importorskip("fakeredis")
+    from idemctl.stores.redis import RedisStore
+
+    store = RedisStore(
+        fakeredis.FakeRedis(decode_responses=True), url="redis://fake", prefix=unique_prefix()
+    )
+    found = findings_of(store)
+    assert found["scripts"].ok is False
+    assert not all(f.ok for f in found.values())  # unknown config is not reported as fine
+    store.provision()
+    assert findings_of(store)["scripts"].ok is True
