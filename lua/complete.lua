@@ -17,7 +17,9 @@ if not holds(rec, owner, token, now) then
   return reply('lost', rec)
 end
 write(key, rec, 'status', 'completed', 'owner', '', 'lease', '', 'updated', int(now),
-  'completed', int(now), 'expires', int(now + retention), 'result', ARGV[3], 'error', '',
-  'retriable', '0', 'done_by', owner)
+  'completed', int(now), 'expires', int(now + retention), 'result', ARGV[3], 'done_by', owner)
+if rec.error ~= '' or rec.retriable == '1' then
+  write(key, rec, 'error', '', 'retriable', '0')  -- a success after a retriable failure
+end
 redis.call('PEXPIRE', key, retention)
 return reply('ok', rec)

@@ -115,7 +115,8 @@ def _ms(value: str, _at: Any = datetime.fromtimestamp) -> datetime | None:
 
 
 def _values(raw: Sequence[Any]) -> list[str]:
-    """Field values in FIELDS order, '' where absent (a client may or may not decode)."""
+    """Field values in FIELDS order, '' where absent. Clients made by from_url decode
+    replies; one handed in may not, which shows in any value that is present."""
     if any(isinstance(v, bytes) for v in raw):
         return ["" if v is None else _text(v) for v in raw]
     return [v or "" for v in raw]
@@ -123,7 +124,10 @@ def _values(raw: Sequence[Any]) -> list[str]:
 
 def _parse(reply: Sequence[Any]) -> tuple[str, list[str] | None]:
     """A script's reply: its code, and the record's values (None when there is no record)."""
-    return _text(reply[0]), _values(reply[1:]) if len(reply) > 1 else None
+    code = reply[0]
+    if isinstance(code, bytes):
+        return code.decode(), ["" if v is None else _text(v) for v in reply[1:]] or None
+    return code, [v or "" for v in reply[1:]] or None
 
 
 (_STATUS, _FP, _OWNER, _TOKEN, _ATTEMPTS, _LEASE, _CREATED, _UPDATED, _COMPLETED, _EXPIRES,
@@ -250,15 +254,17 @@ class RedisStore(BaseStore):
 
     def _eval(self, name: str, key: str, *args: Any, durable: bool = False) -> Any:
         """One script on one key: EVALSHA, loading the scripts once if the server lost them."""
-        script = self.scripts[name]
-        with self._guard():
-            if durable and self.durable:
-                return self._eval_batch(name, [(key, args)], durable=True)[0]
+        if durable and self.durable:
+            return self._eval_batch(name, [(key, args)], durable=True)[0]
+        sha = self.scripts[name].sha
+        try:
             try:
-                return self._client.evalsha(script.sha, 1, self._rkey(key), *args)
+                return self._client.evalsha(sha, 1, self._rkey(key), *args)
             except NoScriptError:
                 self._load()
-                return self._client.evalsha(script.sha, 1, self._rkey(key), *args)
+                return self._client.evalsha(sha, 1, self._rkey(key), *args)
+        except (RedisError, RedisClusterException) as exc:
+            raise _translate(exc, self.url) from exc
 
     def _eval_batch(
         self, name: str, items: Sequence[tuple[str, Sequence[Any]]], durable: bool = False
