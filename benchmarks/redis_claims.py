@@ -1,0 +1,815 @@
+"""Benchmark: claim + complete per message on one Redis server, idemctl against raw redis-py
+(the floor) and the Redis layer of Powertools for AWS Lambda's idempotency utility.
+
+    .venv/bin/python benchmarks/redis_claims.py [--seconds 3] [--batch 100] [--redis-url URL]
+        [--reps 3] [--only floor,powertools,idemctl] [--json]
+
+Without --redis-url it starts its own redis-server on a free 127.0.0.1 port and stops it by
+PID at the end. See benchmarks/README.md for what each contender does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import itertools
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RET_OK = 0
+RET_FAILED = 1
+RET_NO_SERVER = 2
+RET_MISSING = 3
+RET_INTERRUPTED = 130
+
+REDIS_SERVER = "/usr/bin/redis-server"
+HOST = "127.0.0.1"
+LEASE_SECONDS = 30
+"""The in-progress lease of every contender: idemctl's default, the floor's PX, and the
+remaining time the fake Lambda context reports to Powertools."""
+RETENTION_SECONDS = 600
+"""How long completed keys are kept: long enough to outlive a run."""
+CENSUS_MESSAGES = 200
+"""Messages per contender in the untimed pass that counts round trips and server commands."""
+CONTENDERS = ("floor", "powertools", "idemctl")
+TARGETS_DOC = "single >= 1.8x Powertools, single >= 0.6x floor, batched >= 15x Powertools"
+
+
+class BenchError(Exception):
+    """A contender misbehaved or could not be set up: reported, never a traceback."""
+
+
+class MissingPart(BenchError):
+    """Something the benchmark needs is not installed or not written yet."""
+
+
+class NoRedisServer(MissingPart):
+    """No redis-server binary to start, and no --redis-url given."""
+
+
+# Payloads ------------------------------------------------------------------------------
+
+
+def payload(i: int) -> dict[str, int]:
+    return {"order": i, "amount": 100}
+
+
+def result_for(i: int) -> dict[str, Any]:
+    return {"charged": True, "order": i}
+
+
+# The Redis server ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL if this process dies without stopping it."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def own_redis_server() -> Iterator[str]:
+    """A throwaway redis-server on a free loopback port; yields its URL, stops it by PID."""
+    binary = REDIS_SERVER if Path(REDIS_SERVER).exists() else shutil.which("redis-server")
+    if binary is None:
+        raise NoRedisServer(
+            f"redis-server is not installed ({REDIS_SERVER} is missing): install it with "
+            "'apt-get install -y --no-install-recommends redis-server', "
+            "or point the benchmark at a server with --redis-url"
+        )
+    with tempfile.TemporaryDirectory(prefix="idemctl-bench-") as tmp:
+        log_path = Path(tmp) / "redis.log"
+        for _attempt in range(3):  # the free port can be taken before the server binds it
+            port = free_port()
+            command = [binary, "--bind", HOST, "--port", str(port), "--dir", tmp]
+            command += ["--save", "", "--appendonly", "no"]
+            with log_path.open("ab") as log:
+                # A session of its own: Ctrl-C reaches only us, and we stop the server in order.
+                proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads exist yet
+                )
+            try:
+                deadline = time.monotonic() + 10
+                while proc.poll() is None and time.monotonic() < deadline:
+                    if _answers_ping(port):
+                        break
+                    time.sleep(0.01)
+                if proc.poll() is not None:
+                    continue  # it exited: most likely the port was taken; try another
+                if not _answers_ping(port):
+                    raise BenchError(f"redis-server (pid {proc.pid}) did not answer PING in 10 s")
+                yield f"redis://{HOST}:{port}/0"
+                return
+            finally:
+                _stop(proc)
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise BenchError(f"redis-server would not start; its log ends with:\n{tail}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()  # SIGTERM to this PID only
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# Counting what a message costs ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def counting_round_trips() -> Iterator[list[int]]:
+    """Counts writes to Redis sockets made by redis-py: one per command, one per pipeline.
+
+    Every command a contender sends waits for its reply before the next, so a write is a
+    round trip. Used only in the untimed census, never while measuring speed.
+    """
+    from redis.connection import AbstractConnection
+
+    counter = [0]
+    original = AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        counter[0] += 1
+        original(self, command, check_health)
+
+    AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    try:
+        yield counter
+    finally:
+        AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+
+
+def command_stats(admin: Any) -> Counter[str]:
+    """Calls per command since the server started (INFO commandstats), without INFO itself."""
+    stats = admin.info("commandstats")
+    calls: Counter[str] = Counter()
+    for name, values in stats.items():
+        command = name.removeprefix("cmdstat_")
+        if command != "info":
+            calls[command] = int(values["calls"])
+    return calls
+
+
+def connected_clients(admin: Any) -> int:
+    return int(admin.info("clients")["connected_clients"])
+
+
+# Contenders ------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    """One measured path of one contender. ``step`` processes some messages and says how
+    many; ``prepare`` runs before each timed run; ``check`` verifies a run afterwards."""
+
+    name: str
+    contender: str
+    path: str
+    step: Callable[[], int]
+    prepare: Callable[[], None] = lambda: None
+    check: Callable[[], None] = lambda: None
+    census_messages: int = CENSUS_MESSAGES
+    rates: list[float] = field(default_factory=list)
+    messages: int = 0
+    client_cpu: float = 0.0
+    server_cpu: float = 0.0
+    round_trips: float | None = None
+    commands: dict[str, float] = field(default_factory=dict)
+    connections: int | None = None
+
+    @property
+    def best(self) -> float:
+        return max(self.rates) if self.rates else 0.0
+
+
+class KeyLog:
+    """The message numbers a unique run completed, replayed in order by a duplicate run."""
+
+    def __init__(self) -> None:
+        self.done: list[int] = []
+        self._replay: Iterator[int] = iter(())
+
+    def rewind(self) -> None:
+        if not self.done:
+            raise BenchError("no completed keys to replay as duplicates")
+        self._replay = itertools.cycle(list(self.done))
+
+    def next_done(self) -> int:
+        return next(self._replay)
+
+
+class Floor:
+    """Raw redis-py, two round trips per message and no safety: SET NX PX, then SET PX."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url, single_connection_client=True)
+        self.prefix = f"{prefix}floor:"
+        self.numbers = itertools.count()
+        self.lease_ms = LEASE_SECONDS * 1000
+        self.retention_ms = RETENTION_SECONDS * 1000
+
+    def unique(self) -> int:
+        i = next(self.numbers)
+        key = f"{self.prefix}{i}"
+        if not self.client.set(key, "in_progress", nx=True, px=self.lease_ms):
+            raise BenchError(f"floor: {key} already existed")
+        self.client.set(key, json.dumps(result_for(i)), px=self.retention_ms)
+        return 1
+
+    def phases(self) -> list[Phase]:
+        return [Phase("floor", "floor (redis-py SET NX, SET)", "unique", self.unique)]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class FakeLambdaContext:
+    """What Powertools reads from a Lambda context: the in-progress expiry comes from
+    ``get_remaining_time_in_millis``. Shaped like the fixture in Powertools' own tests."""
+
+    function_name: str = "idemctl-bench"
+    memory_limit_in_mb: int = 128
+    invoked_function_arn: str = "arn:aws:lambda:eu-west-1:000000000000:function:idemctl-bench"
+    aws_request_id: str = "00000000-0000-0000-0000-000000000000"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return LEASE_SECONDS * 1000
+
+
+class Powertools:
+    """``idempotent_function`` over ``RedisCachePersistenceLayer``, as a user would write it."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        try:
+            from aws_lambda_powertools.utilities.idempotency import (
+                IdempotencyConfig,
+                idempotent_function,
+            )
+            from aws_lambda_powertools.utilities.idempotency.persistence.redis import (
+                RedisCachePersistenceLayer,
+            )
+        except ModuleNotFoundError as exc:
+            raise MissingPart(
+                f"Powertools is not installed ({exc.name}): "
+                ".venv/bin/pip install -e '.[bench]' (aws-lambda-powertools[redis,aws-sdk])"
+            ) from exc
+        import redis
+
+        # decode_responses=True is what the layer sets when it builds its own client.
+        self.client = redis.Redis.from_url(
+            url, decode_responses=True, single_connection_client=True
+        )
+        with warnings.catch_warnings():
+            # Deprecated in favour of CachePersistenceLayer, which is the same class.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            layer = RedisCachePersistenceLayer(client=self.client)
+        config = IdempotencyConfig(expires_after_seconds=RETENTION_SECONDS)
+        # Outside Lambda there is no remaining time, so in-progress records would get no
+        # expiry (and a warning per call): a fake context gives them a lease like the others.
+        config.register_lambda_context(FakeLambdaContext())
+        self.handler_calls = 0
+
+        @idempotent_function(
+            data_keyword_argument="order",
+            persistence_store=layer,
+            config=config,
+            key_prefix=f"{prefix}powertools",
+        )
+        def process(order: dict[str, int]) -> dict[str, Any]:
+            self.handler_calls += 1
+            return result_for(order["order"])
+
+        self.process = process
+        self.numbers = itertools.count()
+        self.log = KeyLog()
+        self._calls_before = 0
+        self._unique_before = 0
+
+    def unique(self) -> int:
+        i = next(self.numbers)
+        self.process(order=payload(i))
+        self.log.done.append(i)
+        return 1
+
+    def duplicate(self) -> int:
+        i = self.log.next_done()
+        if self.process(order=payload(i)) != result_for(i):
+            raise BenchError(f"powertools: duplicate {i} did not return the stored result")
+        return 1
+
+    def _mark(self) -> None:
+        self._calls_before = self.handler_calls
+        self._unique_before = len(self.log.done)
+
+    def _check_unique(self) -> None:
+        ran = self.handler_calls - self._calls_before
+        if ran != len(self.log.done) - self._unique_before:
+            raise BenchError("powertools: the handler did not run exactly once per new key")
+
+    def _prepare_duplicate(self) -> None:
+        self.log.rewind()
+        self._mark()
+
+    def _check_duplicate(self) -> None:
+        if self.handler_calls != self._calls_before:
+            raise BenchError("powertools: the handler ran again for a duplicate")
+
+    def phases(self) -> list[Phase]:
+        label = "Powertools (RedisCachePersistenceLayer)"
+        return [
+            Phase("powertools", label, "unique", self.unique, self._mark, self._check_unique),
+            Phase(
+                "powertools_dup",
+                label,
+                "duplicate",
+                self.duplicate,
+                self._prepare_duplicate,
+                self._check_duplicate,
+            ),
+        ]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def idemctl_store_url(redis_url: str, prefix: str) -> str:
+    separator = "&" if "?" in redis_url else "?"
+    return f"{redis_url}{separator}prefix={prefix}"
+
+
+def open_idemctl_store(url: str) -> Any:
+    from idemctl import IdemctlError, open_store
+
+    try:
+        return open_store(url)
+    except IdemctlError as exc:
+        raise MissingPart(f"idemctl cannot open its Redis store yet: {exc}") from exc
+
+
+class IdemctlSingle:
+    """One message at a time: claim, then complete with the owner and fencing token."""
+
+    def __init__(self, store_url: str) -> None:
+        self.store = open_idemctl_store(store_url)
+        self.numbers = itertools.count()
+        self.log = KeyLog()
+
+    def unique(self) -> int:
+        from idemctl import Acquired, fingerprint
+
+        i = next(self.numbers)
+        key = f"single-{i}"
+        outcome = self.store.claim(key, fingerprint(payload(i)))
+        if not isinstance(outcome, Acquired):
+            raise BenchError(f"idemctl: claim of new key {key} gave {type(outcome).__name__}")
+        self.store.complete(key, outcome.owner, outcome.fencing_token, result_for(i))
+        self.log.done.append(i)
+        return 1
+
+    def duplicate(self) -> int:
+        from idemctl import Completed, fingerprint
+
+        i = self.log.next_done()
+        outcome = self.store.claim(f"single-{i}", fingerprint(payload(i)))
+        if not isinstance(outcome, Completed):
+            raise BenchError(f"idemctl: duplicate single-{i} gave {type(outcome).__name__}")
+        return 1
+
+    def phases(self) -> list[Phase]:
+        label = "idemctl single"
+        return [
+            Phase("idemctl_single", label, "unique", self.unique),
+            Phase("idemctl_single_dup", label, "duplicate", self.duplicate, self.log.rewind),
+        ]
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class IdemctlBatched:
+    """Batches of ``batch`` messages: claim_many, then complete_many of what was acquired."""
+
+    def __init__(self, store_url: str, batch: int) -> None:
+        self.store = open_idemctl_store(store_url)
+        self.batch = batch
+        self.numbers = itertools.count()
+        self.log = KeyLog()  # holds the first number of each completed batch
+
+    def _requests(self, first: int) -> list[Any]:
+        from idemctl import ClaimRequest, fingerprint
+
+        return [
+            ClaimRequest(f"batch-{i}", fingerprint(payload(i)))
+            for i in range(first, first + self.batch)
+        ]
+
+    def unique(self) -> int:
+        from idemctl import Acquired, Completion
+
+        first = next(self.numbers) * self.batch
+        outcomes = self.store.claim_many(self._requests(first))
+        completions = []
+        for i, outcome in enumerate(outcomes, start=first):
+            if not isinstance(outcome, Acquired):
+                raise BenchError(f"idemctl: claim_many of new batch-{i} gave {outcome!r}")
+            completions.append(
+                Completion(outcome.key, outcome.owner, outcome.fencing_token, result_for(i))
+            )
+        if len(completions) != self.batch or not all(self.store.complete_many(completions)):
+            raise BenchError("idemctl: complete_many did not complete the whole batch")
+        self.log.done.append(first)
+        return self.batch
+
+    def duplicate(self) -> int:
+        from idemctl import Completed
+
+        first = self.log.next_done()
+        outcomes = self.store.claim_many(self._requests(first))
+        if len(outcomes) != self.batch or not all(isinstance(o, Completed) for o in outcomes):
+            raise BenchError(f"idemctl: a duplicate batch from batch-{first} was not Completed")
+        return self.batch
+
+    def phases(self) -> list[Phase]:
+        label = f"idemctl batched x{self.batch}"
+        census = max(CENSUS_MESSAGES, 2 * self.batch)
+        return [
+            Phase("idemctl_batched", label, "unique", self.unique, census_messages=census),
+            Phase(
+                "idemctl_batched_dup",
+                label,
+                "duplicate",
+                self.duplicate,
+                self.log.rewind,
+                census_messages=census,
+            ),
+        ]
+
+    def close(self) -> None:
+        self.store.close()
+
+
+# Running ---------------------------------------------------------------------------------
+
+
+def run_for(phase: Phase, seconds: float) -> tuple[int, float]:
+    """Messages ``phase.step`` processed in about ``seconds``, and the seconds it took."""
+    phase.prepare()
+    step = phase.step
+    messages = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        messages += step()
+        now = time.perf_counter()
+        if now >= deadline:
+            break
+    phase.check()
+    return messages, now - start
+
+
+def server_cpu(admin: Any) -> float:
+    """CPU seconds the Redis server has used, user + system."""
+    cpu = admin.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def measure(phase: Phase, seconds: float, admin: Any) -> float:
+    """One timed run of ``phase``: records its rate and the CPU both sides spent on it."""
+    server_before, client_before = server_cpu(admin), time.process_time()
+    messages, elapsed = run_for(phase, seconds)
+    phase.client_cpu += time.process_time() - client_before
+    phase.server_cpu += server_cpu(admin) - server_before
+    phase.messages += messages
+    rate = messages / elapsed
+    phase.rates.append(rate)
+    return rate
+
+
+def census(phase: Phase, admin: Any) -> None:
+    """Round trips and server commands per message, from an untimed pass."""
+    phase.prepare()
+    before = command_stats(admin)
+    with counting_round_trips() as writes:
+        messages = 0
+        while messages < phase.census_messages:
+            messages += phase.step()
+    delta = command_stats(admin)
+    delta.subtract(before)
+    phase.check()
+    phase.round_trips = writes[0] / messages
+    phase.commands = {name: calls / messages for name, calls in delta.most_common() if calls}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    label: str
+    numerator: str
+    denominator: str
+    target: float | None = None
+
+
+RATIOS = (
+    Ratio("idemctl single / Powertools (unique)", "idemctl_single", "powertools", 1.8),
+    Ratio("idemctl single / floor (unique)", "idemctl_single", "floor", 0.6),
+    Ratio("idemctl batched / Powertools (unique)", "idemctl_batched", "powertools", 15.0),
+    Ratio("idemctl single / Powertools (duplicates)", "idemctl_single_dup", "powertools_dup"),
+    Ratio("idemctl batched / Powertools (duplicates)", "idemctl_batched_dup", "powertools_dup"),
+    Ratio("Powertools / floor (unique), for context", "powertools", "floor"),
+)
+
+
+def ratios(phases: dict[str, Phase]) -> list[dict[str, Any]]:
+    rows = []
+    for r in RATIOS:
+        if r.numerator not in phases or r.denominator not in phases:
+            continue
+        value = phases[r.numerator].best / phases[r.denominator].best
+        rows.append(
+            {
+                "ratio": r.label,
+                "value": round(value, 3),
+                "target": r.target,
+                "met": None if r.target is None else value >= r.target,
+            }
+        )
+    return rows
+
+
+@dataclass
+class Settings:
+    seconds: float
+    batch: int
+    reps: int
+    warmup: float
+    only: tuple[str, ...]
+    redis_url: str | None
+    as_json: bool
+
+
+def benchmark(settings: Settings, redis_url: str, own_server: bool) -> dict[str, Any]:
+    import redis
+    from rich.console import Console
+
+    from idemctl.urls import redact_url
+
+    progress = Console(stderr=True)
+    admin = redis.Redis.from_url(redis_url, decode_responses=True)
+    prefix = f"bench-{uuid.uuid4().hex[:12]}:"
+    contenders: list[Any] = []
+    phases: list[Phase] = []
+    try:
+        for name in settings.only:
+            before = connected_clients(admin)
+            made: list[Any]
+            if name == "floor":
+                made = [Floor(redis_url, prefix)]
+            elif name == "powertools":
+                made = [Powertools(redis_url, prefix)]
+            else:
+                store_url = idemctl_store_url(redis_url, prefix)
+                made = [IdemctlSingle(store_url), IdemctlBatched(store_url, settings.batch)]
+            for contender in made:
+                contenders.append(contender)
+                own = contender.phases()
+                # Warm-up: connect, load scripts, fill caches; then count what a message costs.
+                for phase in own:
+                    progress.print(f"warm-up and census: {phase.name}")
+                    run_for(phase, settings.warmup)
+                    census(phase, admin)
+                own[0].connections = connected_clients(admin) - before
+                before = connected_clients(admin)
+                phases.extend(own)
+
+        # Rounds interleave the contenders, so drift on a shared machine hits them alike.
+        for rep in range(1, settings.reps + 1):
+            for phase in phases:
+                rate = measure(phase, settings.seconds, admin)
+                progress.print(f"round {rep}/{settings.reps}  {phase.name:<22} {rate:>10,.0f}/s")
+
+        server = admin.info("server")
+        return {
+            "redis_url": None if own_server else redact_url(redis_url),
+            "own_server": own_server,
+            "redis_version": server["redis_version"],
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "versions": {
+                pkg: _version(pkg)
+                for pkg in ("idemctl", "aws-lambda-powertools", "redis", "hiredis")
+            },
+            "seconds": settings.seconds,
+            "reps": settings.reps,
+            "batch": settings.batch,
+            "results": {
+                p.name: {
+                    "contender": p.contender,
+                    "path": p.path,
+                    "ops_per_s": round(p.best, 1),
+                    "reps_ops_per_s": [round(r, 1) for r in p.rates],
+                    "round_trips_per_msg": p.round_trips,
+                    "client_cpu_us_per_msg": round(p.client_cpu / p.messages * 1e6, 1),
+                    "server_cpu_us_per_msg": round(p.server_cpu / p.messages * 1e6, 1),
+                    "commands_per_msg": {k: round(v, 3) for k, v in p.commands.items()},
+                    "connections": p.connections,
+                }
+                for p in phases
+            },
+            "ratios": ratios({p.name: p for p in phases}),
+        }
+    finally:
+        for contender in contenders:
+            with contextlib.suppress(Exception):
+                contender.close()
+        if not own_server:  # on someone else's server, leave nothing behind
+            with contextlib.suppress(Exception):
+                keys = iter(admin.scan_iter(f"{prefix}*", count=1000))
+                while chunk := list(itertools.islice(keys, 1000)):
+                    admin.unlink(*chunk)
+        admin.close()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def report(data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    # Piped output gets room for the whole table instead of rich's 80-column default.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    versions = ", ".join(f"{k} {v}" for k, v in data["versions"].items() if v)
+    where = "own server" if data["own_server"] else data["redis_url"]
+    console.print(
+        f"Redis {data['redis_version']} ({where}); Python {data['python']}; {versions}; "
+        f"{data['cpus']} CPUs. Best of {data['reps']} runs of {data['seconds']:g} s each; "
+        "one op = one message (claim + complete, or the claim of a duplicate)."
+    )
+    table = Table(
+        title="Idempotent claims on Redis, one connection per contender",
+        caption="server commands include those run inside Lua scripts; CPU is over all runs",
+    )
+    table.add_column("contender")
+    table.add_column("path")
+    table.add_column("ops/s (best)", justify="right")
+    table.add_column("each run", justify="right")
+    table.add_column("round trips/msg", justify="right")
+    table.add_column("client CPU µs/msg", justify="right")
+    table.add_column("server CPU µs/msg", justify="right")
+    table.add_column("server commands/msg (commandstats)")
+    table.add_column("conns", justify="right")
+    for result in data["results"].values():
+        commands = ", ".join(f"{k} {v:.2f}" for k, v in result["commands_per_msg"].items())
+        table.add_row(
+            result["contender"],
+            result["path"],
+            f"{result['ops_per_s']:,.0f}",
+            " / ".join(f"{r:,.0f}" for r in result["reps_ops_per_s"]),
+            f"{result['round_trips_per_msg']:.2f}",
+            f"{result['client_cpu_us_per_msg']:.0f}",
+            f"{result['server_cpu_us_per_msg']:.0f}",
+            commands,
+            "" if result["connections"] is None else str(result["connections"]),
+        )
+    console.print(table)
+    if not data["ratios"]:
+        return
+    ratio_table = Table(title=f"Ratios (targets: {TARGETS_DOC})")
+    ratio_table.add_column("ratio")
+    ratio_table.add_column("value", justify="right")
+    ratio_table.add_column("target", justify="right")
+    ratio_table.add_column("")
+    for row in data["ratios"]:
+        if row["target"] is None:
+            target, verdict = "", ""
+        else:
+            target = f">= {row['target']:g}x"
+            verdict = "[green]met[/]" if row["met"] else "[bold red]NOT met[/]"
+        ratio_table.add_row(row["ratio"], f"{row['value']:.2f}x", target, verdict)
+    console.print(ratio_table)
+
+
+def parse_args(argv: Sequence[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(
+        description="Messages per second for idempotent claim + complete on Redis: "
+        "idemctl against raw redis-py and Powertools."
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each run")
+    parser.add_argument("--batch", type=int, default=100, help="messages per claim_many")
+    parser.add_argument("--reps", type=int, default=3, help="runs per contender; best is kept")
+    parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per path")
+    parser.add_argument(
+        "--redis-url", help="use this server instead of starting one (keys are cleaned up)"
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(CONTENDERS),
+        help=f"comma-separated subset of {','.join(CONTENDERS)}",
+    )
+    parser.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+    args = parser.parse_args(argv)
+    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
+    unknown = sorted(set(only) - set(CONTENDERS))
+    if unknown or not only:
+        parser.error(f"--only takes names from {', '.join(CONTENDERS)}, got {args.only!r}")
+    if args.seconds <= 0 or args.batch < 1 or args.reps < 1 or args.warmup < 0:
+        parser.error("--seconds, --batch and --reps must be positive, --warmup not negative")
+    ordered = tuple(name for name in CONTENDERS if name in only)
+    return Settings(
+        args.seconds, args.batch, args.reps, args.warmup, ordered, args.redis_url, args.json
+    )
+
+
+def check_idemctl_redis() -> None:
+    """Fail before starting anything when idemctl has no Redis store to measure."""
+    from idemctl.stores import BACKENDS
+
+    if "redis" not in BACKENDS:
+        raise MissingPart(
+            "idemctl has no redis:// store yet (idemctl/stores/redis.py); "
+            "run with --only floor,powertools meanwhile"
+        )
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the server
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        if "idemctl" in settings.only:
+            check_idemctl_redis()
+        if settings.redis_url:
+            data = benchmark(settings, settings.redis_url, own_server=False)
+        else:
+            with own_redis_server() as url:
+                data = benchmark(settings, url, own_server=True)
+    except NoRedisServer as exc:
+        print(f"redis_claims: {exc}", file=sys.stderr)
+        return RET_NO_SERVER
+    except MissingPart as exc:
+        print(f"redis_claims: {exc}", file=sys.stderr)
+        return RET_MISSING
+    except BenchError as exc:
+        print(f"redis_claims: {exc}", file=sys.stderr)
+        return RET_FAILED
+    except KeyboardInterrupt:
+        print("redis_claims: interrupted", file=sys.stderr)
+        return RET_INTERRUPTED
+    report(data)
+    if settings.as_json:
+        print(json.dumps(data, indent=2))
+    return RET_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
