@@ -12,7 +12,12 @@
 --   error retriable                      the last error, and '1' if a later claim may run it again
 --   how         acquired | takeover: how the current owner got the key (replayed to a retried claim)
 --   done_by     owner token that completed or failed it (a retried complete/fail is recognised)
--- Time is the server's: TIME, read once per script.
+-- Time is the server's: TIME, read once per call.
+--
+-- Every script works on a batch: KEYS[1..n] are records, ARGV holds the values shared by the
+-- batch first, then the same number of values for each key, in KEYS order. The reply has
+-- one entry per key. A single operation is a batch of one; on a cluster a batch holds keys
+-- of one slot.
 
 -- The order of the fields in every reply: {code, status, fp, owner, ..., done_by}.
 local FIELDS = {'status', 'fp', 'owner', 'token', 'attempts', 'lease', 'created', 'updated',
@@ -68,4 +73,14 @@ end
 
 local function lease_live(rec, now)
   return rec.status == 'in_progress' and rec.owner ~= '' and num(rec.lease) ~= nil and num(rec.lease) > now
+end
+
+-- fn(key, per-key values...) for every key; `shared` values lead ARGV, then `width` per key.
+local function each(shared, width, fn)
+  local out = {}
+  for i, key in ipairs(KEYS) do
+    local base = shared + (i - 1) * width
+    out[i] = fn(key, unpack(ARGV, base + 1, base + width))
+  end
+  return out
 end

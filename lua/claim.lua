@@ -1,58 +1,63 @@
--- claim.lua: claim a key for one attempt, taking over an expired or released lease.
--- KEYS[1]  the record's hash
--- ARGV[1]  payload fingerprint, '' for none
--- ARGV[2]  owner token of this attempt (random, made by the client)
--- ARGV[3]  lease, ms
--- ARGV[4]  retention, ms: an in-progress record lives lease + retention, so an abandoned
---          key keeps its fencing counter and attempts as long as a finished one would
--- Reply: {code, status, fp, owner, ...} (the record, fields in _lib.lua's FIELDS order); code is
+-- claim.lua: claim keys for one attempt each, taking over expired or released leases.
+-- KEYS[i]        a record's hash
+-- ARGV[1]        lease, ms
+-- ARGV[2]        retention, ms: an in-progress record lives lease + retention, so an
+--                abandoned key keeps its fencing counter and attempts as long as a finished one
+-- then per key:  payload fingerprint ('' for none), owner token of this attempt (random,
+--                made by the client)
+-- Reply, per key: {code, token, attempts, lease} when acquired, where code is
 --   acquired   new key, past retention, or a retriable failure: this attempt holds it
 --   takeover   an expired or released in-progress key: this attempt holds it, token + 1
+-- else {code, status, fp, owner, ...} (the record in _lib.lua's FIELDS order), code one of
 --   completed | failed | busy | mismatch   not acquired; the record says why
--- A retried call (same owner token) gets its first reply again.
-local key, fp, owner = KEYS[1], ARGV[1], ARGV[2]
-local lease, retention = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- A retried call (same owner token) gets its first reply again; the same key twice in one
+-- batch is busy the second time.
+local lease, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
-local rec = get_record(key)
 
-if rec == nil or retention_over(rec, now) then
-  -- New, or as if never seen; the fencing counter still goes on past retention.
-  local token = 1
-  if rec ~= nil then
-    token = tonumber(rec.token) + 1
-    redis.call('DEL', key)
+local function acquired(how, rec)
+  return {how, rec.token, rec.attempts, rec.lease}
+end
+
+return each(2, 2, function(key, fp, owner)
+  local rec = get_record(key)
+  if rec == nil or retention_over(rec, now) then
+    -- New, or as if never seen; the fencing counter still goes on past retention.
+    local token = 1
+    if rec ~= nil then
+      token = tonumber(rec.token) + 1
+      redis.call('DEL', key)
+    end
+    rec = {}
+    write(key, rec, 'status', 'in_progress', 'fp', fp, 'owner', owner, 'token', int(token),
+      'attempts', '1', 'lease', int(now + lease), 'created', int(now), 'updated', int(now),
+      'how', 'acquired')
+    redis.call('PEXPIRE', key, lease + retention)
+    return acquired('acquired', rec)
   end
-  rec = {}
-  write(key, rec, 'status', 'in_progress', 'fp', fp, 'owner', owner, 'token', int(token),
-    'attempts', '1', 'lease', int(now + lease), 'created', int(now), 'updated', int(now),
-    'how', 'acquired')
+  if rec.status == 'in_progress' and rec.owner == owner then
+    return acquired(rec.how, rec)
+  end
+  if fp ~= '' and rec.fp ~= '' and rec.fp ~= fp then
+    return reply('mismatch', rec)
+  end
+  if rec.status == 'completed' then
+    return reply('completed', rec)
+  end
+  if rec.status == 'failed' and rec.retriable ~= '1' then
+    return reply('failed', rec)
+  end
+  if lease_live(rec, now) then
+    return reply('busy', rec)
+  end
+  local how = 'acquired'
+  if rec.status == 'in_progress' then how = 'takeover' end
+  local fingerprint = rec.fp
+  if fingerprint == '' then fingerprint = fp end
+  write(key, rec, 'status', 'in_progress', 'fp', fingerprint, 'owner', owner,
+    'token', int(tonumber(rec.token) + 1), 'attempts', int(tonumber(rec.attempts) + 1),
+    'lease', int(now + lease), 'updated', int(now), 'completed', '', 'expires', '',
+    'how', how, 'done_by', '')
   redis.call('PEXPIRE', key, lease + retention)
-  return reply('acquired', rec)
-end
-
-if rec.status == 'in_progress' and rec.owner == owner then
-  return reply(rec.how, rec)
-end
-if fp ~= '' and rec.fp ~= '' and rec.fp ~= fp then
-  return reply('mismatch', rec)
-end
-if rec.status == 'completed' then
-  return reply('completed', rec)
-end
-if rec.status == 'failed' and rec.retriable ~= '1' then
-  return reply('failed', rec)
-end
-if lease_live(rec, now) then
-  return reply('busy', rec)
-end
-
-local how = 'acquired'
-if rec.status == 'in_progress' then how = 'takeover' end
-local fingerprint = rec.fp
-if fingerprint == '' then fingerprint = fp end
-write(key, rec, 'status', 'in_progress', 'fp', fingerprint, 'owner', owner,
-  'token', int(tonumber(rec.token) + 1), 'attempts', int(tonumber(rec.attempts) + 1),
-  'lease', int(now + lease), 'updated', int(now), 'completed', '', 'expires', '',
-  'how', how, 'done_by', '')
-redis.call('PEXPIRE', key, lease + retention)
-return reply(how, rec)
+  return acquired(how, rec)
+end)

@@ -1,12 +1,16 @@
--- purge.lua: delete a record whose retention ended at least ARGV[1] ms ago.
+-- purge.lua: delete records whose retention ended at least ARGV[1] ms ago.
 -- Records expire by TTL, so this finds work only where a TTL was removed or lengthened by hand.
--- KEYS[1]  the record's hash
--- ARGV[1]  ms since the end of retention
--- Reply: 1 if deleted, 0 if kept.
+-- KEYS[i]        a record's hash
+-- ARGV[1]        ms since the end of retention
+-- Reply, per key: 1 if deleted, 0 if kept.
+local older = tonumber(ARGV[1])
 local now = now_ms()
-local rec = get_record(KEYS[1])
-if rec == nil or num(rec.expires) == nil or num(rec.expires) > now - tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('DEL', KEYS[1])
-return 1
+
+return each(1, 0, function(key)
+  local rec = get_record(key)
+  if rec == nil or num(rec.expires) == nil or num(rec.expires) > now - older then
+    return 0
+  end
+  redis.call('DEL', key)
+  return 1
+end)

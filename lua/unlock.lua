@@ -1,31 +1,34 @@
--- unlock.lua: an operator frees a key's lease; the fencing counter stays.
--- KEYS[1]  the record's hash
--- ARGV[1]  'one': unlock this key (ARGV[2] = '1' to force a live lease)
---          'stale': unlock it only if its lease ended at least ARGV[2] ms ago
--- Reply: {code, status, fp, ...} (the record in FIELDS order); code is
+-- unlock.lua: an operator frees keys' leases; the fencing counter stays.
+-- KEYS[i]        a record's hash
+-- ARGV[1]        'one': unlock each key (ARGV[2] = '1' to force a live lease)
+--                'stale': unlock a key only if its lease ended at least ARGV[2] ms ago
+-- Reply, per key: {code, status, fp, ...} (the record in FIELDS order); code is
 --   ok                the lease is freed (or was already free, for 'one')
 --   missing           no record (or past retention)
 --   not_in_progress   completed or failed: there is no lease
 --   live              the lease is live and force was not given
 --   skipped           'stale': not stale long enough, or already freed
-local key, mode, arg = KEYS[1], ARGV[1], ARGV[2]
+local mode, arg = ARGV[1], ARGV[2]
 local now = now_ms()
-local rec = get_record(key)
-if rec == nil or retention_over(rec, now) then
-  return {'missing'}
-end
-if rec.status ~= 'in_progress' then
-  if mode == 'stale' then return reply('skipped', rec) end
-  return reply('not_in_progress', rec)
-end
-if mode == 'stale' then
-  if rec.owner == '' or num(rec.lease) > now - tonumber(arg) then
-    return reply('skipped', rec)
+
+return each(2, 0, function(key)
+  local rec = get_record(key)
+  if rec == nil or retention_over(rec, now) then
+    return {'missing'}
   end
-elseif lease_live(rec, now) and arg ~= '1' then
-  return reply('live', rec)
-end
-if rec.owner ~= '' then
-  write(key, rec, 'owner', '', 'lease', int(now), 'updated', int(now))
-end
-return reply('ok', rec)
+  if rec.status ~= 'in_progress' then
+    if mode == 'stale' then return reply('skipped', rec) end
+    return reply('not_in_progress', rec)
+  end
+  if mode == 'stale' then
+    if rec.owner == '' or num(rec.lease) > now - tonumber(arg) then
+      return reply('skipped', rec)
+    end
+  elseif lease_live(rec, now) and arg ~= '1' then
+    return reply('live', rec)
+  end
+  if rec.owner ~= '' then
+    write(key, rec, 'owner', '', 'lease', int(now), 'updated', int(now))
+  end
+  return reply('ok', rec)
+end)

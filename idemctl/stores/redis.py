@@ -73,6 +73,8 @@ from idemctl.stores.base import (
 
 SCRIPT_NAMES = ("claim", "complete", "fail", "extend", "release", "unlock", "forget", "purge")
 SCAN_COUNT = 500
+MAX_CALL_KEYS = 500
+"""Keys per script call on one server: Redis runs nothing else while a script runs."""
 # redis-py options a URL may carry through to the client.
 _CLIENT_DURATIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
 _CLIENT_TEXTS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "client_name")
@@ -252,56 +254,79 @@ class RedisStore(BaseStore):
         for script in self.scripts.values():
             self._client.script_load(script.source)
 
-    def _eval(self, name: str, key: str, *args: Any, durable: bool = False) -> Any:
-        """One script on one key: EVALSHA, loading the scripts once if the server lost them."""
-        if durable and self.durable:
-            return self._eval_batch(name, [(key, args)], durable=True)[0]
-        sha = self.scripts[name].sha
-        try:
-            try:
-                return self._client.evalsha(sha, 1, self._rkey(key), *args)
-            except NoScriptError:
-                self._load()
-                return self._client.evalsha(sha, 1, self._rkey(key), *args)
-        except (RedisError, RedisClusterException) as exc:
-            raise _translate(exc, self.url) from exc
+    def _groups(self, keys: Sequence[str]) -> list[list[int]]:
+        """Which items go in one script call: a script may only touch keys of one slot on a
+        cluster; on one server, any keys, in chunks that keep each call short."""
+        if self.cluster:
+            by_slot: dict[int, list[int]] = {}
+            for i, key in enumerate(keys):
+                by_slot.setdefault(self._client.keyslot(self._rkey(key)), []).append(i)
+            return list(by_slot.values())
+        return [
+            list(range(i, min(i + MAX_CALL_KEYS, len(keys))))
+            for i in range(0, len(keys), MAX_CALL_KEYS)
+        ]
 
-    def _eval_batch(
-        self, name: str, items: Sequence[tuple[str, Sequence[Any]]], durable: bool = False
+    def _call(
+        self,
+        name: str,
+        shared: Sequence[Any],
+        items: Sequence[tuple[str, Sequence[Any]]],
+        durable: bool = False,
     ) -> list[Any]:
-        """One script over many keys in one pipelined round trip (one per node on a cluster).
+        """Run script ``name`` over ``items`` (key, per-key values): one reply per item.
 
-        Every script is safe to repeat with the same arguments, so the items a server
-        without the script refused are simply sent again after loading it."""
-        script = self.scripts[name]
+        One EVALSHA per group of keys (see _groups), all in one pipelined round trip (one per
+        node on a cluster), or a plain EVALSHA when there is one group and nothing to confirm.
+        Every script is safe to repeat with the same arguments, so the calls a server that
+        lost its scripts refused are simply sent again after loading them."""
+        sha = self.scripts[name].sha
+        calls = []
+        for group in self._groups([key for key, _ in items]):
+            keys = [self._rkey(items[i][0]) for i in group]
+            args = [*shared, *(a for i in group for a in items[i][1])]
+            calls.append((group, [sha, len(keys), *keys, *args]))
+        confirm = durable and self.durable
         replies: list[Any] = [None] * len(items)
-        todo = list(range(len(items)))
-        with self._guard():
+        try:
             for _ in range(2):
-                pipe = self._client.pipeline(transaction=False)
-                for i in todo:
-                    key, args = items[i]
-                    # execute_command: the cluster pipeline refuses .evalsha() by name, but
-                    # routes EVALSHA by its key like any other command.
-                    pipe.execute_command("EVALSHA", script.sha, 1, self._rkey(key), *args)
-                confirmations = self._add_confirmation(pipe) if durable and self.durable else 0
-                results = pipe.execute(raise_on_error=False)
-                if confirmations:
-                    self._check_confirmation(results[-confirmations:])
-                    del results[-confirmations:]
-                missing = []
-                for i, result in zip(todo, results, strict=True):
+                if len(calls) == 1 and not confirm:
+                    try:
+                        results: list[Any] = [self._client.evalsha(*calls[0][1])]
+                    except NoScriptError as exc:
+                        results = [exc]
+                else:
+                    pipe = self._client.pipeline(transaction=False)
+                    for _, command in calls:
+                        # The cluster pipeline refuses .evalsha() by name, but routes the
+                        # command by its first key like any other.
+                        pipe.execute_command("EVALSHA", *command)
+                    confirmations = self._add_confirmation(pipe) if confirm else 0
+                    results = pipe.execute(raise_on_error=False)
+                    if confirmations:
+                        self._check_confirmation(results[-confirmations:])
+                        del results[-confirmations:]
+                lost = []
+                for (group, command), result in zip(calls, results, strict=True):
                     if isinstance(result, NoScriptError):
-                        missing.append(i)
+                        lost.append((group, command))
                     elif isinstance(result, Exception):
                         raise result
                     else:
-                        replies[i] = result
-                if not missing:
+                        for i, reply in zip(group, result, strict=True):
+                            replies[i] = reply
+                if not lost:
                     return replies
                 self._load()
-                todo = missing
+                calls = lost
+        except (RedisError, RedisClusterException) as exc:
+            raise _translate(exc, self.url) from exc
         raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    def _one(
+        self, name: str, shared: Sequence[Any], key: str, *args: Any, durable: bool = False
+    ) -> Any:
+        return self._call(name, shared, [(key, args)], durable)[0]
 
     def _add_confirmation(self, pipe: Any) -> int:
         """Queue what confirms the writes before it on this connection; returns how many replies.
@@ -361,31 +386,18 @@ class RedisStore(BaseStore):
     def claim(
         self, key: str, fingerprint: str | None = None, lease: float | None = None
     ) -> ClaimOutcome:
-        validate_key(key)
-        owner = new_owner()
-        reply = self._eval(
-            "claim", key, fingerprint or "", owner, self._ms(self._lease(lease)),
-            self._ms(self.default_retention), durable=True,
-        )  # fmt: skip
-        return _outcome(ClaimRequest(key, fingerprint), owner, reply)
+        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
 
     def claim_many(
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]:
         for r in requests:
             validate_key(r.key)
-        lease_ms = self._ms(self._lease(lease))
-        retention_ms = self._ms(self.default_retention)
         owners = [new_owner() for _ in requests]
-        items = [
-            (r.key, (r.fingerprint or "", owner, lease_ms, retention_ms))
-            for r, owner in zip(requests, owners, strict=True)
-        ]
-        replies = self._eval_batch("claim", items, durable=True)
-        return [
-            _outcome(r, owner, reply)
-            for r, owner, reply in zip(requests, owners, replies, strict=True)
-        ]
+        shared = (self._ms(self._lease(lease)), self._ms(self.default_retention))
+        items = [(r.key, (r.fingerprint or "", o)) for r, o in zip(requests, owners, strict=True)]
+        replies = self._call("claim", shared, items, durable=True)
+        return [_outcome(*x) for x in zip(requests, owners, replies, strict=True)]
 
     def complete(
         self,
@@ -395,22 +407,18 @@ class RedisStore(BaseStore):
         result: JSON = None,
         retention: float | None = None,
     ) -> Record:
-        reply = self._eval(
-            "complete", key, owner, fencing_token, canonical_json(result),
-            self._ms(self._retention(retention)), durable=True,
-        )  # fmt: skip
-        return self._held(key, fencing_token, reply)
+        shared = (self._ms(self._retention(retention)), "1")
+        args = (owner, fencing_token, canonical_json(result))
+        return self._held(
+            key, fencing_token, self._one("complete", shared, key, *args, durable=True)
+        )
 
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
-        retention_ms = self._ms(self._retention(retention))
-        items = [
-            (c.key, (c.owner, c.fencing_token, canonical_json(c.result), retention_ms))
-            for c in completions
-        ]
-        replies = self._eval_batch("complete", items, durable=True)
-        return [_text(reply[0]) == "ok" for reply in replies]
+        shared = (self._ms(self._retention(retention)), "0")
+        items = [(c.key, (c.owner, c.fencing_token, canonical_json(c.result))) for c in completions]
+        return [_text(r[0]) == "ok" for r in self._call("complete", shared, items, durable=True)]
 
     def fail(
         self,
@@ -421,25 +429,21 @@ class RedisStore(BaseStore):
         retriable: bool = True,
         retention: float | None = None,
     ) -> Record:
-        reply = self._eval(
-            "fail", key, owner, fencing_token, error, "1" if retriable else "0",
-            self._ms(self._retention(retention)), durable=True,
-        )  # fmt: skip
-        return self._held(key, fencing_token, reply)
+        shared = (self._ms(self._retention(retention)),)
+        args = (owner, fencing_token, error, "1" if retriable else "0")
+        return self._held(key, fencing_token, self._one("fail", shared, key, *args, durable=True))
 
     def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
-        reply = self._eval(
-            "extend", key, owner, fencing_token, self._ms(self._lease(lease)),
-            self._ms(self.default_retention),
-        )  # fmt: skip
+        shared = (self._ms(self._lease(lease)), self._ms(self.default_retention))
+        reply = self._one("extend", shared, key, owner, fencing_token)
         expires = self._held(key, fencing_token, reply).lease_expires_at
         assert expires is not None
         return expires
 
     def release(self, key: str, owner: str, fencing_token: int) -> Record:
-        return self._held(key, fencing_token, self._eval("release", key, owner, fencing_token))
+        return self._held(key, fencing_token, self._one("release", (), key, owner, fencing_token))
 
     def _held(self, key: str, fencing_token: int, reply: Sequence[Any]) -> Record:
         code, fields = _parse(reply)
@@ -539,7 +543,7 @@ class RedisStore(BaseStore):
 
     def unlock(self, key: str, force: bool = False) -> Record:
         validate_key(key)
-        code, fields = _parse(self._eval("unlock", key, "one", "1" if force else "0"))
+        code, fields = _parse(self._one("unlock", ("one", "1" if force else "0"), key))
         if fields is None:
             raise KeyNotFound(key)
         record = _record(key, fields)
@@ -562,15 +566,15 @@ class RedisStore(BaseStore):
         stale = self._all(Query(lease_expired_at=cutoff, owned=True))
         if not stale:
             return []
-        items = [(r.key, ("stale", round(older_than * 1000))) for r in stale]
-        replies = self._eval_batch("unlock", items)
+        shared = ("stale", round(older_than * 1000))
+        replies = self._call("unlock", shared, [(r.key, ()) for r in stale])
         return sorted(
             r.key for r, reply in zip(stale, replies, strict=True) if _text(reply[0]) == "ok"
         )
 
     def forget(self, key: str, force: bool = False) -> Record:
         validate_key(key)
-        code, fields = _parse(self._eval("forget", key, "1" if force else "0"))
+        code, fields = _parse(self._one("forget", ("1" if force else "0",), key))
         if fields is None:
             raise KeyNotFound(key)
         record = _record(key, fields)
@@ -584,7 +588,7 @@ class RedisStore(BaseStore):
         over = self._all(Query(retention_over_at=now - timedelta(seconds=older_than)))
         if not over:
             return 0
-        replies = self._eval_batch("purge", [(r.key, (round(older_than * 1000),)) for r in over])
+        replies = self._call("purge", (round(older_than * 1000),), [(r.key, ()) for r in over])
         return sum(int(r) for r in replies)
 
     # Provisioning and health ------------------------------------------------------------------
@@ -698,10 +702,11 @@ def _outcome(request: ClaimRequest, owner: str, reply: Sequence[Any]) -> ClaimOu
     code, fields = _parse(reply)
     assert fields is not None
     if code in ("acquired", "takeover"):
-        lease = _ms(fields[_LEASE])
-        assert lease is not None
+        token, attempts, lease = fields
+        lease_expires_at = _ms(lease)
+        assert lease_expires_at is not None
         return Acquired(
-            request.key, owner, int(fields[_TOKEN]), int(fields[_ATTEMPTS]), lease,
+            request.key, owner, int(token), int(attempts), lease_expires_at,
             takeover=code == "takeover",
         )  # fmt: skip
     record = _record(request.key, fields)
