@@ -113,9 +113,10 @@ class Completed:
 
 @dataclass(frozen=True)
 class Busy:
-    """Another owner holds a live lease: try again later."""
+    """Another owner holds a live lease: try again later. ``record`` is None when the
+    holder's claim is not visible yet (an open PostgreSQL transaction holds the key)."""
 
-    record: Record
+    record: Record | None
 
 
 @dataclass(frozen=True)

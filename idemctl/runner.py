@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from idemctl.errors import (
+    ConfigError,
     FingerprintMismatch,
     InvalidPayload,
     KeyBusy,
@@ -32,6 +33,7 @@ from idemctl.model import (
     JSON,
     Acquired,
     Busy,
+    ClaimOutcome,
     Completed,
     Failed,
     Mismatch,
@@ -63,6 +65,9 @@ class Context:
     owner: str
     store: Store
     logger: logging.Logger
+    connection: Any = None
+    """In PostgreSQL transactional mode: the psycopg connection whose open transaction holds
+    the key. Write your effects on it; they commit together with the key, or not at all."""
 
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("idemctl_context")
@@ -150,6 +155,7 @@ def run(
     retention: float | None = None,
     permanent: tuple[type[BaseException], ...] = (),
     heartbeat: bool = True,
+    transactional: bool = False,
     logger: logging.Logger = log,
 ) -> RunResult:
     """Run ``handler`` at most once to completion for ``key``.
@@ -159,8 +165,22 @@ def run(
     as ``Outcome.ERROR`` with the exception in ``error``. ``idemctl.Permanent`` and the
     exception types in ``permanent`` fail the key for good; others leave it retriable.
     The result is returned as JSON gives it back, the same on the first run and on replays.
+
+    ``transactional=True`` (PostgreSQL): claim, the handler's SQL on ``ctx.connection`` and
+    complete share one transaction, so the effects commit exactly when the key does.
     """
+    if transactional:
+        return _run_transactional(
+            store, key, handler, fingerprint, lease, retention, permanent, logger
+        )
     outcome = store.claim(key, fingerprint, lease)
+    if not isinstance(outcome, Acquired):
+        return _settled(key, outcome)
+    return _execute(store, outcome, handler, lease, retention, permanent, heartbeat, logger)
+
+
+def _settled(key: str, outcome: ClaimOutcome) -> RunResult:
+    """The result of a claim that did not acquire its key."""
     match outcome:
         case Completed(record):
             return RunResult(Outcome.REPLAYED, key, record.result, record)
@@ -170,8 +190,64 @@ def run(
             return RunResult(Outcome.MISMATCH, key, record=record)
         case Failed(record):
             return RunResult(Outcome.FAILED, key, record=record)
-    assert isinstance(outcome, Acquired)
-    return _execute(store, outcome, handler, lease, retention, permanent, heartbeat, logger)
+    raise AssertionError(f"not a settled claim outcome: {outcome!r}")
+
+
+class _Rollback(Exception):
+    """Raised inside a transaction to roll it back after the handler failed."""
+
+
+def _run_transactional(
+    store: Store,
+    key: str,
+    handler: Callable[[Context], Any],
+    fingerprint: str | None,
+    lease: float | None,
+    retention: float | None,
+    permanent: tuple[type[BaseException], ...],
+    logger: logging.Logger,
+) -> RunResult:
+    transaction = getattr(store, "transaction", None)
+    if transaction is None:
+        raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
+    failure: Exception | None = None
+    try:
+        with transaction(key, fingerprint, lease) as unit:
+            if not isinstance(unit.outcome, Acquired):
+                return _settled(key, unit.outcome)
+            a = unit.outcome
+            ctx = Context(
+                key, a.fencing_token, a.attempt, a.takeover, a.owner, store, logger, unit.connection
+            )
+            try:
+                value = json.loads(canonical_json(_call_in_context(ctx, handler)))
+            except Exception as exc:
+                failure = exc
+                raise _Rollback from exc
+            record = unit.complete(value, retention)
+            return RunResult(
+                Outcome.EXECUTED,
+                key,
+                value,
+                record,
+                attempt=a.attempt,
+                fencing_token=a.fencing_token,
+            )
+    except _Rollback:
+        assert failure is not None
+    # The handler's transaction is gone with all it wrote; record the failure on its own,
+    # so attempts are counted and a permanent failure is not run again.
+    retriable = not isinstance(failure, (Permanent, InvalidPayload, *permanent))
+    outcome = store.claim(key, fingerprint, lease)
+    if not isinstance(outcome, Acquired):
+        return RunResult(Outcome.ERROR, key, error=failure, retriable=retriable)
+    record = store.fail(
+        key, outcome.owner, outcome.fencing_token, _error_text(failure), retriable, retention
+    )
+    return RunResult(
+        Outcome.ERROR, key, record=record, error=failure, retriable=retriable,
+        attempt=outcome.attempt, fencing_token=outcome.fencing_token,
+    )  # fmt: skip
 
 
 def _execute(
@@ -191,7 +267,7 @@ def _execute(
     beat = Heartbeat(store, acquired, lease_seconds, lease_seconds / 3)
     try:
         with beat if heartbeat else contextlib.nullcontext():
-            value = contextvars.copy_context().run(_call_with_context, ctx, handler)
+            value = _call_in_context(ctx, handler)
     except Exception as exc:
         retriable = not isinstance(exc, (Permanent, *permanent))
         try:
@@ -233,9 +309,14 @@ def _execute(
     return RunResult(Outcome.EXECUTED, key, value, record, **done)
 
 
-def _call_with_context(ctx: Context, handler: Callable[[Context], Any]) -> Any:
-    _current.set(ctx)
-    return handler(ctx)
+def _call_in_context(ctx: Context, handler: Callable[[Context], Any]) -> Any:
+    """Run the handler with ``current_context()`` set to ``ctx``, in a copy of this context."""
+
+    def call() -> Any:
+        _current.set(ctx)
+        return handler(ctx)
+
+    return contextvars.copy_context().run(call)
 
 
 def _error_text(exc: BaseException) -> str:

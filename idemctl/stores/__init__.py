@@ -17,6 +17,8 @@ BACKENDS: dict[str, tuple[str, str | None, str | None]] = {
     "redis": ("idemctl.stores.redis:RedisStore", "redis", "redis"),
     "rediss": ("idemctl.stores.redis:RedisStore", "redis", "redis"),
     "redis+cluster": ("idemctl.stores.redis:RedisStore", "redis", "redis"),
+    "postgresql": ("idemctl.stores.postgres:PostgresStore", "psycopg", "postgres"),
+    "postgres": ("idemctl.stores.postgres:PostgresStore", "psycopg", "postgres"),
 }
 
 __all__ = ["BACKENDS", "DEFAULT_URL", "Store", "open_store"]
@@ -33,7 +35,8 @@ def open_store(url: str = DEFAULT_URL) -> Store:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if driver is not None and exc.name is not None and exc.name.split(".")[0] == driver:
+        # psycopg's pool is the psycopg_pool package: one extra installs both.
+        if driver is not None and exc.name is not None and exc.name.startswith(driver):
             raise MissingDriver(
                 f"the {scheme}:// store needs the {driver} package: pip install 'idemctl[{extra}]'"
             ) from exc

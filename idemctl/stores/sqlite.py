@@ -150,18 +150,32 @@ class SQLiteStore(RowStore):
         self.path = path
         self._lock = threading.Lock()
         self._busy_timeout = busy_timeout
-        try:
-            self._conn = sqlite3.connect(
-                path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
-            )
-            # WAL lets readers run beside the one writer; synchronous=FULL makes a
-            # completed key survive power loss, so it never runs twice.
-            self._conn.execute("PRAGMA journal_mode=WAL").fetchone()
-            self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        except sqlite3.Error as exc:
-            raise self._translate(exc) from exc
-        if auto_provision and self._schema_version() is None:
-            self.provision()
+        self._synchronous = synchronous
+        self._connection: sqlite3.Connection | None = None
+        self.auto_provision = auto_provision
+        """Create the database and its tables on first use (the embedded default)."""
+        self._ready = False
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """Opened on first use: until then (``provision(dry_run=True)``, say) no file is made."""
+        if self._connection is None:
+            try:
+                conn = sqlite3.connect(
+                    self.path, timeout=self._busy_timeout, isolation_level=None,
+                    check_same_thread=False,
+                )  # fmt: skip
+                # WAL lets readers run beside the one writer; synchronous=FULL makes a
+                # completed key survive power loss, so it never runs twice.
+                conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
+            self._connection = conn
+        return self._connection
+
+    def _exists(self) -> bool:
+        return self._connection is not None or self.path == ":memory:" or os.path.exists(self.path)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -199,8 +213,20 @@ class SQLiteStore(RowStore):
             return StoreUnavailable(f"cannot use SQLite database {self.path}: {text}")
         return StoreError(f"SQLite database {self.path}: {text}")
 
+    def _prepare(self) -> None:
+        if self._ready:
+            return
+        if self.auto_provision:
+            if self._schema_version() is None:
+                self.provision()
+        elif not self._exists():
+            # Opening it would create an empty file: looking must not change anything.
+            raise NotProvisioned(f"there is no SQLite database at {self.path}: run 'idemctl init'")
+        self._ready = True
+
     @contextmanager
     def _transaction(self, write: bool = True) -> Iterator[_SQLiteTx]:
+        self._prepare()
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -242,6 +268,8 @@ class SQLiteStore(RowStore):
         return Stats(sum(by_status.values()), by_status, stale, oldest, past)
 
     def _schema_version(self) -> int | None:
+        if not self._exists():
+            return None
         with self._lock:
             try:
                 row = self._conn.execute(
@@ -261,6 +289,7 @@ class SQLiteStore(RowStore):
             )
         statements = schema_statements()
         if not dry_run:
+            self._ready = True
             with self._transaction() as tx:
                 for statement in statements:
                     tx._conn.execute(statement)
@@ -309,4 +338,6 @@ class SQLiteStore(RowStore):
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None

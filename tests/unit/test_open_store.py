@@ -245,8 +245,9 @@ def test_other_missing_modules_are_not_disguised_as_a_missing_driver(
 
 
 def test_sqlite_path_in_a_missing_directory_is_store_unavailable(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/no/such/dir/x.db")  # opens on first use
     with pytest.raises(StoreUnavailable) as info:
-        open_store(f"sqlite:///{tmp_path}/no/such/dir/x.db")
+        store.claim("k")
     assert "x.db" in str(info.value)
     assert not isinstance(info.value, sqlite3.Error)
 

@@ -1,0 +1,779 @@
+"""``postgresql://``: the store whose keys can commit together with the handler's own data.
+
+Normal mode: every transition is one SQL statement (claim is one ``INSERT ... ON CONFLICT
+... DO UPDATE ... WHERE <claimable> RETURNING``; batches go through ``unnest``), on
+connections from a psycopg_pool pool with short lock and statement timeouts.
+
+Transactional mode (``store.transaction(key)``): claim, the handler's SQL on the same
+connection, outbox rows and complete share one transaction; a crash rolls all of it back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from idemctl.errors import (
+    ConfigError,
+    KeyNotFound,
+    LeaseLost,
+    NotProvisioned,
+    StoreError,
+    StoreUnavailable,
+)
+from idemctl.model import (
+    JSON,
+    Acquired,
+    Busy,
+    ClaimOutcome,
+    ClaimRequest,
+    Completion,
+    Finding,
+    Page,
+    Provisioning,
+    Record,
+    Stats,
+    Status,
+    canonical_json,
+    validate_key,
+)
+from idemctl.resources import read_resource
+from idemctl.stores.base import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    BaseStore,
+    check_forgettable,
+    decide_claim,
+    new_owner,
+    unlocked,
+)
+
+COLUMNS = (
+    "key, status::text, fingerprint, owner, fencing_token, attempts, lease_expires_at, "
+    "created_at, updated_at, completed_at, expires_at, result, error, retriable"
+)
+# libpq options a URL may carry through to the connection.
+_LIBPQ = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "target_session_attrs")
+
+
+def quote_ident(name: str) -> str:
+    """A SQL identifier, always quoted: any schema name or prefix is safe."""
+    if not name or "\x00" in name:
+        raise ConfigError(f"not a usable SQL identifier: {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def migrations(names: dict[str, str]) -> dict[int, list[str]]:
+    """The statements of each migration in schemas/postgres.sql, identifiers substituted."""
+    text = read_resource("schemas", "postgres.sql")
+    found: dict[int, list[str]] = {}
+    for part in re.split(r"^-- migration (\d+)[^\n]*\n", text, flags=re.M)[1:]:
+        if part.isdigit():
+            version = int(part)
+            continue
+        body = "\n".join(line for line in part.splitlines() if not line.startswith("--"))
+        body = re.sub(r"\{(\w+)\}", lambda m: names[m.group(1)], body)
+        found[version] = [s.strip() for s in body.split(";\n") if s.strip().rstrip(";")]
+    return found
+
+
+def _record(row: Sequence[Any]) -> Record:
+    return Record(
+        key=row[0],
+        status=Status(row[1]),
+        fingerprint=row[2],
+        owner=row[3],
+        fencing_token=row[4],
+        attempts=row[5],
+        lease_expires_at=_utc(row[6]),
+        created_at=row[7].astimezone(UTC),
+        updated_at=row[8].astimezone(UTC),
+        completed_at=_utc(row[9]),
+        expires_at=_utc(row[10]),
+        result=row[11],
+        error=row[12],
+        retriable=row[13],
+    )
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+class _LockTimeout(Exception):
+    """Another transaction held a row past lock_timeout: the key is busy."""
+
+
+@dataclass
+class Unit:
+    """One key inside an open transaction (``PostgresStore.transaction``)."""
+
+    outcome: ClaimOutcome
+    connection: psycopg.Connection[Any] | None
+    """The transaction's connection while the key is Acquired; run your own SQL on it."""
+    _store: PostgresStore | None = field(default=None, repr=False)
+    completed: Record | None = None
+
+    def complete(self, result: JSON = None, retention: float | None = None) -> Record:
+        """Complete the key in this transaction: it commits with everything else or not at all."""
+        if not isinstance(self.outcome, Acquired) or self.connection is None or self._store is None:
+            raise StoreError("complete() needs a unit that acquired its key")
+        a = self.outcome
+        with self._store._translated():
+            records = self._store._complete_on(
+                self.connection, [Completion(a.key, a.owner, a.fencing_token, result)], retention
+            )
+        if not records:
+            raise LeaseLost(f"key {a.key!r} could not be completed in its own transaction")
+        self.completed = records[0]
+        return records[0]
+
+
+class IncompleteTransaction(StoreError):
+    """A transaction block acquired its key but ended without ``complete()``: rolled back."""
+
+
+class PostgresStore(BaseStore):
+    scheme = "postgresql"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        url: str,
+        schema: str = "idem",
+        prefix: str = "",
+        lease: float = DEFAULT_LEASE,
+        retention: float = DEFAULT_RETENTION,
+        pool_min: int = 1,
+        pool_max: int = 8,
+        lock_timeout: float = 0.1,
+        statement_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        super().__init__(url, lease=lease, retention=retention)
+        self.schema, self.prefix = schema, prefix
+        s = quote_ident(schema)
+        self.names = {
+            "schema": s,
+            **{n: quote_ident(prefix + n) for n in ("schema_version", "status", "keys", "outbox")},
+            **{
+                n: quote_ident(prefix + n)
+                for n in ("keys_lease", "keys_expires", "outbox_unpublished")
+            },
+        }
+        self.keys_table = f"{s}.{self.names['keys']}"
+        self.outbox_table = f"{s}.{self.names['outbox']}"
+        self._connect_timeout = connect_timeout
+        options = (
+            f"-c lock_timeout={round(lock_timeout * 1000)} "
+            f"-c statement_timeout={round(statement_timeout * 1000)} -c TimeZone=UTC"
+        )
+        self._pool = ConnectionPool(
+            conninfo,
+            min_size=pool_min,
+            max_size=pool_max,
+            kwargs={
+                "autocommit": True,
+                "options": options,
+                "connect_timeout": max(1, round(connect_timeout)),
+            },
+            timeout=connect_timeout,
+            name=f"idemctl {self.url}",
+            open=False,
+        )
+        self._pool.open(wait=False)
+        self._sql = self._statements()
+
+    @classmethod
+    def from_url(cls, url: str) -> PostgresStore:
+        from idemctl.urls import UrlOptions, redact_url
+
+        options = UrlOptions(url)
+        parts = options.parts
+        settings: dict[str, Any] = {
+            "schema": options.text("schema", "idem") or "idem",
+            "prefix": options.text("prefix", "") or "",
+            "lease": options.duration("lease", DEFAULT_LEASE),
+            "retention": options.duration("retention", DEFAULT_RETENTION),
+            "lock_timeout": options.duration("lock_timeout", 0.1),
+            "statement_timeout": options.duration("statement_timeout", 10.0),
+            "connect_timeout": options.duration("connect_timeout", 5.0),
+        }
+        for name, default in (("pool_min", "1"), ("pool_max", "8")):
+            value = options.text(name, default) or default
+            if not value.isdigit() or int(value) < (0 if name == "pool_min" else 1):
+                raise ConfigError(f"store URL option {name}={value!r}: use a whole number")
+            settings[name] = int(value)
+        libpq = {n: v for n in _LIBPQ if (v := options.text(n)) is not None}
+        options.finish()
+        if not parts.hostname and not parts.path.strip("/"):
+            raise ConfigError(f"PostgreSQL URL {redact_url(url)} names no host or database")
+        conninfo = urlunsplit(
+            parts._replace(scheme="postgresql", query=urlencode(libpq), fragment="")
+        )
+        return cls(conninfo, url=url, **settings)
+
+    # Plumbing --------------------------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection; driver errors become idemctl's (the password never shows)."""
+        with self._translated(), self._pool.connection() as conn:
+            yield conn
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except PoolTimeout as exc:
+            raise StoreUnavailable(
+                f"PostgreSQL at {self.url} is unreachable: no connection within "
+                f"{self._connect_timeout:g}s"
+            ) from exc
+        except pg_errors.LockNotAvailable as exc:
+            raise _LockTimeout() from exc
+        except (
+            pg_errors.UndefinedTable,
+            pg_errors.InvalidSchemaName,
+            pg_errors.UndefinedObject,
+        ) as exc:
+            raise NotProvisioned(
+                f"PostgreSQL at {self.url} has no idemctl schema {self.schema!r}: "
+                "run 'idemctl init'"
+            ) from exc
+        except pg_errors.QueryCanceled as exc:
+            raise StoreUnavailable(
+                f"PostgreSQL at {self.url} did not answer in time: {exc}"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            self._pool.check()  # drop the other dead connections too (a restarted server)
+            raise StoreUnavailable(
+                f"PostgreSQL at {self.url} is unreachable: {_first_line(exc)}"
+            ) from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"PostgreSQL at {self.url}: {_first_line(exc)}") from exc
+
+    def _fetch(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with self._connection() as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def _statements(self) -> dict[str, str]:
+        t = self.keys_table
+        live = "(k.expires_at IS NULL OR k.expires_at > now())"
+        return {
+            "claim": f"""
+WITH req AS (
+    SELECT * FROM unnest(%(keys)s::text[], %(fps)s::text[], %(owners)s::text[])
+        AS r(key, fingerprint, owner)
+), old AS (
+    SELECT k.*, k.expires_at <= now() AS over FROM {t} k JOIN req USING (key)
+), claimed AS (
+    INSERT INTO {t} AS k (key, status, fingerprint, owner, fencing_token, attempts,
+                          lease_expires_at, created_at, updated_at)
+    SELECT key, 'in_progress', fingerprint, owner, 1, 1,
+           now() + %(lease)s * interval '1 second', now(), now()
+    FROM req ORDER BY key
+    ON CONFLICT (key) DO UPDATE SET
+        status = 'in_progress',
+        owner = excluded.owner,
+        fencing_token = k.fencing_token + 1,
+        attempts = CASE WHEN k.expires_at <= now() THEN 1 ELSE k.attempts + 1 END,
+        fingerprint = CASE WHEN k.expires_at <= now() OR k.fingerprint IS NULL
+                           THEN excluded.fingerprint ELSE k.fingerprint END,
+        lease_expires_at = excluded.lease_expires_at,
+        created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
+        updated_at = now(),
+        completed_at = NULL,
+        expires_at = NULL,
+        result = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.result END,
+        error = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.error END,
+        retriable = CASE WHEN k.expires_at <= now() THEN false ELSE k.retriable END
+    WHERE k.expires_at <= now()
+       OR ((excluded.fingerprint IS NULL OR k.fingerprint IS NULL
+            OR k.fingerprint = excluded.fingerprint)
+           AND ((k.status = 'in_progress' AND (k.owner IS NULL OR k.lease_expires_at <= now()))
+                OR (k.status = 'failed' AND k.retriable)))
+    RETURNING k.key, k.fencing_token, k.attempts, k.lease_expires_at
+)
+SELECT req.key, c.fencing_token, c.attempts, c.lease_expires_at,
+       coalesce(o.status = 'in_progress', false) AS takeover,
+       o.key, o.status::text, o.fingerprint, o.owner, o.fencing_token, o.attempts,
+       o.lease_expires_at, o.created_at, o.updated_at, o.completed_at, o.expires_at,
+       o.result, o.error, o.retriable
+FROM req LEFT JOIN claimed c USING (key) LEFT JOIN old o USING (key)""",
+            "complete": f"""
+WITH req AS (
+    SELECT * FROM unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[],
+                         %(results)s::text[]) AS r(key, owner, token, result)
+)
+UPDATE {t} k SET status = 'completed', owner = NULL, lease_expires_at = NULL,
+    updated_at = now(), completed_at = now(),
+    expires_at = now() + %(retention)s * interval '1 second',
+    result = req.result::jsonb, error = NULL, retriable = false
+FROM req
+WHERE k.key = req.key AND k.status = 'in_progress' AND k.owner = req.owner
+  AND k.fencing_token = req.token
+RETURNING {_prefixed(COLUMNS, "k.")}""",
+            "fail": f"""
+UPDATE {t} k SET status = 'failed', owner = NULL, lease_expires_at = NULL, updated_at = now(),
+    expires_at = now() + %(retention)s * interval '1 second', error = %(error)s,
+    retriable = %(retriable)s
+WHERE k.key = %(key)s AND k.status = 'in_progress' AND k.owner = %(owner)s
+  AND k.fencing_token = %(token)s
+RETURNING {_prefixed(COLUMNS, "k.")}""",
+            "extend": f"""
+UPDATE {t} k SET lease_expires_at = now() + %(lease)s * interval '1 second', updated_at = now()
+WHERE k.key = %(key)s AND k.status = 'in_progress' AND k.owner = %(owner)s
+  AND k.fencing_token = %(token)s
+RETURNING {_prefixed(COLUMNS, "k.")}""",
+            "release": f"""
+UPDATE {t} k SET owner = NULL, lease_expires_at = now(), updated_at = now()
+WHERE k.key = %(key)s AND k.status = 'in_progress' AND k.owner = %(owner)s
+  AND k.fencing_token = %(token)s
+RETURNING {_prefixed(COLUMNS, "k.")}""",
+            "get": f"SELECT {_prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = %(key)s AND {live}",
+            "get_any": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s",
+            "lock": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s FOR UPDATE NOWAIT",
+        }
+
+    # The protocol ------------------------------------------------------------------------------
+
+    def claim(
+        self, key: str, fingerprint: str | None = None, lease: float | None = None
+    ) -> ClaimOutcome:
+        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]:
+        for r in requests:
+            validate_key(r.key)
+        try:
+            with self._connection() as conn:
+                return self._claim_on(conn, requests, lease)
+        except _LockTimeout:
+            if len(requests) == 1:
+                return [Busy(None)]
+        # A row of the batch is held by an open transaction: claim one by one, so only
+        # that key answers Busy.
+        return [self.claim(r.key, r.fingerprint, lease) for r in requests]
+
+    def _claim_on(
+        self, conn: psycopg.Connection[Any], requests: Sequence[ClaimRequest], lease: float | None
+    ) -> list[ClaimOutcome]:
+        # One statement cannot change a row twice, so the second claim of a key in one batch
+        # goes in a second statement, and so on: each sees what the one before it did, as
+        # claims one by one would.
+        seen: dict[str, int] = {}
+        rounds: list[list[int]] = []
+        for i, r in enumerate(requests):
+            n = seen[r.key] = seen.get(r.key, -1) + 1
+            if n == len(rounds):
+                rounds.append([])
+            rounds[n].append(i)
+        outcomes: list[ClaimOutcome | None] = [None] * len(requests)
+        for indexes in rounds:
+            batch = [requests[i] for i in indexes]
+            for i, outcome in zip(indexes, self._claim_statement(conn, batch, lease), strict=True):
+                outcomes[i] = outcome
+        return [o for o in outcomes if o is not None]
+
+    def _claim_statement(
+        self, conn: psycopg.Connection[Any], requests: Sequence[ClaimRequest], lease: float | None
+    ) -> list[ClaimOutcome]:
+        """One claim statement over keys that are all different."""
+        owners = [new_owner() for _ in requests]
+        params = {
+            "keys": [r.key for r in requests],
+            "fps": [r.fingerprint for r in requests],
+            "owners": owners,
+            "lease": self._lease(lease),
+        }
+        rows = {row[0]: row for row in conn.execute(self._sql["claim"], params).fetchall()}
+        outcomes: list[ClaimOutcome] = []
+        for r, owner in zip(requests, owners, strict=True):
+            row = rows[r.key]
+            if row[1] is not None:
+                outcomes.append(
+                    Acquired(r.key, owner, row[1], row[2], row[3].astimezone(UTC), takeover=row[4])
+                )
+            else:
+                outcomes.append(self._not_claimed(conn, r, row[5:]))
+        return outcomes
+
+    def _not_claimed(
+        self, conn: psycopg.Connection[Any], request: ClaimRequest, old: Sequence[Any]
+    ) -> ClaimOutcome:
+        """Why the claim statement left a key alone, from the row it saw."""
+        if old[0] is None:
+            # Inserted by another transaction after this statement's snapshot: read it now.
+            fresh = conn.execute(self._sql["get_any"], {"key": request.key}).fetchone()
+            if fresh is None:
+                return Busy(None)
+            old = fresh
+        record = _record(old)
+        outcome, _ = decide_claim(record, request.key, request.fingerprint, _now(conn), 0.0)
+        # What the row allowed changed under us: somebody else holds it now.
+        return Busy(record) if isinstance(outcome, Acquired) else outcome
+
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record:
+        with self._connection() as conn:
+            records = self._complete_on(
+                conn, [Completion(key, owner, fencing_token, result)], retention
+            )
+            if records:
+                return records[0]
+            raise self._lost(conn, key, fencing_token)
+
+    def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        with self._connection() as conn:
+            done = {r.key for r in self._complete_on(conn, completions, retention)}
+        return [c.key in done for c in completions]
+
+    def _complete_on(
+        self,
+        conn: psycopg.Connection[Any],
+        completions: Sequence[Completion],
+        retention: float | None,
+    ) -> list[Record]:
+        params = {
+            "keys": [c.key for c in completions],
+            "owners": [c.owner for c in completions],
+            "tokens": [c.fencing_token for c in completions],
+            "results": [canonical_json(c.result).decode() for c in completions],
+            "retention": self._retention(retention),
+        }
+        return [_record(row) for row in conn.execute(self._sql["complete"], params).fetchall()]
+
+    def _held(self, statement: str, key: str, fencing_token: int, params: dict[str, Any]) -> Record:
+        with self._connection() as conn:
+            row = conn.execute(
+                self._sql[statement], {"key": key, "token": fencing_token, **params}
+            ).fetchone()
+            if row is not None:
+                return _record(row)
+            raise self._lost(conn, key, fencing_token)
+
+    def _lost(self, conn: psycopg.Connection[Any], key: str, fencing_token: int) -> LeaseLost:
+        row = conn.execute(self._sql["get"], {"key": key}).fetchone()
+        if row is None:
+            return LeaseLost(f"key {key!r} is gone: it was forgotten or purged")
+        record = _record(row)
+        return LeaseLost(
+            f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
+            f"the key is now {record.status.value} with fencing token {record.fencing_token}",
+            record,
+        )
+
+    def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        params = {
+            "owner": owner,
+            "error": error,
+            "retriable": retriable,
+            "retention": self._retention(retention),
+        }
+        return self._held("fail", key, fencing_token, params)
+
+    def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime:
+        record = self._held(
+            "extend", key, fencing_token, {"owner": owner, "lease": self._lease(lease)}
+        )
+        assert record.lease_expires_at is not None
+        return record.lease_expires_at
+
+    def release(self, key: str, owner: str, fencing_token: int) -> Record:
+        return self._held("release", key, fencing_token, {"owner": owner})
+
+    # Transactional mode ---------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(
+        self, key: str, fingerprint: str | None = None, lease: float | None = None
+    ) -> Iterator[Unit]:
+        """Claim ``key`` in a new transaction and keep it open around the block.
+
+        When ``unit.outcome`` is Acquired, run your SQL on ``unit.connection`` and call
+        ``unit.complete(result)``: leaving the block commits all of it. An exception, a
+        crash or a block that never completes rolls everything back, the claim included.
+        Another transaction on the same key meanwhile gets Busy at once: a transaction-level
+        advisory lock is tried before the claim, and other claimers wait on the row at most
+        lock_timeout. For any other outcome nothing is held and ``unit.connection`` is None.
+        """
+        validate_key(key)
+        with self._connection() as conn:
+            conn.execute("BEGIN")
+            open_tx = True
+            try:
+                (locked,) = conn.execute(
+                    "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"{self.keys_table}/{key}",),
+                ).fetchone() or (False,)
+                outcome: ClaimOutcome = Busy(None)
+                if locked:
+                    try:
+                        conn.execute("SAVEPOINT claim")
+                        outcome = self._claim_on(conn, [ClaimRequest(key, fingerprint)], lease)[0]
+                    except pg_errors.LockNotAvailable:
+                        conn.execute("ROLLBACK TO SAVEPOINT claim")
+                if not isinstance(outcome, Acquired):
+                    conn.execute("ROLLBACK")
+                    open_tx = False
+                    yield Unit(outcome, None)
+                    return
+                unit = Unit(outcome, conn, self)
+                yield unit
+                if unit.completed is None:
+                    raise IncompleteTransaction(
+                        f"the transaction on key {key!r} ended without complete(): rolled back"
+                    )
+                conn.execute("COMMIT")
+                open_tx = False
+            finally:
+                if open_tx and not conn.closed:
+                    conn.execute("ROLLBACK")
+
+    # Admin ----------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Record | None:
+        rows = self._fetch(self._sql["get"], {"key": key})
+        return _record(rows[0]) if rows else None
+
+    def scan(
+        self,
+        status: Status | None = None,
+        stale_only: bool = False,
+        prefix: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        if stale_only and status not in (None, Status.IN_PROGRESS):
+            return Page([], None)
+        where = ["(expires_at IS NULL OR expires_at > now())"]
+        params: dict[str, Any] = {"limit": limit + 1}
+        if status is not None or stale_only:
+            where.append("status = %(status)s")
+            params["status"] = (status or Status.IN_PROGRESS).value
+        if stale_only:
+            where.append("lease_expires_at <= now()")
+        if prefix:
+            where.append("left(key, %(plen)s) = %(prefix)s")
+            params |= {"plen": len(prefix), "prefix": prefix}
+        if cursor is not None:
+            where.append("key > %(after)s")
+            params["after"] = cursor
+        rows = self._fetch(
+            f"SELECT {COLUMNS} FROM {self.keys_table} WHERE {' AND '.join(where)} "
+            "ORDER BY key LIMIT %(limit)s",
+            params,
+        )
+        records = [_record(r) for r in rows[:limit]]
+        return Page(records, records[-1].key if len(rows) > limit else None)
+
+    def stats(self) -> Stats:
+        rows = self._fetch(
+            f"""SELECT status::text, count(*),
+                       count(*) FILTER (WHERE status = 'in_progress'
+                                          AND (owner IS NULL OR lease_expires_at <= now())),
+                       min(created_at) FILTER (WHERE status = 'in_progress'),
+                       (SELECT count(*) FROM {self.keys_table} WHERE expires_at <= now())
+                FROM {self.keys_table} WHERE expires_at IS NULL OR expires_at > now()
+                GROUP BY status"""
+        )
+        by_status = dict.fromkeys(Status, 0)
+        stale, oldest, past = 0, None, 0
+        for status, count, stale_count, oldest_at, past_count in rows:
+            by_status[Status(status)] = count
+            stale += stale_count
+            oldest = _utc(oldest_at) or oldest
+            past = past_count
+        if not rows:
+            past = self._fetch(f"SELECT count(*) FROM {self.keys_table} WHERE expires_at <= now()")[
+                0
+            ][0]
+        return Stats(sum(by_status.values()), by_status, stale, oldest, past)
+
+    @contextmanager
+    def _locked(self, key: str) -> Iterator[tuple[psycopg.Connection[Any], Record, datetime]]:
+        """The key's row, locked in a transaction; KeyNotFound when absent or past retention."""
+        try:
+            with self._connection() as conn, conn.transaction():
+                row = conn.execute(self._sql["lock"], {"key": key}).fetchone()
+                now = _now(conn)
+                if row is None or _record(row).retention_over(now):
+                    raise KeyNotFound(key)
+                yield conn, _record(row), now
+        except _LockTimeout:
+            raise StoreError(
+                f"key {key!r} is locked by a transaction in progress; try again"
+            ) from None
+
+    def unlock(self, key: str, force: bool = False) -> Record:
+        with self._locked(key) as (conn, record, now):
+            freed = unlocked(record, now, force)
+            if freed is not record:
+                conn.execute(
+                    f"UPDATE {self.keys_table} SET owner = NULL, lease_expires_at = %(now)s, "
+                    "updated_at = %(now)s WHERE key = %(key)s",
+                    {"key": key, "now": now},
+                )
+            return freed
+
+    def unlock_stale(self, older_than: float = 0.0) -> list[str]:
+        t = self.keys_table
+        rows = self._fetch(
+            f"""UPDATE {t} SET owner = NULL, lease_expires_at = now(), updated_at = now()
+                WHERE key IN (SELECT key FROM {t}
+                              WHERE status = 'in_progress' AND owner IS NOT NULL
+                                AND lease_expires_at <= now() - %(older)s * interval '1 second'
+                              FOR UPDATE SKIP LOCKED)
+                RETURNING key""",
+            {"older": older_than},
+        )
+        return sorted(r[0] for r in rows)
+
+    def forget(self, key: str, force: bool = False) -> Record:
+        with self._locked(key) as (conn, record, _):
+            check_forgettable(record, force)
+            conn.execute(f"DELETE FROM {self.keys_table} WHERE key = %(key)s", {"key": key})
+            return record
+
+    def purge(self, older_than: float = 0.0) -> int:
+        t = self.keys_table
+        with self._connection() as conn:
+            cur = conn.execute(
+                f"""DELETE FROM {t} WHERE key IN (
+                        SELECT key FROM {t}
+                        WHERE expires_at <= now() - %(older)s * interval '1 second'
+                        FOR UPDATE SKIP LOCKED)""",
+                {"older": older_than},
+            )
+            return cur.rowcount
+
+    # Provisioning and health ---------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        """The version of the provisioned schema; 0 when there is none."""
+        table = f"{self.names['schema']}.{self.names['schema_version']}"
+        try:
+            rows = self._fetch(f"SELECT coalesce(max(version), 0) FROM {table}")
+        except NotProvisioned:
+            return 0
+        return int(rows[0][0])
+
+    def provision(self, dry_run: bool = False, upto: int | None = None) -> Provisioning:
+        steps = migrations(self.names)
+        target = max(steps) if upto is None else upto
+        table = f"{self.names['schema']}.{self.names['schema_version']}"
+        lock = (
+            "SELECT pg_advisory_xact_lock(hashtextextended("
+            + psycopg.sql.quote(f"idemctl provision {self.names['schema']}")
+            + ", 0))"
+        )
+        current = self.schema_version()
+        statements = []
+        for version in sorted(v for v in steps if current < v <= target):
+            statements += steps[version]
+            statements.append(f"INSERT INTO {table} (version) VALUES ({version})")
+        if not statements:
+            return Provisioning(
+                [], changed=False, dry_run=dry_run, notes=[f"schema version {current} is current"]
+            )
+        statements.insert(0, lock)
+        if not dry_run:
+            with self._connection() as conn, conn.transaction():
+                conn.execute(statements[0])
+                if self.schema_version_on(conn) > current:  # another process provisioned meanwhile
+                    return Provisioning([], changed=False, notes=["provisioned concurrently"])
+                for statement in statements[1:]:
+                    conn.execute(statement)
+        return Provisioning(statements, changed=not dry_run, dry_run=dry_run)
+
+    def schema_version_on(self, conn: psycopg.Connection[Any]) -> int:
+        table = f"{self.names['schema']}.{self.names['schema_version']}"
+        exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+        if not exists or exists[0] is None:
+            return 0
+        row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {table}").fetchone()
+        return int(row[0]) if row else 0
+
+    def check(self) -> list[Finding]:
+        import time
+
+        findings = []
+        started = time.perf_counter()
+        with self._connection() as conn:
+            row = conn.execute("SELECT current_setting('server_version'), now()").fetchone()
+            latency = (time.perf_counter() - started) * 1000
+            version_on = self.schema_version_on(conn)
+        assert row is not None
+        server_version, server_now = row
+        skew = (server_now - datetime.now(UTC)).total_seconds()
+        latest = max(migrations(self.names))
+        findings.append(
+            Finding(
+                "connection", True, f"PostgreSQL {server_version} at {self.url}, {latency:.1f} ms"
+            )
+        )
+        findings.append(
+            Finding(
+                "schema", version_on == latest,
+                f"schema {self.schema!r} at version {version_on} of {latest}",
+                None if version_on == latest else "run 'idemctl init'",
+            )
+        )  # fmt: skip
+        findings.append(
+            Finding(
+                "clock", abs(skew) < 5, f"server clock {skew * 1000:+.0f} ms from this machine's",
+                None if abs(skew) < 5 else "leases are judged by the server's clock; fix NTP",
+            )
+        )  # fmt: skip
+        return findings
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _now(conn: psycopg.Connection[Any]) -> datetime:
+    row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0].astimezone(UTC)  # type: ignore[no-any-return]
+
+
+def _prefixed(columns: str, alias: str) -> str:
+    return ", ".join(alias + c.strip() for c in columns.split(","))
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+__all__ = ["IncompleteTransaction", "PostgresStore", "Unit"]

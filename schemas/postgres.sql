@@ -1,0 +1,45 @@
+-- idemctl's PostgreSQL schema, as migrations. Each "-- migration N" section upgrades
+-- version N-1 to N; provision() runs the sections above the database's version in one
+-- transaction and records each in {schema_version}. {name} placeholders are identifiers,
+-- quoted by the store (schema name and table prefix come from the URL).
+
+-- migration 1: the idempotency keys
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.{schema_version} (
+    version    integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TYPE {schema}.{status} AS ENUM ('in_progress', 'completed', 'failed');
+CREATE TABLE {schema}.{keys} (
+    key              text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 512),
+    status           {schema}.{status} NOT NULL,
+    fingerprint      text,
+    owner            text,
+    fencing_token    bigint NOT NULL,
+    attempts         integer NOT NULL,
+    lease_expires_at timestamptz,
+    created_at       timestamptz NOT NULL,
+    updated_at       timestamptz NOT NULL,
+    completed_at     timestamptz,
+    expires_at       timestamptz,
+    result           jsonb,
+    error            text,
+    retriable        boolean NOT NULL DEFAULT false
+);
+CREATE INDEX {keys_lease} ON {schema}.{keys} (lease_expires_at) WHERE status = 'in_progress';
+CREATE INDEX {keys_expires} ON {schema}.{keys} (expires_at) WHERE expires_at IS NOT NULL;
+
+-- migration 2: the transactional outbox (the columns of Debezium's outbox event router)
+CREATE TABLE {schema}.{outbox} (
+    id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregatetype text NOT NULL,
+    aggregateid   text NOT NULL,
+    type          text NOT NULL,
+    payload       jsonb,
+    headers       jsonb NOT NULL DEFAULT '{}'::jsonb,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    published_at  timestamptz,
+    attempts      integer NOT NULL DEFAULT 0,
+    last_error    text
+);
+CREATE INDEX {outbox_unpublished} ON {schema}.{outbox} (created_at) WHERE published_at IS NULL;
