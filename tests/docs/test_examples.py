@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,3 +50,24 @@ def test_quickstart_charges_every_payment_once(tmp_path: Path) -> None:
     assert "every payment charged exactly once" in proc.stdout
     assert re.search(r"payments charged twice\s*│\s*0\s", proc.stdout)
     assert re.search(r"charges made\s*│\s*80\s", proc.stdout)
+
+
+def test_readme_postgres_transactional_example_runs(
+    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    import psycopg
+
+    schema = f"readme_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("IDEMCTL_STORE", postgres_server.url(schema=schema))
+    exec(
+        compile(
+            readme_block("PostgreSQL: effects and key in one transaction"), "README.md", "exec"
+        ),
+        {},
+    )
+    with psycopg.connect(postgres_server.url().split("?")[0]) as conn:
+        rows = conn.execute("SELECT order_id, cents FROM charges").fetchall()
+        conn.execute("DROP TABLE charges")
+    assert rows == [("o-1001", 2500)]  # the handler's effect, once, though it was called twice
