@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import itertools
 import json
 import os
@@ -27,67 +26,54 @@ import time
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from importlib import metadata
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RET_OK = 0
-RET_FAILED = 1
-RET_NO_SERVER = 2
-RET_MISSING = 3
-RET_INTERRUPTED = 130
+from _common import (
+    HOST,
+    RET_FAILED,
+    RET_INTERRUPTED,
+    RET_MISSING,
+    RET_NO_SERVER,
+    RET_OK,
+    BenchError,
+    IdemctlBatched,
+    IdemctlSingle,
+    KeyLog,
+    MissingPart,
+    Phase,
+    Ratio,
+    die_with_parent,
+    free_port,
+    payload,
+    print_ratios,
+    result_for,
+    run_for,
+    stdout_console,
+    stop_on_sigterm,
+    stop_process,
+    version,
+)
+from _common import measure as measure_with
+from _common import ratios as ratios_of
 
 REDIS_SERVER = "/usr/bin/redis-server"
-HOST = "127.0.0.1"
 LEASE_SECONDS = 30
 """The in-progress lease of every contender: idemctl's default, the floor's PX, and the
 remaining time the fake Lambda context reports to Powertools."""
 RETENTION_SECONDS = 600
 """How long completed keys are kept: long enough to outlive a run."""
-CENSUS_MESSAGES = 200
-"""Messages per contender in the untimed pass that counts round trips and server commands."""
 CONTENDERS = ("floor", "powertools", "idemctl")
 TARGETS_DOC = "single >= 1.8x Powertools, single >= 0.6x floor, batched >= 15x Powertools"
-
-
-class BenchError(Exception):
-    """A contender misbehaved or could not be set up: reported, never a traceback."""
-
-
-class MissingPart(BenchError):
-    """Something the benchmark needs is not installed or not written yet."""
 
 
 class NoRedisServer(MissingPart):
     """No redis-server binary to start, and no --redis-url given."""
 
 
-# Payloads ------------------------------------------------------------------------------
-
-
-def payload(i: int) -> dict[str, int]:
-    return {"order": i, "amount": 100}
-
-
-def result_for(i: int) -> dict[str, Any]:
-    return {"charged": True, "order": i}
-
-
 # The Redis server ----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL if this process dies without stopping it."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _answers_ping(port: int) -> bool:
@@ -123,7 +109,7 @@ def own_redis_server() -> Iterator[str]:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads exist yet
+                    preexec_fn=die_with_parent(),  # noqa: PLW1509 - no threads exist yet
                 )
             try:
                 deadline = time.monotonic() + 10
@@ -138,20 +124,9 @@ def own_redis_server() -> Iterator[str]:
                 yield f"redis://{HOST}:{port}/0"
                 return
             finally:
-                _stop(proc)
+                stop_process(proc, signal.SIGTERM)  # this PID only
         tail = log_path.read_text(errors="replace")[-2000:]
         raise BenchError(f"redis-server would not start; its log ends with:\n{tail}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()  # SIGTERM to this PID only
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # Counting what a message costs ---------------------------------------------------------
@@ -196,47 +171,6 @@ def connected_clients(admin: Any) -> int:
 
 
 # Contenders ------------------------------------------------------------------------------
-
-
-@dataclass
-class Phase:
-    """One measured path of one contender. ``step`` processes some messages and says how
-    many; ``prepare`` runs before each timed run; ``check`` verifies a run afterwards."""
-
-    name: str
-    contender: str
-    path: str
-    step: Callable[[], int]
-    prepare: Callable[[], None] = lambda: None
-    check: Callable[[], None] = lambda: None
-    census_messages: int = CENSUS_MESSAGES
-    rates: list[float] = field(default_factory=list)
-    messages: int = 0
-    client_cpu: float = 0.0
-    server_cpu: float = 0.0
-    round_trips: float | None = None
-    commands: dict[str, float] = field(default_factory=dict)
-    connections: int | None = None
-
-    @property
-    def best(self) -> float:
-        return max(self.rates) if self.rates else 0.0
-
-
-class KeyLog:
-    """The message numbers a unique run completed, replayed in order by a duplicate run."""
-
-    def __init__(self) -> None:
-        self.done: list[int] = []
-        self._replay: Iterator[int] = iter(())
-
-    def rewind(self) -> None:
-        if not self.done:
-            raise BenchError("no completed keys to replay as duplicates")
-        self._replay = itertools.cycle(list(self.done))
-
-    def next_done(self) -> int:
-        return next(self._replay)
 
 
 class Floor:
@@ -390,125 +324,7 @@ def open_idemctl_store(url: str) -> Any:
         raise MissingPart(f"idemctl cannot open its Redis store yet: {exc}") from exc
 
 
-class IdemctlSingle:
-    """One message at a time: claim, then complete with the owner and fencing token."""
-
-    def __init__(self, store_url: str) -> None:
-        self.store = open_idemctl_store(store_url)
-        self.numbers = itertools.count()
-        self.log = KeyLog()
-
-    def unique(self) -> int:
-        from idemctl import Acquired, fingerprint
-
-        i = next(self.numbers)
-        key = f"single-{i}"
-        outcome = self.store.claim(key, fingerprint(payload(i)))
-        if not isinstance(outcome, Acquired):
-            raise BenchError(f"idemctl: claim of new key {key} gave {type(outcome).__name__}")
-        self.store.complete(key, outcome.owner, outcome.fencing_token, result_for(i))
-        self.log.done.append(i)
-        return 1
-
-    def duplicate(self) -> int:
-        from idemctl import Completed, fingerprint
-
-        i = self.log.next_done()
-        outcome = self.store.claim(f"single-{i}", fingerprint(payload(i)))
-        if not isinstance(outcome, Completed):
-            raise BenchError(f"idemctl: duplicate single-{i} gave {type(outcome).__name__}")
-        return 1
-
-    def phases(self) -> list[Phase]:
-        label = "idemctl single"
-        return [
-            Phase("idemctl_single", label, "unique", self.unique),
-            Phase("idemctl_single_dup", label, "duplicate", self.duplicate, self.log.rewind),
-        ]
-
-    def close(self) -> None:
-        self.store.close()
-
-
-class IdemctlBatched:
-    """Batches of ``batch`` messages: claim_many, then complete_many of what was acquired."""
-
-    def __init__(self, store_url: str, batch: int) -> None:
-        self.store = open_idemctl_store(store_url)
-        self.batch = batch
-        self.numbers = itertools.count()
-        self.log = KeyLog()  # holds the first number of each completed batch
-
-    def _requests(self, first: int) -> list[Any]:
-        from idemctl import ClaimRequest, fingerprint
-
-        return [
-            ClaimRequest(f"batch-{i}", fingerprint(payload(i)))
-            for i in range(first, first + self.batch)
-        ]
-
-    def unique(self) -> int:
-        from idemctl import Acquired, Completion
-
-        first = next(self.numbers) * self.batch
-        outcomes = self.store.claim_many(self._requests(first))
-        completions = []
-        for i, outcome in enumerate(outcomes, start=first):
-            if not isinstance(outcome, Acquired):
-                raise BenchError(f"idemctl: claim_many of new batch-{i} gave {outcome!r}")
-            completions.append(
-                Completion(outcome.key, outcome.owner, outcome.fencing_token, result_for(i))
-            )
-        if len(completions) != self.batch or not all(self.store.complete_many(completions)):
-            raise BenchError("idemctl: complete_many did not complete the whole batch")
-        self.log.done.append(first)
-        return self.batch
-
-    def duplicate(self) -> int:
-        from idemctl import Completed
-
-        first = self.log.next_done()
-        outcomes = self.store.claim_many(self._requests(first))
-        if len(outcomes) != self.batch or not all(isinstance(o, Completed) for o in outcomes):
-            raise BenchError(f"idemctl: a duplicate batch from batch-{first} was not Completed")
-        return self.batch
-
-    def phases(self) -> list[Phase]:
-        label = f"idemctl batched x{self.batch}"
-        census = max(CENSUS_MESSAGES, 2 * self.batch)
-        return [
-            Phase("idemctl_batched", label, "unique", self.unique, census_messages=census),
-            Phase(
-                "idemctl_batched_dup",
-                label,
-                "duplicate",
-                self.duplicate,
-                self.log.rewind,
-                census_messages=census,
-            ),
-        ]
-
-    def close(self) -> None:
-        self.store.close()
-
-
 # Running ---------------------------------------------------------------------------------
-
-
-def run_for(phase: Phase, seconds: float) -> tuple[int, float]:
-    """Messages ``phase.step`` processed in about ``seconds``, and the seconds it took."""
-    phase.prepare()
-    step = phase.step
-    messages = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    while True:
-        messages += step()
-        now = time.perf_counter()
-        if now >= deadline:
-            break
-    phase.check()
-    return messages, now - start
 
 
 def server_cpu(admin: Any) -> float:
@@ -519,14 +335,7 @@ def server_cpu(admin: Any) -> float:
 
 def measure(phase: Phase, seconds: float, admin: Any) -> float:
     """One timed run of ``phase``: records its rate and the CPU both sides spent on it."""
-    server_before, client_before = server_cpu(admin), time.process_time()
-    messages, elapsed = run_for(phase, seconds)
-    phase.client_cpu += time.process_time() - client_before
-    phase.server_cpu += server_cpu(admin) - server_before
-    phase.messages += messages
-    rate = messages / elapsed
-    phase.rates.append(rate)
-    return rate
+    return measure_with(phase, seconds, lambda: server_cpu(admin))
 
 
 def census(phase: Phase, admin: Any) -> None:
@@ -544,14 +353,6 @@ def census(phase: Phase, admin: Any) -> None:
     phase.commands = {name: calls / messages for name, calls in delta.most_common() if calls}
 
 
-@dataclass(frozen=True)
-class Ratio:
-    label: str
-    numerator: str
-    denominator: str
-    target: float | None = None
-
-
 RATIOS = (
     Ratio("idemctl single / Powertools (unique)", "idemctl_single", "powertools", 1.8),
     Ratio("idemctl single / floor (unique)", "idemctl_single", "floor", 0.6),
@@ -560,23 +361,6 @@ RATIOS = (
     Ratio("idemctl batched / Powertools (duplicates)", "idemctl_batched_dup", "powertools_dup"),
     Ratio("Powertools / floor (unique), for context", "powertools", "floor"),
 )
-
-
-def ratios(phases: dict[str, Phase]) -> list[dict[str, Any]]:
-    rows = []
-    for r in RATIOS:
-        if r.numerator not in phases or r.denominator not in phases:
-            continue
-        value = phases[r.numerator].best / phases[r.denominator].best
-        rows.append(
-            {
-                "ratio": r.label,
-                "value": round(value, 3),
-                "target": r.target,
-                "met": None if r.target is None else value >= r.target,
-            }
-        )
-    return rows
 
 
 @dataclass
@@ -611,7 +395,10 @@ def benchmark(settings: Settings, redis_url: str, own_server: bool) -> dict[str,
                 made = [Powertools(redis_url, prefix)]
             else:
                 store_url = idemctl_store_url(redis_url, prefix)
-                made = [IdemctlSingle(store_url), IdemctlBatched(store_url, settings.batch)]
+                made = [
+                    IdemctlSingle(open_idemctl_store(store_url)),
+                    IdemctlBatched(open_idemctl_store(store_url), settings.batch),
+                ]
             for contender in made:
                 contenders.append(contender)
                 own = contender.phases()
@@ -638,7 +425,7 @@ def benchmark(settings: Settings, redis_url: str, own_server: bool) -> dict[str,
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "versions": {
-                pkg: _version(pkg)
+                pkg: version(pkg)
                 for pkg in ("idemctl", "aws-lambda-powertools", "redis", "hiredis")
             },
             "seconds": settings.seconds,
@@ -658,7 +445,7 @@ def benchmark(settings: Settings, redis_url: str, own_server: bool) -> dict[str,
                 }
                 for p in phases
             },
-            "ratios": ratios({p.name: p for p in phases}),
+            "ratios": ratios_of(RATIOS, {p.name: p for p in phases}),
         }
     finally:
         for contender in contenders:
@@ -672,19 +459,10 @@ def benchmark(settings: Settings, redis_url: str, own_server: bool) -> dict[str,
         admin.close()
 
 
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def report(data: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    # Piped output gets room for the whole table instead of rich's 80-column default.
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = stdout_console()
     versions = ", ".join(f"{k} {v}" for k, v in data["versions"].items() if v)
     where = "own server" if data["own_server"] else data["redis_url"]
     console.print(
@@ -719,21 +497,7 @@ def report(data: dict[str, Any]) -> None:
             "" if result["connections"] is None else str(result["connections"]),
         )
     console.print(table)
-    if not data["ratios"]:
-        return
-    ratio_table = Table(title=f"Ratios (targets: {TARGETS_DOC})")
-    ratio_table.add_column("ratio")
-    ratio_table.add_column("value", justify="right")
-    ratio_table.add_column("target", justify="right")
-    ratio_table.add_column("")
-    for row in data["ratios"]:
-        if row["target"] is None:
-            target, verdict = "", ""
-        else:
-            target = f">= {row['target']:g}x"
-            verdict = "[green]met[/]" if row["met"] else "[bold red]NOT met[/]"
-        ratio_table.add_row(row["ratio"], f"{row['value']:.2f}x", target, verdict)
-    console.print(ratio_table)
+    print_ratios(console, data["ratios"], f"Ratios (targets: {TARGETS_DOC})")
 
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
@@ -778,13 +542,9 @@ def check_idemctl_redis() -> None:
         )
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the server
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    stop_on_sigterm()
     try:
         if "idemctl" in settings.only:
             check_idemctl_redis()

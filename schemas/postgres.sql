@@ -24,7 +24,9 @@ CREATE TABLE {schema}.{keys} (
     expires_at       timestamptz,
     result           jsonb,
     error            text,
-    retriable        boolean NOT NULL DEFAULT false
+    retriable        boolean NOT NULL DEFAULT false,
+    -- Only an in-progress key has an owner: matching the owner is matching a live attempt.
+    CONSTRAINT {keys_owner_in_progress} CHECK (owner IS NULL OR status = 'in_progress')
 );
 CREATE INDEX {keys_lease} ON {schema}.{keys} (lease_expires_at) WHERE status = 'in_progress';
 CREATE INDEX {keys_expires} ON {schema}.{keys} (expires_at) WHERE expires_at IS NOT NULL;

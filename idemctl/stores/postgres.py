@@ -11,6 +11,8 @@ connection, outbox rows and complete share one transaction; a crash rolls all of
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -168,31 +170,59 @@ class PostgresStore(BaseStore):
             **{n: quote_ident(prefix + n) for n in ("schema_version", "status", "keys", "outbox")},
             **{
                 n: quote_ident(prefix + n)
-                for n in ("keys_lease", "keys_expires", "outbox_unpublished")
+                for n in (
+                    "keys_lease",
+                    "keys_expires",
+                    "keys_owner_in_progress",
+                    "outbox_unpublished",
+                )
             },
         }
         self.keys_table = f"{s}.{self.names['keys']}"
         self.outbox_table = f"{s}.{self.names['outbox']}"
         self._connect_timeout = connect_timeout
+        # plan_cache_mode: psycopg prepares what it runs often, and PostgreSQL may then keep
+        # one generic plan made while the table was tiny, where a sequential scan is cheapest;
+        # as the table grows that plan gets slower with every key until autovacuum's ANALYZE
+        # happens to replace it. Planning each execution for its values costs a fraction of
+        # a millisecond and never degrades.
         options = (
             f"-c lock_timeout={round(lock_timeout * 1000)} "
-            f"-c statement_timeout={round(statement_timeout * 1000)} -c TimeZone=UTC"
+            f"-c statement_timeout={round(statement_timeout * 1000)} -c TimeZone=UTC "
+            "-c plan_cache_mode=force_custom_plan"
         )
-        self._pool = ConnectionPool(
-            conninfo,
-            min_size=pool_min,
-            max_size=pool_max,
-            kwargs={
+        self._pool_args: dict[str, Any] = {
+            "conninfo": conninfo,
+            "min_size": pool_min,
+            "max_size": pool_max,
+            "kwargs": {
                 "autocommit": True,
                 "options": options,
                 "connect_timeout": max(1, round(connect_timeout)),
             },
-            timeout=connect_timeout,
-            name=f"idemctl {self.url}",
-            open=False,
-        )
-        self._pool.open(wait=False)
+            "timeout": connect_timeout,
+            "name": f"idemctl {self.url}",
+        }
+        self._pool_lock = threading.Lock()
+        self._pool_made = 0.0
+        self._pool = self._new_pool()
         self._sql = self._statements()
+
+    def _new_pool(self) -> ConnectionPool[Any]:
+        pool: ConnectionPool[Any] = ConnectionPool(**self._pool_args, open=False)
+        pool.open(wait=False)
+        self._pool_made = time.monotonic()
+        return pool
+
+    def _renew_pool(self) -> None:
+        """Start over with a new pool after a failure, at most once a second. psycopg_pool
+        backs off exponentially while the server is down (1, 2, 4 ... s), so its own pool
+        would keep failing long after the server is back."""
+        with self._pool_lock:
+            if time.monotonic() - self._pool_made < 1.0:
+                return
+            old, self._pool = self._pool, self._new_pool()
+        old.close(timeout=0)
 
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
@@ -236,6 +266,7 @@ class PostgresStore(BaseStore):
         try:
             yield
         except PoolTimeout as exc:
+            self._renew_pool()
             raise StoreUnavailable(
                 f"PostgreSQL at {self.url} is unreachable: no connection within "
                 f"{self._connect_timeout:g}s"
@@ -256,7 +287,7 @@ class PostgresStore(BaseStore):
                 f"PostgreSQL at {self.url} did not answer in time: {exc}"
             ) from exc
         except psycopg.OperationalError as exc:
-            self._pool.check()  # drop the other dead connections too (a restarted server)
+            self._renew_pool()  # the other pooled connections died with this one
             raise StoreUnavailable(
                 f"PostgreSQL at {self.url} is unreachable: {_first_line(exc)}"
             ) from exc
@@ -268,15 +299,30 @@ class PostgresStore(BaseStore):
             return conn.execute(sql, params).fetchall()
 
     def _statements(self) -> dict[str, str]:
+        # complete, fail, extend and release match the owner, not the status: an owner is set
+        # only while in progress (a CHECK constraint), and a status condition would let the
+        # planner prefer the partial lease index, whose dead entries grow with every completion.
         t = self.keys_table
         live = "(k.expires_at IS NULL OR k.expires_at > now())"
+        complete = f"""
+WITH req AS (
+    SELECT * FROM unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[],
+                         %(results)s::text[]) AS r(key, owner, token, result)
+)
+UPDATE {t} k SET status = 'completed', owner = NULL, lease_expires_at = NULL,
+    updated_at = now(), completed_at = now(),
+    expires_at = now() + %(retention)s * interval '1 second',
+    result = req.result::jsonb, error = NULL, retriable = false
+FROM req
+WHERE k.key = req.key AND k.owner = req.owner
+  AND k.fencing_token = req.token"""
         return {
             "claim": f"""
 WITH req AS (
     SELECT * FROM unnest(%(keys)s::text[], %(fps)s::text[], %(owners)s::text[])
         AS r(key, fingerprint, owner)
 ), old AS (
-    SELECT k.*, k.expires_at <= now() AS over FROM {t} k JOIN req USING (key)
+    SELECT k.* FROM {t} k JOIN req USING (key)
 ), claimed AS (
     INSERT INTO {t} AS k (key, status, fingerprint, owner, fencing_token, attempts,
                           lease_expires_at, created_at, updated_at)
@@ -309,36 +355,25 @@ SELECT req.key, c.fencing_token, c.attempts, c.lease_expires_at,
        coalesce(o.status = 'in_progress', false) AS takeover,
        o.key, o.status::text, o.fingerprint, o.owner, o.fencing_token, o.attempts,
        o.lease_expires_at, o.created_at, o.updated_at, o.completed_at, o.expires_at,
-       o.result, o.error, o.retriable
+       o.result, o.error, o.retriable, now()
 FROM req LEFT JOIN claimed c USING (key) LEFT JOIN old o USING (key)""",
-            "complete": f"""
-WITH req AS (
-    SELECT * FROM unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[],
-                         %(results)s::text[]) AS r(key, owner, token, result)
-)
-UPDATE {t} k SET status = 'completed', owner = NULL, lease_expires_at = NULL,
-    updated_at = now(), completed_at = now(),
-    expires_at = now() + %(retention)s * interval '1 second',
-    result = req.result::jsonb, error = NULL, retriable = false
-FROM req
-WHERE k.key = req.key AND k.status = 'in_progress' AND k.owner = req.owner
-  AND k.fencing_token = req.token
-RETURNING {_prefixed(COLUMNS, "k.")}""",
+            "complete": f"{complete}\nRETURNING {_prefixed(COLUMNS, 'k.')}",
+            "complete_keys": f"{complete}\nRETURNING k.key",
             "fail": f"""
 UPDATE {t} k SET status = 'failed', owner = NULL, lease_expires_at = NULL, updated_at = now(),
     expires_at = now() + %(retention)s * interval '1 second', error = %(error)s,
     retriable = %(retriable)s
-WHERE k.key = %(key)s AND k.status = 'in_progress' AND k.owner = %(owner)s
+WHERE k.key = %(key)s AND k.owner = %(owner)s
   AND k.fencing_token = %(token)s
 RETURNING {_prefixed(COLUMNS, "k.")}""",
             "extend": f"""
 UPDATE {t} k SET lease_expires_at = now() + %(lease)s * interval '1 second', updated_at = now()
-WHERE k.key = %(key)s AND k.status = 'in_progress' AND k.owner = %(owner)s
+WHERE k.key = %(key)s AND k.owner = %(owner)s
   AND k.fencing_token = %(token)s
 RETURNING {_prefixed(COLUMNS, "k.")}""",
             "release": f"""
 UPDATE {t} k SET owner = NULL, lease_expires_at = now(), updated_at = now()
-WHERE k.key = %(key)s AND k.status = 'in_progress' AND k.owner = %(owner)s
+WHERE k.key = %(key)s AND k.owner = %(owner)s
   AND k.fencing_token = %(token)s
 RETURNING {_prefixed(COLUMNS, "k.")}""",
             "get": f"SELECT {_prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = %(key)s AND {live}",
@@ -408,11 +443,15 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
                     Acquired(r.key, owner, row[1], row[2], row[3].astimezone(UTC), takeover=row[4])
                 )
             else:
-                outcomes.append(self._not_claimed(conn, r, row[5:]))
+                outcomes.append(self._not_claimed(conn, r, row[5:19], row[19]))
         return outcomes
 
     def _not_claimed(
-        self, conn: psycopg.Connection[Any], request: ClaimRequest, old: Sequence[Any]
+        self,
+        conn: psycopg.Connection[Any],
+        request: ClaimRequest,
+        old: Sequence[Any],
+        now: datetime,
     ) -> ClaimOutcome:
         """Why the claim statement left a key alone, from the row it saw."""
         if old[0] is None:
@@ -422,7 +461,9 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
                 return Busy(None)
             old = fresh
         record = _record(old)
-        outcome, _ = decide_claim(record, request.key, request.fingerprint, _now(conn), 0.0)
+        outcome, _ = decide_claim(
+            record, request.key, request.fingerprint, now.astimezone(UTC), 0.0
+        )
         # What the row allowed changed under us: somebody else holds it now.
         return Busy(record) if isinstance(outcome, Acquired) else outcome
 
@@ -445,8 +486,8 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
-        with self._connection() as conn:
-            done = {r.key for r in self._complete_on(conn, completions, retention)}
+        params = self._completion_params(completions, retention)
+        done = {row[0] for row in self._fetch(self._sql["complete_keys"], params)}
         return [c.key in done for c in completions]
 
     def _complete_on(
@@ -455,14 +496,19 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         completions: Sequence[Completion],
         retention: float | None,
     ) -> list[Record]:
-        params = {
+        params = self._completion_params(completions, retention)
+        return [_record(row) for row in conn.execute(self._sql["complete"], params).fetchall()]
+
+    def _completion_params(
+        self, completions: Sequence[Completion], retention: float | None
+    ) -> dict[str, Any]:
+        return {
             "keys": [c.key for c in completions],
             "owners": [c.owner for c in completions],
             "tokens": [c.fencing_token for c in completions],
             "results": [canonical_json(c.result).decode() for c in completions],
             "retention": self._retention(retention),
         }
-        return [_record(row) for row in conn.execute(self._sql["complete"], params).fetchall()]
 
     def _held(self, statement: str, key: str, fencing_token: int, params: dict[str, Any]) -> Record:
         with self._connection() as conn:
@@ -726,8 +772,6 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         return int(row[0]) if row else 0
 
     def check(self) -> list[Finding]:
-        import time
-
         findings = []
         started = time.perf_counter()
         with self._connection() as conn:
