@@ -78,10 +78,32 @@ def _fakeredis(request: pytest.FixtureRequest) -> Backend:
     return Backend("fakeredis", "", open_fake)
 
 
+def unique_schema() -> str:
+    """A PostgreSQL schema of its own for one test (tests share one server)."""
+    return f"t_{uuid.uuid4().hex}"
+
+
+def _postgres(request: pytest.FixtureRequest) -> Backend:
+    server = request.getfixturevalue("postgres_server")
+    url = server.url(schema=unique_schema())
+
+    def open_provisioned() -> Store:
+        store = open_store(url)
+        store.provision()
+        return store
+
+    def provision() -> None:
+        # Before any worker process opens the URL (the race test opens it only there).
+        open_provisioned().close()
+
+    return Backend("postgres", url, open_provisioned, provision)
+
+
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "redis": _redis,
     "redis-cluster": _redis_cluster,
     "fakeredis": _fakeredis,
+    "postgres": _postgres,
 }

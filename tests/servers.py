@@ -1,5 +1,5 @@
-"""Real servers for tests: on 127.0.0.1 only, on free ports, with their data in a temp
-dir, and each stopped by its own PID (never by name).
+"""Real servers for tests (redis-server, PostgreSQL): on 127.0.0.1 only, on free ports,
+with their data in a temp dir, and each stopped by its own PID (never by name).
 
     server = RedisServer(tmp_path, "--maxmemory-policy", "allkeys-lru").start()
     try:
@@ -23,10 +23,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote, urlencode
 
 HOST = "127.0.0.1"
 CLUSTER_BUS_OFFSET = 10000
@@ -34,7 +36,7 @@ START_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
 MISSING = "redis-server is not installed (scripts/install-servers installs it)"
 
-_live: dict[int, RedisServer] = {}
+_live: dict[int, RedisServer | PostgresServer] = {}
 """Servers started and not yet stopped, by PID: stopped at exit if a test forgot one."""
 _live_lock = threading.Lock()
 
@@ -407,6 +409,311 @@ class RedisCluster:
         return f"RedisCluster(ports={[n.port for n in self.nodes]})"
 
 
+# PostgreSQL ------------------------------------------------------------------------------------
+
+PG_BIN = Path(os.environ.get("IDEMCTL_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_MISSING = "PostgreSQL is not installed (scripts/install-servers installs it)"
+PG_USER = "test"
+"""The superuser initdb creates; trust auth: any password (or none) is accepted."""
+PG_OS_USER = "postgres"
+"""initdb and postgres refuse to run as root: as root, both run as this user."""
+
+
+def postgres_binaries() -> dict[str, str]:
+    """Paths of initdb, postgres and pg_isready; skips (locally) or fails (CI) when missing."""
+    from tests.conftest import need
+
+    names = ("initdb", "postgres", "pg_isready")
+    found = {n: PG_BIN / n for n in names}
+    for n in names:
+        if not os.access(found[n], os.X_OK):
+            on_path = shutil.which(n)
+            if on_path is not None:
+                found[n] = Path(on_path)
+    need(all(os.access(p, os.X_OK) for p in found.values()), PG_MISSING)
+    return {n: str(p) for n, p in found.items()}
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _children_of(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (a postmaster's backends and helpers), from /proc."""
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            kids.append(int(entry.name))
+    return kids
+
+
+class PostgresServer:
+    """One throwaway PostgreSQL cluster: ``initdb`` once, then ``postgres`` in the
+    foreground as our child, listening on 127.0.0.1:``port`` only (its Unix socket in its
+    own directory), fsync off (tests only).
+
+    As root both run as the ``postgres`` user through ``setpriv``, which execs, so the PID
+    we hold is the postmaster's. The cluster then lives in a directory of its own under the
+    system temp dir (pytest's temp dirs are private to root), removed by ``remove()``, by
+    leaving a ``with`` block, or at exit.
+    """
+
+    def __init__(self, directory: Path | str, *args: str, port: int | None = None) -> None:
+        self.bins = postgres_binaries()
+        self.port = port if port is not None else free_port()
+        self.dir = Path(directory) / f"postgres-{self.port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = self.dir / "postgres.log"
+        self.args = args
+        self.as_root = _as_root()
+        if self.as_root:
+            self.home = Path(tempfile.mkdtemp(prefix=f"idemctl-pg-{self.port}-"))
+            shutil.chown(self.home, PG_OS_USER, PG_OS_USER)
+            _homes.add(self.home)
+        else:
+            self.home = self.dir
+        self.data = self.home / "data"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.backends: list[int] = []
+        """The postmaster's children when it was last stopped or killed."""
+
+    # Life cycle ---------------------------------------------------------------------------
+
+    def _command(self, *cmd: str, die_with_parent: bool = False) -> list[str]:
+        if not self.as_root:
+            return list(cmd)
+        # setpriv execs: the PID stays the command's. Changing the user clears a parent-death
+        # signal set before, so setpriv sets it again after the change.
+        pdeathsig = ["--pdeathsig", "KILL"] if die_with_parent else []
+        return [
+            "setpriv",
+            f"--reuid={PG_OS_USER}",
+            f"--regid={PG_OS_USER}",
+            "--init-groups",
+            "--reset-env",
+            *pdeathsig,
+            "--",
+            *cmd,
+        ]
+
+    def initdb(self) -> None:
+        """Create the cluster (once; ``start`` calls it when there is none yet)."""
+        cmd = self._command(
+            self.bins["initdb"],
+            "-D",
+            str(self.data),
+            "-U",
+            PG_USER,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+            "--no-sync",
+        )
+        done = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"initdb failed ({done.returncode}):\n"
+                + (done.stdout + done.stderr).decode(errors="replace")[-3000:]
+            )
+
+    def command_line(self, die_with_parent: bool = False) -> list[str]:
+        return self._command(
+            self.bins["postgres"],
+            "-D",
+            str(self.data),
+            "-p",
+            str(self.port),
+            "-c",
+            f"listen_addresses={HOST}",
+            "-c",
+            f"unix_socket_directories={self.home}",
+            "-c",
+            "fsync=off",
+            *self.args,
+            die_with_parent=die_with_parent,
+        )
+
+    def start(self, timeout: float = START_TIMEOUT) -> Self:
+        if self.running:
+            raise RuntimeError(f"postgres on port {self.port} is already running")
+        if not (self.data / "PG_VERSION").exists():
+            self.initdb()
+        in_main = threading.current_thread() is threading.main_thread()
+        with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                self.command_line(die_with_parent=in_main),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                preexec_fn=_die_with_parent if in_main else None,  # noqa: PLW1509
+            )
+        with _live_lock:
+            _live[self.proc.pid] = self
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if self.proc.poll() is not None:
+                self._forget()
+                raise RuntimeError(
+                    f"postgres on port {self.port} exited with {self.proc.returncode}:\n"
+                    + self.log_tail()
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"postgres on port {self.port} not ready after {timeout}s:\n" + self.log_tail()
+                )
+            time.sleep(0.02)
+        return self
+
+    def ready(self) -> bool:
+        """True when ``pg_isready`` says the server accepts connections."""
+        try:
+            done = subprocess.run(
+                [self.bins["pg_isready"], "-q", "-h", HOST, "-p", str(self.port), "-t", "2"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGINT (fast shutdown: roll back open transactions, disconnect, checkpoint),
+        then SIGKILL if it has not exited after ``timeout``; by PID, reaped. Returns once
+        every backend of the server has exited too."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.backends = _children_of(self.proc.pid)
+            self.proc.send_signal(signal.SIGCONT)  # a paused server could not act on SIGINT
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self._wait_backends(timeout)
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL to the postmaster by PID: a crash, nothing checkpointed. Its backends
+        notice that their postmaster died and exit; this returns when they have."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.backends = _children_of(self.proc.pid)
+            self.proc.kill()
+            self.proc.wait()
+            self._wait_backends(STOP_TIMEOUT)
+        self._forget()
+
+    def _wait_backends(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(pid_alive(p) for p in self.backends):
+            if time.monotonic() > deadline:
+                for p in self.backends:  # orphans that did not notice: our own, by PID
+                    with contextlib.suppress(OSError):
+                        os.kill(p, signal.SIGKILL)
+                deadline = time.monotonic() + timeout
+            time.sleep(0.01)
+
+    def pause(self) -> None:
+        """SIGSTOP to the postmaster by PID (its existing backends keep running)."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def restart(self, timeout: float = START_TIMEOUT) -> Self:
+        """Stop if running, then start again on the same port with the same data dir (after
+        a kill, the server runs crash recovery first)."""
+        self.stop()
+        deadline = time.monotonic() + timeout
+        while not _bindable(self.port):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {self.port} still in use after the server stopped")
+            time.sleep(0.05)
+        return self.start(timeout)
+
+    def remove(self) -> None:
+        """Stop, and delete the cluster's files when they live outside ``directory``."""
+        self.stop()
+        if self.as_root:
+            shutil.rmtree(self.home, ignore_errors=True)
+            _homes.discard(self.home)
+
+    def _forget(self) -> None:
+        if self.proc is not None:
+            with _live_lock:
+                _live.pop(self.proc.pid, None)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Self:
+        return self.start() if not self.running else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    # Talking to it ------------------------------------------------------------------------
+
+    def url(
+        self,
+        db: str = "postgres",
+        *,
+        password: str | None = None,
+        scheme: str = "postgresql",
+        **options: str | float,
+    ) -> str:
+        """``postgresql://test@127.0.0.1:PORT/postgres?option=value...``."""
+        auth = PG_USER + (f":{quote(password, safe='')}" if password is not None else "")
+        query = urlencode({k: str(v) for k, v in options.items()}, quote_via=quote)
+        return f"{scheme}://{auth}@{HOST}:{self.port}/{quote(db)}" + (f"?{query}" if query else "")
+
+    def dsn(self, db: str = "postgres") -> str:
+        """A libpq connection string for plain psycopg connections (no store options)."""
+        return f"host={HOST} port={self.port} user={PG_USER} dbname={db} connect_timeout=5"
+
+    def connect(self, db: str = "postgres", autocommit: bool = True, **kwargs: Any) -> Any:
+        """A psycopg connection to this server (psycopg is imported only here)."""
+        import psycopg
+
+        return psycopg.connect(self.dsn(db), autocommit=autocommit, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"PostgresServer(port={self.port}, pid={self.pid}, running={self.running})"
+
+
+_homes: set[Path] = set()
+"""Cluster directories made outside the test's temp dir (as root): removed at exit."""
+
+
 def pid_alive(pid: int) -> bool:
     """True while a process with this PID exists (and is not a zombie)."""
     try:
@@ -429,3 +736,5 @@ def _stop_leftovers() -> None:
     for server in leftovers:
         with contextlib.suppress(Exception):
             server.stop(timeout=5)
+    for home in list(_homes):
+        shutil.rmtree(home, ignore_errors=True)

@@ -205,6 +205,7 @@ class PostgresStore(BaseStore):
         }
         self._pool_lock = threading.Lock()
         self._pool_made = 0.0
+        self._lent = 0  # connections this store holds right now
         self._pool = self._new_pool()
         self._sql = self._statements()
 
@@ -215,14 +216,15 @@ class PostgresStore(BaseStore):
         return pool
 
     def _renew_pool(self) -> None:
-        """Start over with a new pool after a failure, at most once a second. psycopg_pool
-        backs off exponentially while the server is down (1, 2, 4 ... s), so its own pool
-        would keep failing long after the server is back."""
+        """Start over with a new pool after the server went away, at most once a second.
+        psycopg_pool backs off exponentially while the server is down (1, 2, 4 ... s), so
+        its own pool would keep failing long after the server is back."""
         with self._pool_lock:
             if time.monotonic() - self._pool_made < 1.0:
                 return
             old, self._pool = self._pool, self._new_pool()
-        old.close(timeout=0)
+        # Connections still lent out are closed as they come back; nobody waits for that.
+        threading.Thread(target=old.close, name="idemctl-pool-close", daemon=True).start()
 
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
@@ -259,13 +261,24 @@ class PostgresStore(BaseStore):
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection; driver errors become idemctl's (the password never shows)."""
         with self._translated(), self._pool.connection() as conn:
-            yield conn
+            with self._pool_lock:
+                self._lent += 1
+            try:
+                yield conn
+            finally:
+                with self._pool_lock:
+                    self._lent -= 1
 
     @contextmanager
     def _translated(self) -> Iterator[None]:
         try:
             yield
         except PoolTimeout as exc:
+            if self._lent >= self._pool_args["max_size"]:  # every connection is in use here
+                raise StoreUnavailable(
+                    f"PostgreSQL at {self.url}: all {self._lent} pooled connections stayed "
+                    f"busy for {self._connect_timeout:g}s (raise pool_max?)"
+                ) from exc
             self._renew_pool()
             raise StoreUnavailable(
                 f"PostgreSQL at {self.url} is unreachable: no connection within "

@@ -1,0 +1,980 @@
+"""The PostgreSQL store on a real server (tests/servers.py): what only PostgreSQL has, beyond
+the contract suite (which runs on "postgres" too, the 8-process race included).
+
+Tests share the session server ``postgres_server`` through schemas of their own; a test
+that kills or restarts a server starts its own and stops it by PID. The handlers' own
+effects go to tables of the test's own in the same database, so that "exactly once" is
+counted in rows the handler wrote, never from return values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import os
+import queue
+import random
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from psycopg import sql
+
+from idemctl import (
+    Acquired,
+    Busy,
+    ClaimRequest,
+    Completed,
+    Failed,
+    LeaseLost,
+    Status,
+    fingerprint,
+)
+from idemctl.errors import ConfigError, NotProvisioned, Permanent, StoreError, StoreUnavailable
+from idemctl.runner import Context, Outcome, run
+from idemctl.stores import open_store
+from idemctl.stores.base import Store
+from idemctl.stores.postgres import PostgresStore
+from tests.backends import unique_schema
+from tests.servers import PostgresServer, _children_of, free_port, pid_alive
+
+T = TypeVar("T")
+HANG = 30.0
+"""No single store call may take longer than this: a bound that catches hangs, not speed."""
+LONG = 60.0
+WORKERS = 8
+KEYS = [f"payment-{i:03d}" for i in range(200)]
+
+
+def bounded(fn: Callable[[], T], timeout: float = HANG) -> T:
+    """fn() in a thread: its result or its exception, or a failure if it hangs."""
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(fn).result(timeout)
+    except FutureTimeout:
+        pytest.fail(f"store call still running after {timeout}s: it hangs")
+    finally:
+        pool.shutdown(wait=False)
+
+
+@pytest.fixture
+def schema() -> str:
+    return unique_schema()
+
+
+@pytest.fixture
+def url(postgres_server: PostgresServer, schema: str) -> str:
+    return postgres_server.url(schema=schema)
+
+
+def open_pg(url: str) -> PostgresStore:
+    store = open_store(url)
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[PostgresStore]:
+    s = open_pg(url)
+    s.provision()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def db(postgres_server: PostgresServer) -> Iterator[Any]:
+    """A plain autocommit connection, to look at what the store wrote."""
+    conn = postgres_server.connect()
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def effects_table(db: Any) -> Iterator[str]:
+    """A table of the test's own (in ``public``), where handlers record their side effects."""
+    name = f"effects_{uuid.uuid4().hex}"
+    table = sql.Identifier("public", name)
+    db.execute(sql.SQL("CREATE TABLE {} (key text NOT NULL, worker int NOT NULL)").format(table))
+    yield name
+    db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+
+
+@pytest.fixture
+def effects(effects_table: str) -> sql.Identifier:
+    return sql.Identifier("public", effects_table)
+
+
+def record_effect(conn: Any, table: sql.Identifier, key: str, worker: int = 0) -> None:
+    conn.execute(
+        sql.SQL("INSERT INTO {} (key, worker) VALUES (%s, %s)").format(table), (key, worker)
+    )
+
+
+def effect_counts(db: Any, table: sql.Identifier) -> dict[str, int]:
+    rows = db.execute(sql.SQL("SELECT key, count(*) FROM {} GROUP BY key").format(table))
+    return {key: n for key, n in rows.fetchall()}
+
+
+def schema_exists(db: Any, name: str) -> bool:
+    row = db.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (name,)).fetchone()
+    return bool(row[0])
+
+
+def table_exists(db: Any, schema: str, table: str) -> bool:
+    row = db.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename = %s", (schema, table)
+    ).fetchone()
+    return bool(row[0])
+
+
+def schema_version(db: Any, schema: str, prefix: str = "") -> int:
+    table = sql.Identifier(schema, f"{prefix}schema_version")
+    row = db.execute(sql.SQL("SELECT max(version) FROM {}").format(table)).fetchone()
+    return int(row[0])
+
+
+def acquire(store: PostgresStore, key: str, lease: float = LONG, fp: str | None = None) -> Acquired:
+    outcome = store.claim(key, fp, lease)
+    assert isinstance(outcome, Acquired), outcome
+    return outcome
+
+
+def run_until_settled(
+    store: PostgresStore, key: str, handler: Callable[[Context], Any], **kw: Any
+) -> Any:
+    """run() again while the key is busy (a crashed holder's session may take a moment to
+    end on the server), within the hang bound."""
+    deadline = time.monotonic() + HANG
+    while True:
+        result = bounded(lambda: run(store, key, handler, **kw))
+        if result.outcome is not Outcome.BUSY:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"key {key!r} still busy after {HANG}s")
+        time.sleep(0.05)
+
+
+def until_available(fn: Callable[[], T], timeout: float = HANG) -> T:
+    """fn() retried while it raises StoreUnavailable (what a consumer's back-off does), each
+    call bounded; fails if the store has not recovered within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return bounded(fn)
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+# The server helper itself --------------------------------------------------------------------
+
+
+def test_server_helper_listens_on_loopback_restarts_and_leaves_no_process(tmp_path: Path) -> None:
+    server = PostgresServer(tmp_path)
+    try:
+        server.start()
+        first = server.pid
+        assert first is not None and pid_alive(first)
+        with server.connect() as conn:
+            assert conn.execute("SHOW listen_addresses").fetchone() == ("127.0.0.1",)
+            assert conn.execute("SHOW fsync").fetchone() == ("off",)
+            conn.execute("CREATE TABLE kept (n int)")
+            conn.execute("INSERT INTO kept VALUES (1)")
+        backends = _children_of(first)
+        assert backends
+
+        server.restart()  # fast shutdown by PID, same port and data dir
+        assert not pid_alive(first) and not any(pid_alive(p) for p in backends)
+        assert server.pid != first and server.ready()
+
+        killed, backends = server.pid, _children_of(server.pid or 0)
+        server.kill()  # a crash: the postmaster and every backend are gone when kill returns
+        assert killed is not None and not pid_alive(killed)
+        assert not any(pid_alive(p) for p in backends)
+        assert not server.ready()
+        server.restart()  # crash recovery on the same port: committed rows are still there
+        with server.connect() as conn:
+            assert conn.execute("SELECT n FROM kept").fetchall() == [(1,)]
+    finally:
+        last = server.pid
+        server.remove()
+    assert last is not None and not pid_alive(last)
+    assert not server.ready()
+    assert not server.data.exists() or not server.as_root
+
+
+# URLs ------------------------------------------------------------------------------------------
+
+
+def test_both_schemes_open_the_postgres_store(postgres_server: PostgresServer) -> None:
+    schema = unique_schema()
+    for scheme in ("postgresql", "postgres"):
+        store = open_pg(postgres_server.url(scheme=scheme, schema=schema))
+        try:
+            assert isinstance(store, PostgresStore)
+            store.provision()
+            assert isinstance(store.claim(f"via-{scheme}"), Acquired)
+        finally:
+            store.close()
+
+
+def test_unknown_url_option_is_a_config_error(postgres_server: PostgresServer) -> None:
+    with pytest.raises(ConfigError, match="prefx"):
+        open_pg(postgres_server.url(schema=unique_schema(), prefx="a_"))
+    with pytest.raises(ConfigError):
+        open_pg(postgres_server.url(schema=unique_schema(), lock_timeout="soon"))
+
+
+# Provisioning ----------------------------------------------------------------------------------
+
+
+def test_provision_twice_changes_nothing_the_second_time(url: str, db: Any, schema: str) -> None:
+    store = open_pg(url)
+    try:
+        first = store.provision()
+        assert first.changed is True and first.dry_run is False and first.statements
+        assert schema_version(db, schema) == 2
+        second = store.provision()
+        assert second.changed is False
+        assert second.statements == []
+        assert store.provision(dry_run=True).statements == []
+    finally:
+        store.close()
+
+
+def test_dry_run_lists_the_sql_and_creates_nothing(url: str, db: Any, schema: str) -> None:
+    store = open_pg(url)
+    try:
+        plan = store.provision(dry_run=True)
+        assert plan.dry_run is True and plan.changed is False
+        text = "\n".join(plan.statements)
+        assert "CREATE" in text.upper()
+        assert schema in text
+        for table in ("keys", "outbox", "schema_version"):
+            assert table in text
+        assert not schema_exists(db, schema)  # nothing was created, not even the schema
+        with pytest.raises(NotProvisioned):
+            store.claim("k")
+
+        done = store.provision()
+        assert done.changed is True
+        assert done.statements == plan.statements  # the dry run showed exactly what ran
+    finally:
+        store.close()
+
+
+def test_dry_run_sql_run_by_hand_provisions_the_store(url: str, db: Any, schema: str) -> None:
+    """What an operator gets from a dry run is complete: a DBA can run it instead."""
+    store = open_pg(url)
+    try:
+        plan = store.provision(dry_run=True)
+        with db.transaction():
+            for statement in plan.statements:
+                db.execute(statement)
+        assert schema_version(db, schema) == 2
+        assert store.provision().changed is False
+        a = acquire(store, "k")
+        store.complete("k", a.owner, a.fencing_token, {"ok": True})
+        replay = store.claim("k")
+        assert isinstance(replay, Completed) and replay.record.result == {"ok": True}
+    finally:
+        store.close()
+
+
+def test_an_older_schema_is_upgraded(url: str, db: Any, schema: str) -> None:
+    store = open_pg(url)
+    try:
+        old = store.provision(upto=1)
+        assert old.changed is True
+        assert schema_version(db, schema) == 1
+        assert table_exists(db, schema, "keys")
+        assert not table_exists(db, schema, "outbox")
+
+        plan = store.provision(dry_run=True)
+        assert plan.statements and "outbox" in "\n".join(plan.statements)
+        assert not table_exists(db, schema, "outbox")
+        upgrade = store.provision()
+        assert upgrade.changed is True
+        assert upgrade.statements == plan.statements
+        assert schema_version(db, schema) == 2
+        assert table_exists(db, schema, "outbox")
+        assert store.provision().changed is False
+
+        a = acquire(store, "after-upgrade")
+        store.complete("after-upgrade", a.owner, a.fencing_token, 1)
+        assert isinstance(store.claim("after-upgrade"), Completed)
+    finally:
+        store.close()
+
+
+def test_provision_from_several_workers_at_once(url: str, db: Any, schema: str) -> None:
+    """Workers that all run provision on start-up must not trip over each other."""
+    stores = [open_pg(url) for _ in range(4)]
+    barrier = threading.Barrier(len(stores))
+
+    def provision(s: Store) -> Any:
+        barrier.wait()
+        return s.provision()
+
+    try:
+        with ThreadPoolExecutor(len(stores)) as pool:
+            futures = [pool.submit(provision, s) for s in stores]
+            done = [f.result(timeout=HANG) for f in futures]
+        assert any(p.changed for p in done)
+        assert schema_version(db, schema) == 2
+        assert all(isinstance(s.claim(f"k-{i}"), Acquired) for i, s in enumerate(stores))
+    finally:
+        for s in stores:
+            s.close()
+
+
+@pytest.mark.parametrize(
+    ("schema_name", "prefix"),
+    [("Idem Test", "my-app_"), ("idem-Ünïcode", "Ω.")],
+)
+def test_schema_names_and_prefixes_that_need_quoting(
+    postgres_server: PostgresServer, db: Any, schema_name: str, prefix: str
+) -> None:
+    schema_name = f"{schema_name} {uuid.uuid4().hex[:12]}"
+    store = open_pg(postgres_server.url(schema=schema_name, prefix=prefix))
+    plain = open_pg(postgres_server.url(schema=schema_name))  # same schema, no prefix
+    try:
+        store.provision()
+        plain.provision()
+        assert schema_exists(db, schema_name)
+        for table in ("keys", "outbox", "schema_version"):
+            assert table_exists(db, schema_name, prefix + table), table
+            assert table_exists(db, schema_name, table), table
+        assert schema_version(db, schema_name, prefix) == 2
+
+        a = acquire(store, "order-1", fp=fingerprint({"n": 1}))
+        store.complete("order-1", a.owner, a.fencing_token, {"by": "prefixed"})
+        acquire(plain, "order-2")
+        # The two prefixes are two stores: neither sees the other's keys.
+        assert plain.get("order-1") is None and store.get("order-2") is None
+        assert [r.key for r in store.scan().records] == ["order-1"]
+        assert store.stats().total == 1
+        replay = store.claim("order-1", fingerprint({"n": 1}))
+        assert isinstance(replay, Completed) and replay.record.result == {"by": "prefixed"}
+        with store.transaction("order-3") as unit:
+            assert isinstance(unit.outcome, Acquired)
+            unit.complete("in a transaction")
+        record = store.get("order-3")
+        assert record is not None and record.result == "in a transaction"
+    finally:
+        store.close()
+        plain.close()
+
+
+def test_an_unprovisioned_schema_raises_not_provisioned(url: str, db: Any, schema: str) -> None:
+    store = open_pg(url)
+    try:
+        for call in (
+            lambda: store.claim("k"),
+            lambda: store.get("k"),
+            lambda: store.complete("k", "owner", 1, None),
+            store.scan,
+            store.stats,
+        ):
+            with pytest.raises(NotProvisioned):
+                bounded(call)
+
+        def open_a_transaction() -> None:
+            with store.transaction("k"):
+                pass
+
+        with pytest.raises(NotProvisioned):
+            bounded(open_a_transaction)
+        with pytest.raises(NotProvisioned):
+            run(store, "k", lambda ctx: None, transactional=True)
+        assert not schema_exists(db, schema)  # asking did not create anything
+    finally:
+        store.close()
+
+
+# Transactional mode ------------------------------------------------------------------------------
+
+
+def test_transaction_commits_effects_and_completion_together(
+    store: PostgresStore, db: Any, effects: sql.Identifier
+) -> None:
+    with store.transaction("order-1", fingerprint({"n": 1})) as unit:
+        assert isinstance(unit.outcome, Acquired)
+        record_effect(unit.connection, effects, "order-1")
+        # Not visible outside the transaction yet: neither the effect nor the claim's result.
+        assert effect_counts(db, effects) == {}
+        unit.complete({"charged": 10})
+    assert effect_counts(db, effects) == {"order-1": 1}
+    record = store.get("order-1")
+    assert record is not None and record.status is Status.COMPLETED
+    assert record.result == {"charged": 10}
+
+    with store.transaction("order-1", fingerprint({"n": 1})) as again:
+        assert isinstance(again.outcome, Completed)
+        assert again.outcome.record.result == {"charged": 10}
+    assert effect_counts(db, effects) == {"order-1": 1}
+
+
+def test_an_exception_in_the_block_rolls_back_everything_the_claim_included(
+    store: PostgresStore, db: Any, effects: sql.Identifier
+) -> None:
+    def crash_in_the_block() -> None:
+        with store.transaction("order-1", lease=LONG) as unit:
+            assert isinstance(unit.outcome, Acquired)
+            record_effect(unit.connection, effects, "order-1")
+            raise RuntimeError("handler blew up")
+
+    with pytest.raises(RuntimeError, match="handler blew up"):
+        crash_in_the_block()
+    assert effect_counts(db, effects) == {}
+    assert store.get("order-1") is None
+    # The key is free at once: no lease to wait out.
+    assert acquire(store, "order-1").fencing_token == 1
+
+
+def test_runner_handler_exception_rolls_back_and_counts_the_attempt(
+    store: PostgresStore, db: Any, effects: sql.Identifier
+) -> None:
+    calls: list[int] = []
+
+    def flaky(ctx: Context) -> dict[str, int]:
+        calls.append(ctx.attempt)
+        record_effect(ctx.connection, effects, ctx.key)
+        if len(calls) == 1:
+            raise ConnectionError("gateway timeout")
+        return {"attempt": ctx.attempt}
+
+    first = run(store, "order-1", flaky, transactional=True)
+    assert first.outcome is Outcome.ERROR and isinstance(first.error, ConnectionError)
+    assert effect_counts(db, effects) == {}  # the handler's SQL went with the transaction
+    record = store.get("order-1")
+    assert record is not None and record.status is Status.FAILED
+    assert record.retriable is True and "gateway timeout" in (record.error or "")
+    assert record.attempts == 1
+
+    second = run(store, "order-1", flaky, transactional=True)
+    assert second.outcome is Outcome.EXECUTED and second.result == {"attempt": 2}
+    assert calls == [1, 2]
+    assert effect_counts(db, effects) == {"order-1": 1}
+    record = store.get("order-1")
+    assert record is not None and record.status is Status.COMPLETED and record.attempts == 2
+
+    def declined(ctx: Context) -> None:
+        record_effect(ctx.connection, effects, ctx.key)
+        raise Permanent("card declined")
+
+    third = run(store, "order-2", declined, transactional=True)
+    assert third.outcome is Outcome.ERROR
+    again = run(store, "order-2", declined, transactional=True)
+    assert again.outcome is Outcome.FAILED
+    assert effect_counts(db, effects) == {"order-1": 1}
+    assert isinstance(store.claim("order-2"), Failed)
+
+
+def test_a_concurrent_duplicate_is_busy_at_once(store: PostgresStore) -> None:
+    holding = threading.Event()
+    release = threading.Event()
+    errors: list[BaseException] = []
+
+    def holder() -> None:
+        try:
+            with store.transaction("order-1", lease=LONG) as unit:
+                assert isinstance(unit.outcome, Acquired)
+                holding.set()
+                assert release.wait(HANG)
+                unit.complete({"by": "holder"})
+        except BaseException as exc:
+            errors.append(exc)
+            holding.set()
+
+    thread = threading.Thread(target=holder, daemon=True)
+    thread.start()
+    try:
+        assert holding.wait(HANG) and not errors, errors
+
+        def second_transaction() -> Any:
+            with store.transaction("order-1", lease=LONG) as unit:
+                assert unit.connection is None or not isinstance(unit.outcome, Acquired)
+                return unit.outcome
+
+        # A bound that catches blocking (the holder waits up to HANG), not a speed test.
+        assert isinstance(bounded(second_transaction, 5.0), Busy)
+        assert isinstance(bounded(lambda: store.claim("order-1", None, LONG), 5.0), Busy)
+        duplicate = bounded(
+            lambda: run(store, "order-1", lambda ctx: "dup", transactional=True),
+            5.0,
+        )
+        assert duplicate.outcome is Outcome.BUSY
+    finally:
+        release.set()
+        thread.join(HANG)
+    assert not thread.is_alive() and errors == []
+    replay = store.claim("order-1")
+    assert isinstance(replay, Completed) and replay.record.result == {"by": "holder"}
+
+
+def test_a_batch_with_one_key_held_by_a_transaction_is_busy_only_there(
+    store: PostgresStore,
+) -> None:
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with store.transaction("held", lease=LONG) as unit:
+            holding.set()
+            release.wait(HANG)
+            unit.complete("by the holder")
+
+    thread = threading.Thread(target=holder, daemon=True)
+    thread.start()
+    try:
+        assert holding.wait(HANG)
+        requests = [ClaimRequest("before"), ClaimRequest("held"), ClaimRequest("after")]
+        outcomes = bounded(lambda: store.claim_many(requests, lease=LONG), 5.0)
+        assert [type(o) for o in outcomes] == [Acquired, Busy, Acquired]
+    finally:
+        release.set()
+        thread.join(HANG)
+    assert isinstance(store.claim("held"), Completed)
+
+
+def test_a_block_that_never_completes_is_rolled_back(
+    store: PostgresStore, db: Any, effects: sql.Identifier
+) -> None:
+    def forgetful() -> None:
+        with store.transaction("order-1", lease=LONG) as unit:
+            assert isinstance(unit.outcome, Acquired)
+            record_effect(unit.connection, effects, "order-1")
+
+    with pytest.raises(StoreError, match="complete"):
+        forgetful()
+    assert effect_counts(db, effects) == {}
+    assert store.get("order-1") is None
+
+
+def test_a_transaction_whose_connection_dies_fails_closed(store: PostgresStore, db: Any) -> None:
+    """The server ends the session (a restart, a failover, an admin): complete() inside the
+    block and the block itself raise StoreUnavailable, and nothing is recorded."""
+    inside: list[BaseException] = []
+
+    def block() -> None:
+        with store.transaction("order-1", lease=LONG) as unit:
+            assert isinstance(unit.outcome, Acquired) and unit.connection is not None
+            db.execute("SELECT pg_terminate_backend(%s)", (unit.connection.info.backend_pid,))
+            try:
+                unit.complete("never stored")
+            except Exception as exc:
+                inside.append(exc)
+                raise
+
+    with pytest.raises(StoreUnavailable):
+        bounded(block)
+    assert len(inside) == 1 and isinstance(inside[0], StoreUnavailable), inside
+    assert store.get("order-1") is None
+    assert isinstance(store.claim("order-1"), Acquired)  # the store carries on
+
+
+def test_pool_max_caps_the_connections_a_store_opens(
+    postgres_server: PostgresServer, db: Any, schema: str
+) -> None:
+    app = f"t_{uuid.uuid4().hex[:12]}"  # to find this store's sessions on the server
+    store = open_pg(
+        postgres_server.url(schema=schema, pool_max=2, connect_timeout="1s", application_name=app)
+    )
+    store.provision()
+    holding, release = threading.Barrier(3), threading.Event()
+
+    def holder(key: str) -> None:
+        with store.transaction(key, lease=LONG) as unit:
+            holding.wait(HANG)
+            release.wait(HANG)
+            unit.complete(key)
+
+    def sessions() -> int:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        return int(db.execute(query, (app,)).fetchone()[0])
+
+    threads = [threading.Thread(target=holder, args=(f"held-{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        holding.wait(HANG)  # both pooled connections are in open transactions now
+        peak = sessions()
+        for key in ("more-0", "more-1", "more-2"):  # a third worker keeps trying meanwhile
+            with contextlib.suppress(StoreUnavailable):
+                bounded(functools.partial(store.claim, key))
+            peak = max(peak, sessions())
+    finally:
+        release.set()
+        for t in threads:
+            t.join(HANG)
+        store.close()
+    assert peak <= 2, f"a store with pool_max=2 had {peak} sessions open on the server"
+
+
+# A worker killed inside its transaction ---------------------------------------------------------
+
+
+def _crash_child(url: str, table: str, key: str, claimed: Any, go: Any) -> None:
+    """Runs in a spawned process: the handler writes its effect, then the process dies."""
+    store = open_pg(url)
+
+    def handler(ctx: Context) -> None:
+        record_effect(ctx.connection, sql.Identifier("public", table), ctx.key, os.getpid())
+        claimed.set()
+        go.wait(HANG)
+        os.kill(os.getpid(), signal.SIGKILL)  # before returning: nothing is committed
+
+    run(store, key, handler, lease=LONG, transactional=True)
+
+
+def test_a_worker_killed_mid_transaction_leaves_no_trace(
+    store: PostgresStore, url: str, db: Any, effects_table: str, effects: sql.Identifier
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    claimed, go = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_crash_child, args=(url, effects_table, "order-1", claimed, go))
+    child.start()
+    try:
+        assert claimed.wait(HANG), f"the child never ran its handler (exit {child.exitcode})"
+        # While its transaction is open the key is held, with no lease to wait out later.
+        assert isinstance(bounded(lambda: store.claim("order-1", None, LONG), 5.0), Busy)
+        go.set()
+        child.join(HANG)
+        assert child.exitcode == -signal.SIGKILL
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+    assert effect_counts(db, effects) == {}
+    record = store.get("order-1")
+    assert record is None or record.status is not Status.COMPLETED
+
+    runs: list[int] = []
+
+    def handler(c: Context) -> str:
+        runs.append(c.attempt)
+        record_effect(c.connection, effects, c.key)
+        return "charged once"
+
+    retry = run_until_settled(store, "order-1", handler, transactional=True)
+    assert retry.outcome is Outcome.EXECUTED and retry.result == "charged once"
+    assert run_until_settled(store, "order-1", handler, transactional=True).outcome is (
+        Outcome.REPLAYED
+    )
+    assert len(runs) == 1
+    assert effect_counts(db, effects) == {"order-1": 1}
+    record = store.get("order-1")
+    assert record is not None and record.status is Status.COMPLETED
+    assert record.fencing_token == 1 and record.attempts == 1  # the crash left nothing behind
+
+
+# 8 processes race in transactional mode --------------------------------------------------------
+
+
+def _race_worker(
+    url: str, keys: list[str], table: str, worker: int, barrier: Any, results: Any
+) -> None:
+    """Runs in a spawned process: every key through run(transactional=True), Busy retried."""
+    try:
+        store = open_pg(url)
+        effects = sql.Identifier("public", table)
+
+        def handler(ctx: Context) -> dict[str, int]:
+            record_effect(ctx.connection, effects, ctx.key, worker)
+            time.sleep(0.001)  # widen the window in which another worker could slip in
+            return {"worker": worker}
+
+        counts = {"executed": 0, "replayed": 0, "busy": 0, "other": 0}
+        pending = random.Random(worker).sample(keys, len(keys))
+        barrier.wait()
+        deadline = time.monotonic() + 120
+        try:
+            while pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {worker}: {len(pending)} keys still busy")
+                busy = []
+                for key in pending:
+                    result = run(
+                        store,
+                        key,
+                        handler,
+                        fingerprint=fingerprint(key),
+                        lease=30,
+                        transactional=True,
+                    )
+                    if result.outcome is Outcome.BUSY:
+                        busy.append(key)
+                        counts["busy"] += 1
+                    elif result.outcome in (Outcome.EXECUTED, Outcome.REPLAYED):
+                        counts[result.outcome.value] += 1
+                    else:
+                        counts["other"] += 1
+                pending = busy
+                if pending:
+                    time.sleep(0.005)
+        finally:
+            store.close()
+        results.put((worker, counts))
+    except Exception as exc:
+        results.put((worker, {"error": repr(exc)}))
+        raise
+
+
+@pytest.mark.slow
+def test_race_in_transactional_mode_runs_every_effect_once(
+    store: PostgresStore, url: str, db: Any, effects_table: str
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(WORKERS)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_race_worker, args=(url, KEYS, effects_table, w, barrier, out))
+        for w in range(WORKERS)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, dict[str, int]] = {}
+    try:
+        for _ in procs:
+            worker, counts = out.get(timeout=180)
+            results[worker] = counts
+    except queue.Empty:
+        pytest.fail(f"workers did not finish; exit codes {[p.exitcode for p in procs]}")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [p.exitcode for p in procs] == [0] * WORKERS
+    assert [c for c in results.values() if "error" in c] == []
+
+    table = sql.Identifier("public", effects_table)
+    rows = db.execute(sql.SQL("SELECT key, worker FROM {}").format(table)).fetchall()
+    runs = Counter(key for key, _ in rows)
+    assert set(runs) == set(KEYS)
+    assert [k for k, n in runs.items() if n != 1] == []
+    assert sum(c["executed"] for c in results.values()) == len(KEYS)
+    for counts in results.values():
+        assert counts["other"] == 0
+        assert counts["executed"] + counts["replayed"] == len(KEYS)
+    ran_by = dict(rows)
+    for key in KEYS:
+        record = store.get(key)
+        assert record is not None and record.status is Status.COMPLETED
+        assert record.result == {"worker": ran_by[key]}  # the run whose effect committed
+        assert record.fencing_token == 1
+
+
+# A server that dies ---------------------------------------------------------------------------
+
+
+def test_killed_server_gives_store_unavailable_and_the_same_store_recovers(
+    tmp_path: Path,
+) -> None:
+    server = PostgresServer(tmp_path)
+    try:
+        server.start()
+        store = open_pg(server.url(schema=unique_schema(), connect_timeout="1s"))
+        store.provision()
+        kept = acquire(store, "kept")
+        store.complete("kept", kept.owner, kept.fencing_token, {"n": 1})
+
+        results: list[tuple[int, float, object]] = []  # (call number, seconds, outcome or error)
+        stop = threading.Event()
+        killed = threading.Event()
+        after_kill: list[int] = []
+
+        def loop() -> None:
+            i = 0
+            while not stop.is_set():
+                started_after_kill = killed.is_set()
+                started = time.monotonic()
+                try:
+                    outcome: object = store.claim(f"k-{i}", None, LONG)
+                except Exception as exc:
+                    outcome = exc
+                results.append((i, time.monotonic() - started, outcome))
+                if started_after_kill:
+                    after_kill.append(i)
+                    if len(after_kill) >= 3:
+                        return
+                i += 1
+
+        # A transaction is open when the server dies: its block must fail closed.
+        holding = threading.Event()
+        block_error: list[BaseException] = []
+
+        def in_flight() -> None:
+            try:
+                with store.transaction("in-flight", lease=LONG) as unit:
+                    assert isinstance(unit.outcome, Acquired)
+                    holding.set()
+                    assert killed.wait(HANG * 2)
+                    unit.complete("never stored")
+            except BaseException as exc:
+                block_error.append(exc)
+            finally:
+                holding.set()
+
+        holder = threading.Thread(target=in_flight, daemon=True)
+        holder.start()
+        assert holding.wait(HANG) and not block_error, block_error
+        worker = threading.Thread(target=loop, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + HANG
+        while len(results) < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(results) >= 50, "the claim loop did not get going"
+        server.kill()
+        killed.set()
+        worker.join(HANG * 6)
+        stop.set()
+        assert not worker.is_alive(), f"claims hang after the kill: {results[-3:]}"
+
+        unexpected = [r for r in results if not isinstance(r[2], Acquired | StoreUnavailable)]
+        assert unexpected == []
+        # A claim that answered answered right: every key is new, so Acquired, token 1.
+        assert all(r[2].fencing_token == 1 for r in results if isinstance(r[2], Acquired))
+        for i, seconds, outcome in results:
+            if i in after_kill:
+                assert isinstance(outcome, StoreUnavailable), outcome
+                assert seconds < HANG
+        assert len(after_kill) == 3
+
+        holder.join(HANG)
+        assert not holder.is_alive(), "a transaction block hangs after the kill"
+        assert len(block_error) == 1 and isinstance(block_error[0], StoreUnavailable), block_error
+        for call in (lambda: store.get("kept"), store.stats, store.provision):
+            with pytest.raises(StoreUnavailable):
+                bounded(call)
+
+        server.restart()  # same port and data dir, after crash recovery
+        # The pool reconnects in the background: until it has, calls still fail closed.
+        replay = until_available(lambda: store.claim("kept"))
+        assert isinstance(replay, Completed) and replay.record.result == {"n": 1}
+        assert bounded(lambda: store.get("in-flight")) is None  # rolled back by the crash
+        outcome = bounded(lambda: store.claim("after-restart"))
+        assert isinstance(outcome, Acquired)
+        store.complete("after-restart", outcome.owner, outcome.fencing_token, "ok")
+        with store.transaction("tx-after-restart") as unit2:
+            assert isinstance(unit2.outcome, Acquired)
+            unit2.complete("ok")
+        record = store.get("tx-after-restart")
+        assert record is not None and record.result == "ok"
+        store.close()
+    finally:
+        server.remove()
+
+
+@pytest.mark.slow
+def test_the_store_works_soon_after_a_longer_outage_ends(tmp_path: Path) -> None:
+    """A pool that backs off exponentially while the server is down would keep failing
+    for about as long again after it is back (1, 2, 4, 8 s... between attempts)."""
+    server = PostgresServer(tmp_path)
+    try:
+        server.start()
+        store = open_pg(server.url(schema=unique_schema(), connect_timeout="1s"))
+        store.provision()
+        acquire(store, "before")
+        server.kill()
+        down = time.monotonic()
+        while time.monotonic() - down < 6.5:  # a worker failing closed, retrying
+            with pytest.raises(StoreUnavailable):
+                bounded(lambda: store.claim("during"))
+            time.sleep(0.5)
+        time.sleep(max(0.0, down + 8.0 - time.monotonic()))  # down for 8 s in all
+        server.restart()
+        assert server.ready()
+        # The server answers now: a retrying caller is back at work within a couple of its
+        # own timeouts (connect_timeout=1s), not after a back-off that grew with the outage.
+        outcome = until_available(lambda: store.claim("after"), timeout=2.0)
+        assert isinstance(outcome, Acquired)
+        store.close()
+    finally:
+        server.remove()
+
+
+def test_nothing_listening_is_store_unavailable_naming_the_host() -> None:
+    port = free_port()
+    url = f"postgresql://test:s3cret@127.0.0.1:{port}/postgres?connect_timeout=1s"
+
+    def attempt() -> None:
+        s = open_pg(url)
+        try:
+            s.claim("k")
+        finally:
+            s.close()
+
+    with pytest.raises(StoreUnavailable) as info:
+        bounded(attempt)
+    message = str(info.value)
+    assert "127.0.0.1" in message and str(port) in message
+    shown = "".join(traceback.format_exception(info.value))
+    assert "s3cret" not in shown
+
+
+# Passwords ---------------------------------------------------------------------------------------
+
+
+def test_a_password_in_the_url_is_never_shown(postgres_server: PostgresServer, db: Any) -> None:
+    schema = unique_schema()
+    url = postgres_server.url(password="s3cret", schema=schema)  # trust auth accepts any
+    store = open_pg(url)
+    try:
+        assert "s3cret" not in store.url and "s3cret" not in repr(store)
+        assert "***" in store.url
+        shown: list[str] = []
+        with pytest.raises(NotProvisioned) as info:
+            store.claim("k")
+        shown.append("".join(traceback.format_exception(info.value)))
+        plan = store.provision(dry_run=True)
+        shown += plan.statements + plan.notes
+        store.provision()
+        a = acquire(store, "k")
+        store.complete("k", a.owner, a.fencing_token, "ok")
+        shown += [f"{f.name} {f.detail} {f.fix}" for f in store.check()]
+        with pytest.raises(LeaseLost) as lost:
+            store.complete("k", a.owner, a.fencing_token, "again")
+        shown.append("".join(traceback.format_exception(lost.value)))
+        assert all("s3cret" not in text for text in shown)
+    finally:
+        store.close()
+
+
+# The takeover scenario ----------------------------------------------------------------------------
+
+
+def test_takeover_between_two_workers(url: str, store: PostgresStore) -> None:
+    worker_a, worker_b = open_pg(url), open_pg(url)
+    try:
+        a = acquire(worker_a, "payment-1", lease=0.3, fp=fingerprint({"amount": 5}))
+        assert isinstance(worker_b.claim("payment-1", fingerprint({"amount": 5})), Busy)
+        time.sleep(0.6)  # A stalls past its lease
+        b = acquire(worker_b, "payment-1", fp=fingerprint({"amount": 5}))
+        assert b.takeover is True and b.fencing_token == a.fencing_token + 1
+        worker_b.complete("payment-1", b.owner, b.fencing_token, {"by": "B"})
+        with pytest.raises(LeaseLost):
+            worker_a.complete("payment-1", a.owner, a.fencing_token, {"by": "A"})
+        with pytest.raises(LeaseLost):
+            worker_a.fail("payment-1", a.owner, a.fencing_token, "A gives up")
+        replay = worker_a.claim("payment-1", fingerprint({"amount": 5}))
+        assert isinstance(replay, Completed)
+        assert replay.record.result == {"by": "B"}
+        assert replay.record.fencing_token == 2
+        assert replay.record.attempts == 2
+    finally:
+        worker_a.close()
+        worker_b.close()
