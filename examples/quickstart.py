@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from idemctl import KeyBusy, idempotent, open_store
+from idemctl import KeyBusy, StoreUnavailable, idempotent, open_store
 
 
 def worker(store_url: str, ledger: str, deliveries: list[dict[str, Any]], out: Any) -> None:
@@ -40,7 +40,8 @@ def worker(store_url: str, ledger: str, deliveries: list[dict[str, Any]], out: A
             try:
                 charge(message["payment_id"], message["amount_cents"])
                 break
-            except KeyBusy:  # another worker is charging it right now: redeliver shortly
+            except (KeyBusy, StoreUnavailable):  # in flight elsewhere, or the store is
+                # briefly out of reach: nothing was charged, so deliver it again shortly
                 retries += 1
                 time.sleep(0.005)
     out.put(retries)
@@ -71,7 +72,8 @@ def main() -> None:
         sqlite3.connect(ledger).execute(
             "CREATE TABLE charges (payment_id TEXT, amount_cents INTEGER)"
         )
-        open_store(args.store).close()  # create the store before the workers race for it
+        with open_store(args.store) as store:
+            store.provision()  # what `idemctl init` does; the workers would also manage alone
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
         procs = [ctx.Process(target=worker, args=(args.store, ledger, d, out)) for d in per_worker]

@@ -8,6 +8,7 @@ import random
 import time
 from typing import Any
 
+from idemctl.errors import StoreUnavailable
 from idemctl.model import fingerprint
 from idemctl.runner import Context, Outcome, run
 from idemctl.stores import open_store
@@ -25,7 +26,7 @@ def work(store: Store, keys: list[str], ledger: str, worker: int, barrier: Any) 
         time.sleep(0.001)  # widen the window in which another worker could slip in
         return {"worker": worker}
 
-    counts = {"executed": 0, "replayed": 0, "busy": 0, "other": 0}
+    counts = {"executed": 0, "replayed": 0, "busy": 0, "unavailable": 0, "other": 0}
     pending = random.Random(worker).sample(keys, len(keys))
     barrier.wait()
     deadline = time.monotonic() + 120
@@ -34,7 +35,14 @@ def work(store: Store, keys: list[str], ledger: str, worker: int, barrier: Any) 
             raise TimeoutError(f"worker {worker}: {len(pending)} keys still busy")
         busy = []
         for key in pending:
-            result = run(store, key, handler, fingerprint=fingerprint(key), lease=30)
+            try:
+                result = run(store, key, handler, fingerprint=fingerprint(key), lease=30)
+            except StoreUnavailable:
+                # As a consumer does: nothing was decided, so fail closed and come back later
+                # (a SQLite writer can wait out its busy timeout on a loaded disk).
+                busy.append(key)
+                counts["unavailable"] += 1
+                continue
             if result.outcome is Outcome.BUSY:
                 busy.append(key)
                 counts["busy"] += 1
