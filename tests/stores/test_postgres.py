@@ -46,6 +46,7 @@ from idemctl.stores import open_store
 from idemctl.stores.base import Store
 from idemctl.stores.postgres import PostgresStore
 from tests.backends import unique_schema
+from tests.killing import claims_across_a_kill
 from tests.servers import PostgresServer, _children_of, free_port, pid_alive
 
 T = TypeVar("T")
@@ -792,26 +793,11 @@ def test_killed_server_gives_store_unavailable_and_the_same_store_recovers(
         kept = acquire(store, "kept")
         store.complete("kept", kept.owner, kept.fencing_token, {"n": 1})
 
-        results: list[tuple[int, float, object]] = []  # (call number, seconds, outcome or error)
-        stop = threading.Event()
         killed = threading.Event()
-        after_kill: list[int] = []
 
-        def loop() -> None:
-            i = 0
-            while not stop.is_set():
-                started_after_kill = killed.is_set()
-                started = time.monotonic()
-                try:
-                    outcome: object = store.claim(f"k-{i}", None, LONG)
-                except Exception as exc:
-                    outcome = exc
-                results.append((i, time.monotonic() - started, outcome))
-                if started_after_kill:
-                    after_kill.append(i)
-                    if len(after_kill) >= 3:
-                        return
-                i += 1
+        def kill() -> None:
+            server.kill()
+            killed.set()
 
         # A transaction is open when the server dies: its block must fail closed.
         holding = threading.Event()
@@ -832,27 +818,7 @@ def test_killed_server_gives_store_unavailable_and_the_same_store_recovers(
         holder = threading.Thread(target=in_flight, daemon=True)
         holder.start()
         assert holding.wait(HANG) and not block_error, block_error
-        worker = threading.Thread(target=loop, daemon=True)
-        worker.start()
-        deadline = time.monotonic() + HANG
-        while len(results) < 50 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(results) >= 50, "the claim loop did not get going"
-        server.kill()
-        killed.set()
-        worker.join(HANG * 6)
-        stop.set()
-        assert not worker.is_alive(), f"claims hang after the kill: {results[-3:]}"
-
-        unexpected = [r for r in results if not isinstance(r[2], Acquired | StoreUnavailable)]
-        assert unexpected == []
-        # A claim that answered answered right: every key is new, so Acquired, token 1.
-        assert all(r[2].fencing_token == 1 for r in results if isinstance(r[2], Acquired))
-        for i, seconds, outcome in results:
-            if i in after_kill:
-                assert isinstance(outcome, StoreUnavailable), outcome
-                assert seconds < HANG
-        assert len(after_kill) == 3
+        claims_across_a_kill(store, kill, warmup=50, after=3, hang=HANG, lease=LONG)
 
         holder.join(HANG)
         assert not holder.is_alive(), "a transaction block hangs after the kill"

@@ -9,7 +9,6 @@ Every store gets a prefix of its own, so tests never see each other's keys.
 from __future__ import annotations
 
 import re
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from idemctl.errors import ConfigError, IdemctlError, StoreError, StoreUnavailab
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
 from tests.backends import unique_prefix
+from tests.killing import claims_across_a_kill
 from tests.servers import RedisCluster, RedisServer, free_port
 
 T = TypeVar("T")
@@ -366,49 +366,7 @@ def test_killed_server_gives_store_unavailable_and_the_same_store_recovers(
     try:
         server.start()
         store = open_store(redis_url(server, prefix, "socket_timeout=3s"))
-        results: list[tuple[int, float, object]] = []  # (call number, seconds, outcome or error)
-        stop = threading.Event()
-        killed = threading.Event()
-        after_kill: list[int] = []
-
-        def loop() -> None:
-            i = 0
-            while not stop.is_set():
-                started_after_kill = killed.is_set()
-                started = time.monotonic()
-                try:
-                    outcome: object = store.claim(f"k-{i}", lease=LONG)
-                except Exception as exc:
-                    outcome = exc
-                results.append((i, time.monotonic() - started, outcome))
-                if started_after_kill:
-                    after_kill.append(i)
-                    if len(after_kill) >= 5:
-                        return
-                i += 1
-
-        worker = threading.Thread(target=loop, daemon=True)
-        worker.start()
-        deadline = time.monotonic() + HANG
-        while len(results) < 100 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(results) >= 100, "the claim loop did not get going"
-        server.kill()
-        killed.set()
-        worker.join(HANG * 6)
-        stop.set()
-        assert not worker.is_alive(), f"claims hang after the kill: {results[-3:]}"
-
-        unexpected = [r for r in results if not isinstance(r[2], Acquired | StoreUnavailable)]
-        assert unexpected == []
-        # A claim that answered answered right: every key is new, so Acquired, token 1.
-        assert all(r[2].fencing_token == 1 for r in results if isinstance(r[2], Acquired))
-        # Every call begun after the kill failed closed, none hung.
-        for i, seconds, outcome in results:
-            if i in after_kill:
-                assert isinstance(outcome, StoreUnavailable), outcome
-                assert seconds < HANG
-        assert len(after_kill) == 5
+        claims_across_a_kill(store, server.kill, warmup=100, after=5, hang=HANG, lease=LONG)
 
         # Other operations fail closed too.
         for call in (
