@@ -19,6 +19,7 @@ BACKENDS: dict[str, tuple[str, str | None, str | None]] = {
     "redis+cluster": ("idemctl.stores.redis:RedisStore", "redis", "redis"),
     "postgresql": ("idemctl.stores.postgres:PostgresStore", "psycopg", "postgres"),
     "postgres": ("idemctl.stores.postgres:PostgresStore", "psycopg", "postgres"),
+    "dynamodb": ("idemctl.stores.dynamodb:DynamoDBStore", "boto", "dynamodb"),
 }
 
 __all__ = ["BACKENDS", "DEFAULT_URL", "Store", "open_store"]

@@ -1,0 +1,626 @@
+"""``dynamodb://TABLE?region=...&endpoint_url=...``: the store with no server to run.
+
+A new key costs two requests (claim, complete) and a duplicate one, as Powertools for AWS
+Lambda's idempotency layer does: claim is one conditional UpdateItem that answers a
+conflict with the existing item (``ReturnValuesOnConditionCheckFailure=ALL_OLD``).
+Unlike Powertools, complete, fail, extend and release check the owner and fencing token.
+
+Time is the client's clock (DynamoDB has none to ask): leases and retention tolerate the
+skew between workers' clocks, which NTP keeps to milliseconds. DynamoDB's TTL deletes
+expired items hours late, so expiry is judged here, by ``expires_at``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+
+from idemctl.errors import (
+    ConfigError,
+    KeyNotFound,
+    LeaseLost,
+    NotProvisioned,
+    StoreError,
+    StoreUnavailable,
+)
+from idemctl.model import (
+    JSON,
+    Acquired,
+    Busy,
+    ClaimOutcome,
+    Finding,
+    Page,
+    Provisioning,
+    Record,
+    Stats,
+    Status,
+    canonical_json,
+    validate_key,
+)
+from idemctl.resources import read_resource
+from idemctl.stores.base import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    BaseStore,
+    Query,
+    check_forgettable,
+    decide_claim,
+    new_owner,
+    stats_of,
+    unlocked,
+)
+
+NAMES = {
+    "#k": "key", "#st": "status", "#fp": "fingerprint", "#ow": "owner", "#tok": "fencing_token",
+    "#att": "attempts", "#lease": "lease_expires_at", "#cr": "created_at", "#up": "updated_at",
+    "#done": "completed_at", "#exp": "expires_at", "#ttl": "ttl", "#res": "result",
+    "#err": "error", "#retr": "retriable", "#by": "done_by",
+}  # fmt: skip
+
+
+# Left after botocore's own retries: the store is there but cannot serve now.
+_TRANSIENT = (
+    "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
+    "InternalServerError", "ServiceUnavailable",
+)  # fmt: skip
+
+
+def _names(expression: str) -> dict[str, str]:
+    """The ExpressionAttributeNames an expression uses (DynamoDB refuses unused ones)."""
+    return {name: NAMES[name] for name in set(re.findall(r"#\w+", expression))}
+
+
+def _ms(at: float) -> int:
+    return round(at * 1000)
+
+
+def _dt(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _n(value: int) -> dict[str, str]:
+    return {"N": str(value)}
+
+
+def _s(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def _get(item: dict[str, Any], name: str) -> Any:
+    value = item.get(name)
+    if value is None:
+        return None
+    if "S" in value:
+        return value["S"]
+    if "N" in value:
+        return int(value["N"])
+    if "BOOL" in value:
+        return value["BOOL"]
+    return None
+
+
+def _record(item: dict[str, Any]) -> Record:
+    created = _dt(_get(item, "created_at"))
+    assert created is not None
+    result = _get(item, "result")
+    return Record(
+        key=_get(item, "key"),
+        status=Status(_get(item, "status")),
+        fingerprint=_get(item, "fingerprint"),
+        owner=_get(item, "owner"),
+        fencing_token=_get(item, "fencing_token") or 0,
+        attempts=_get(item, "attempts") or 0,
+        lease_expires_at=_dt(_get(item, "lease_expires_at")),
+        created_at=created,
+        updated_at=_dt(_get(item, "updated_at")) or created,
+        completed_at=_dt(_get(item, "completed_at")),
+        expires_at=_dt(_get(item, "expires_at")),
+        result=None if result is None else json.loads(result),
+        error=_get(item, "error"),
+        retriable=bool(_get(item, "retriable")),
+    )
+
+
+class DynamoDBStore(BaseStore):
+    scheme = "dynamodb"
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        url: str,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        retention: float = DEFAULT_RETENTION,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 10.0,
+        max_attempts: int = 4,
+    ) -> None:
+        super().__init__(url, lease=lease, retention=retention)
+        self.table = table
+        # Throttling and transient errors are retried by botocore's own standard mode; every
+        # request here is conditional, and a retried one is recognised (done_by, owner).
+        config = Config(
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        try:
+            self.client: Any = boto3.client(
+                "dynamodb", region_name=region, endpoint_url=endpoint_url, config=config
+            )
+        except BotoCoreError as exc:
+            raise ConfigError(f"DynamoDB store {self.url}: {exc}") from exc
+
+    @classmethod
+    def from_url(cls, url: str) -> DynamoDBStore:
+        from idemctl.urls import UrlOptions, redact_url
+
+        options = UrlOptions(url)
+        table = options.parts.netloc or options.parts.path.strip("/")
+        if not table:
+            raise ConfigError(
+                f"DynamoDB URL {redact_url(url)} names no table: dynamodb://TABLE?region=..."
+            )
+        attempts = options.text("max_attempts", "4") or "4"
+        if not attempts.isdigit() or int(attempts) < 1:
+            raise ConfigError(f"store URL option max_attempts={attempts!r}: use a whole number")
+        settings: dict[str, Any] = {
+            "region": options.text("region"),
+            "endpoint_url": options.text("endpoint_url"),
+            "lease": options.duration("lease", DEFAULT_LEASE),
+            "retention": options.duration("retention", DEFAULT_RETENTION),
+            "connect_timeout": options.duration("connect_timeout", 2.0),
+            "read_timeout": options.duration("read_timeout", 10.0),
+            "max_attempts": int(attempts),
+        }
+        options.finish()
+        return cls(table, url=url, **settings)
+
+    # Plumbing ----------------------------------------------------------------------------------
+
+    def _call(self, operation: str, **kwargs: Any) -> Any:
+        """One request; botocore's errors become idemctl's. A failed condition comes back
+        as the ClientError, for the caller to read the item it carries."""
+        try:
+            return getattr(self.client, operation)(TableName=self.table, **kwargs)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "ConditionalCheckFailedException":
+                raise
+            if code == "ResourceNotFoundException":
+                raise NotProvisioned(
+                    f"DynamoDB table {self.table!r} does not exist ({self.url}): run 'idemctl init'"
+                ) from exc
+            if code in (
+                "UnrecognizedClientException",
+                "InvalidSignatureException",
+                "AccessDeniedException",
+            ):
+                raise ConfigError(f"DynamoDB refused the credentials ({self.url}): {exc}") from exc
+            if code in _TRANSIENT:
+                raise StoreUnavailable(
+                    f"DynamoDB at {self.url} is throttling or failing: {exc}"
+                ) from exc
+            raise StoreError(f"DynamoDB at {self.url}: {exc}") from exc
+        except NoCredentialsError as exc:
+            raise ConfigError(f"no AWS credentials for {self.url}: {exc}") from exc
+        except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError) as exc:
+            raise StoreUnavailable(f"DynamoDB at {self.url} is unreachable: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"DynamoDB at {self.url}: {exc}") from exc
+
+    def _update(
+        self, key: str, update: str, condition: str, values: dict[str, Any], returns: str
+    ) -> dict[str, Any]:
+        """A conditional UpdateItem: the item as ``returns`` asks, or ClientError with ALL_OLD."""
+        expression = update + " " + condition
+        response = self._call(
+            "update_item",
+            Key={"key": _s(key)},
+            UpdateExpression=update,
+            ConditionExpression=condition,
+            ExpressionAttributeNames=_names(expression),
+            ExpressionAttributeValues=values,
+            ReturnValues=returns,
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+        return response.get("Attributes", {})  # type: ignore[no-any-return]
+
+    def _now(self) -> int:
+        return _ms(time.time())
+
+    # The protocol ------------------------------------------------------------------------------
+
+    def claim(
+        self, key: str, fingerprint: str | None = None, lease: float | None = None
+    ) -> ClaimOutcome:
+        validate_key(key)
+        now, owner = self._now(), new_owner()
+        lease_ms = _ms(self._lease(lease))
+        expires = now + lease_ms
+        values: dict[str, Any] = {
+            ":now": _n(now), ":inprog": _s("in_progress"), ":failed": _s("failed"),
+            ":true": {"BOOL": True}, ":owner": _s(owner), ":one": _n(1), ":zero": _n(0),
+            ":lease": _n(expires), ":ttl": _n((expires + _ms(self.default_retention)) // 1000),
+        }  # fmt: skip
+        sets = (
+            "SET #st = :inprog, #ow = :owner, #tok = if_not_exists(#tok, :zero) + :one, "
+            "#att = if_not_exists(#att, :zero) + :one, #lease = :lease, "
+            "#cr = if_not_exists(#cr, :now), #up = :now, #ttl = :ttl"
+        )
+        fp_check = ""
+        if fingerprint is not None:
+            values[":fp"] = _s(fingerprint)
+            sets += ", #fp = if_not_exists(#fp, :fp)"
+            fp_check = " AND (attribute_not_exists(#fp) OR #fp = :fp)"
+        update = sets + " REMOVE #exp, #done, #by"
+        # Absent; or within retention, with no other fingerprint, and either in progress
+        # with its lease ended (or released) or failed retriably.
+        condition = (
+            "attribute_not_exists(#k) OR ((attribute_not_exists(#exp) OR #exp > :now)"
+            f"{fp_check} AND ((#st = :inprog AND (attribute_not_exists(#ow) OR #lease <= :now))"
+            " OR (#st = :failed AND #retr = :true)))"
+        )
+        try:
+            old = self._update(key, update, condition, values, "ALL_OLD")
+        except ClientError as exc:
+            item = exc.response.get("Item")
+            if not item:  # gone between the condition and now: try once more
+                return self._renew(key, fingerprint, lease_ms, owner, None) or Busy(None)
+            record = _record(item)
+            if record.retention_over(_dt(now) or datetime.now(UTC)):
+                return self._renew(key, fingerprint, lease_ms, owner, record) or Busy(record)
+            outcome, _ = decide_claim(record, key, fingerprint, _dt(now) or datetime.now(UTC), 0.0)
+            return Busy(record) if isinstance(outcome, Acquired) else outcome
+        token = (_get(old, "fencing_token") or 0) + 1
+        attempts = (_get(old, "attempts") or 0) + 1
+        takeover = _get(old, "status") == "in_progress"
+        lease_at = _dt(expires)
+        assert lease_at is not None
+        return Acquired(key, owner, token, attempts, lease_at, takeover=takeover)
+
+    def _renew(
+        self, key: str, fingerprint: str | None, lease_ms: int, owner: str, old: Record | None
+    ) -> Acquired | None:
+        """A key past retention starts a new life: attempts 1, the fencing counter going on.
+        Conditional on the old item being what was read; None when somebody was faster."""
+        now = self._now()
+        expires = now + lease_ms
+        values: dict[str, Any] = {
+            ":now": _n(now), ":inprog": _s("in_progress"), ":owner": _s(owner), ":one": _n(1),
+            ":lease": _n(expires), ":ttl": _n((expires + _ms(self.default_retention)) // 1000),
+        }  # fmt: skip
+        token = 1 if old is None else old.fencing_token + 1
+        values[":tok"] = _n(token)
+        update = (
+            "SET #st = :inprog, #ow = :owner, #tok = :tok, #att = :one, #lease = :lease, "
+            "#cr = :now, #up = :now, #ttl = :ttl"
+        )
+        if fingerprint is not None:
+            values[":fp"] = _s(fingerprint)
+            update += ", #fp = :fp REMOVE #exp, #done, #by, #res, #err, #retr"
+        else:
+            update += " REMOVE #exp, #done, #by, #res, #err, #retr, #fp"
+        if old is None:
+            condition = "attribute_not_exists(#k)"
+        else:
+            values[":oldtok"] = _n(old.fencing_token)
+            condition = "#tok = :oldtok AND #exp <= :now"
+        try:
+            self._update(key, update, condition, values, "NONE")
+        except ClientError:
+            return None
+        lease_at = _dt(expires)
+        assert lease_at is not None
+        return Acquired(key, owner, token, 1, lease_at, takeover=False)
+
+    def _held(
+        self, key: str, owner: str, fencing_token: int, update: str, values: dict[str, Any],
+        retried: str | None = None,
+    ) -> Record:  # fmt: skip
+        """An update only the holder may make: LeaseLost otherwise. ``retried`` names the
+        status a repeat of this very request would have left (botocore retries requests)."""
+        values = {
+            **values,
+            ":owner": _s(owner),
+            ":tok": _n(fencing_token),
+            ":inprog": _s("in_progress"),
+        }
+        condition = "(#ow = :owner AND #tok = :tok AND #st = :inprog)"
+        if retried:
+            values[":again"] = _s(retried)
+            condition += " OR (#by = :owner AND #tok = :tok AND #st = :again)"
+        try:
+            return _record(self._update(key, update, condition, values, "ALL_NEW"))
+        except ClientError as exc:
+            item = exc.response.get("Item")
+            if not item:
+                raise LeaseLost(f"key {key!r} is gone: it was forgotten or purged") from None
+            record = _record(item)
+            raise LeaseLost(
+                f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
+                f"the key is now {record.status.value} with fencing token {record.fencing_token}",
+                record,
+            ) from None
+
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record:
+        now = self._now()
+        expires = now + _ms(self._retention(retention))
+        values = {
+            ":now": _n(now), ":exp": _n(expires), ":ttl": _n(expires // 1000),
+            ":done": _s("completed"), ":res": _s(canonical_json(result).decode()),
+            ":false": {"BOOL": False},
+        }  # fmt: skip
+        update = (
+            "SET #st = :done, #done = :now, #up = :now, #exp = :exp, #ttl = :ttl, #res = :res, "
+            "#retr = :false, #by = :owner REMOVE #ow, #lease, #err"
+        )
+        return self._held(key, owner, fencing_token, update, values, retried="completed")
+
+    def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        now = self._now()
+        expires = now + _ms(self._retention(retention))
+        values = {
+            ":now": _n(now), ":exp": _n(expires), ":ttl": _n(expires // 1000),
+            ":failed": _s("failed"), ":err": _s(error), ":retr": {"BOOL": retriable},
+        }  # fmt: skip
+        update = (
+            "SET #st = :failed, #up = :now, #exp = :exp, #ttl = :ttl, #err = :err, "
+            "#retr = :retr, #by = :owner REMOVE #ow, #lease"
+        )
+        return self._held(key, owner, fencing_token, update, values, retried="failed")
+
+    def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime:
+        now = self._now()
+        expires = now + _ms(self._lease(lease))
+        values = {
+            ":now": _n(now), ":lease": _n(expires),
+            ":ttl": _n((expires + _ms(self.default_retention)) // 1000),
+        }  # fmt: skip
+        record = self._held(
+            key, owner, fencing_token, "SET #lease = :lease, #up = :now, #ttl = :ttl", values
+        )
+        assert record.lease_expires_at is not None
+        return record.lease_expires_at
+
+    def release(self, key: str, owner: str, fencing_token: int) -> Record:
+        now = self._now()
+        values = {":now": _n(now)}
+        return self._held(
+            key, owner, fencing_token, "SET #lease = :now, #up = :now REMOVE #ow", values
+        )
+
+    # Admin --------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Record | None:
+        item = self._call("get_item", Key={"key": _s(key)}, ConsistentRead=True).get("Item")
+        if not item:
+            return None
+        record = _record(item)
+        return None if record.retention_over(datetime.now(UTC)) else record
+
+    def _scan(
+        self, start: dict[str, Any] | None = None
+    ) -> Iterator[tuple[list[Record], dict[str, Any] | None]]:
+        """Every item, a page at a time, with the key to continue from (None at the end)."""
+        while True:
+            kwargs: dict[str, Any] = {"ConsistentRead": True}
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            response = self._call("scan", **kwargs)
+            start = response.get("LastEvaluatedKey")
+            yield [_record(item) for item in response.get("Items", [])], start
+            if not start:
+                return
+
+    def scan(
+        self,
+        status: Status | None = None,
+        stale_only: bool = False,
+        prefix: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Pages follow DynamoDB's own: a page holds what one or more Scan pages matched,
+        at least ``limit`` unless the table ended."""
+        if stale_only and status not in (None, Status.IN_PROGRESS):
+            return Page([], None)
+        now = datetime.now(UTC)
+        query = Query(
+            status=Status.IN_PROGRESS if stale_only else status, prefix=prefix, live_at=now,
+            lease_expired_at=now if stale_only else None,
+        )  # fmt: skip
+        found: list[Record] = []
+        after: dict[str, Any] | None = None
+        for records, after in self._scan(json.loads(cursor) if cursor else None):  # noqa: B007
+            found += [r for r in records if query.matches(r)]
+            if len(found) >= limit:
+                break
+        return Page(sorted(found, key=lambda r: r.key), json.dumps(after) if after else None)
+
+    def _all(self, query: Query) -> list[Record]:
+        return [r for records, _ in self._scan() for r in records if query.matches(r)]
+
+    def stats(self) -> Stats:
+        return stats_of(self._all(Query()), datetime.now(UTC))
+
+    def _free(self, record: Record, lease_ended_by: int | None) -> bool:
+        """Take the lease from its owner, if that owner still holds it with that token and
+        (``lease_ended_by``, ms) its lease ended by then; False when anything changed."""
+        assert record.owner is not None
+        values = {
+            ":now": _n(self._now()), ":owner": _s(record.owner), ":tok": _n(record.fencing_token),
+        }  # fmt: skip
+        condition = "#ow = :owner AND #tok = :tok"
+        if lease_ended_by is not None:
+            values[":cut"] = _n(lease_ended_by)
+            condition += " AND #lease <= :cut"
+        try:
+            self._update(
+                record.key, "SET #lease = :now, #up = :now REMOVE #ow", condition, values, "NONE"
+            )
+        except ClientError:
+            return False
+        return True
+
+    def unlock(self, key: str, force: bool = False) -> Record:
+        record = self.get(key)
+        if record is None:
+            raise KeyNotFound(key)
+        now = datetime.now(UTC)
+        freed = unlocked(record, now, force)
+        if freed is not record and not self._free(record, None if force else _ms(now.timestamp())):
+            raise StoreError(f"key {key!r} changed while it was being unlocked; try again")
+        return freed
+
+    def unlock_stale(self, older_than: float = 0.0) -> list[str]:
+        cutoff = datetime.fromtimestamp(time.time() - older_than, UTC)
+        stale = self._all(Query(lease_expired_at=cutoff, owned=True))
+        return sorted(r.key for r in stale if self._free(r, _ms(cutoff.timestamp())))
+
+    def forget(self, key: str, force: bool = False) -> Record:
+        record = self.get(key)
+        if record is None:
+            raise KeyNotFound(key)
+        check_forgettable(record, force)
+        try:
+            self._call(
+                "delete_item", Key={"key": _s(key)}, ConditionExpression="#tok = :tok",
+                ExpressionAttributeNames={"#tok": "fencing_token"},
+                ExpressionAttributeValues={":tok": _n(record.fencing_token)},
+            )  # fmt: skip
+        except ClientError as exc:
+            raise StoreError(
+                f"key {key!r} changed while it was being forgotten; try again"
+            ) from exc
+        return record
+
+    def purge(self, older_than: float = 0.0) -> int:
+        cutoff = self._now() - _ms(older_than)
+        purged = 0
+        for record in self._all(Query(retention_over_at=_dt(cutoff))):
+            try:
+                self._call(
+                    "delete_item", Key={"key": _s(record.key)}, ConditionExpression="#exp <= :cut",
+                    ExpressionAttributeNames={"#exp": "expires_at"},
+                    ExpressionAttributeValues={":cut": _n(cutoff)},
+                )  # fmt: skip
+            except ClientError:
+                continue  # claimed again meanwhile
+            purged += 1
+        return purged
+
+    # Provisioning and health ---------------------------------------------------------------------
+
+    def spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = json.loads(read_resource("schemas", "dynamodb.json"))
+        return spec
+
+    def _ttl_enabled(self) -> bool:
+        response = self._call("describe_time_to_live")
+        description = response.get("TimeToLiveDescription", {})
+        return bool(
+            description.get("TimeToLiveStatus") in ("ENABLED", "ENABLING")
+            and description.get("AttributeName") == "ttl"
+        )
+
+    def _table_exists(self) -> bool:
+        try:
+            self._call("describe_table")
+        except NotProvisioned:
+            return False
+        return True
+
+    def provision(self, dry_run: bool = False) -> Provisioning:
+        spec = self.spec()
+        steps: list[str] = []
+        exists = self._table_exists()
+        if not exists:
+            steps.append(
+                f"CreateTable {json.dumps({'TableName': self.table, **spec['CreateTable']})}"
+            )
+            steps.append(f"wait until table {self.table} is ACTIVE")
+        if not exists or not self._ttl_enabled():
+            ttl = {"TableName": self.table, "TimeToLiveSpecification": spec["TimeToLive"]}
+            steps.append(f"UpdateTimeToLive {json.dumps(ttl)}")
+        if not steps:
+            return Provisioning(
+                [], changed=False, dry_run=dry_run, notes=[f"table {self.table} is ready"]
+            )
+        if not dry_run:
+            if not exists:
+                try:
+                    self._call("create_table", **spec["CreateTable"])
+                except StoreError as exc:
+                    if "ResourceInUseException" not in str(exc.__cause__ or exc):
+                        raise  # another process creating it at the same time is fine
+                try:
+                    self.client.get_waiter("table_exists").wait(
+                        TableName=self.table, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+                    )
+                except BotoCoreError as exc:
+                    raise StoreError(f"table {self.table} did not become ACTIVE: {exc}") from exc
+            if not self._ttl_enabled():
+                self._call("update_time_to_live", TimeToLiveSpecification=spec["TimeToLive"])
+        return Provisioning(steps, changed=not dry_run, dry_run=dry_run)
+
+    def check(self) -> list[Finding]:
+        started = time.perf_counter()
+        exists = self._table_exists()
+        latency = (time.perf_counter() - started) * 1000
+        findings = [
+            Finding("connection", True, f"table {self.table} at {self.url}, {latency:.1f} ms"),
+            Finding("table", exists, f"table {self.table} {'exists' if exists else 'is missing'}",
+                    None if exists else "run 'idemctl init'"),
+        ]  # fmt: skip
+        if exists:
+            ttl = self._ttl_enabled()
+            findings.append(
+                Finding("ttl", ttl, f"TTL on 'ttl' {'enabled' if ttl else 'disabled'}",
+                        None if ttl else "run 'idemctl init' (else expired items stay forever)")
+            )  # fmt: skip
+        findings.append(
+            Finding(
+                "clock",
+                True,
+                "DynamoDB has no clock to compare: leases use this machine's; keep NTP on",
+            )
+        )
+        return findings
+
+    def close(self) -> None:
+        self.client.close()
