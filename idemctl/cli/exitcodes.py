@@ -30,7 +30,10 @@ class ExitCode(IntEnum):
 MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
     ExitCode.UNEXPECTED: "unexpected error",
-    ExitCode.USAGE: "usage error or bad configuration (URL, scheme, missing driver, config file)",
+    ExitCode.USAGE: (
+        "usage error or bad configuration (URL, scheme, missing driver, config file, "
+        "refused credentials)"
+    ),
     ExitCode.STORE_UNREACHABLE: "store unreachable",
     ExitCode.NOT_PROVISIONED: "store not provisioned: run 'idemctl init'",
     ExitCode.KEY_NOT_FOUND: "key not found",

@@ -71,3 +71,14 @@ def test_readme_postgres_transactional_example_runs(
         rows = conn.execute("SELECT order_id, cents FROM charges").fetchall()
         conn.execute("DROP TABLE charges")
     assert rows == [("o-1001", 2500)]  # the handler's effect, once, though it was called twice
+
+
+def test_readme_exit_code_table_is_the_code_table() -> None:
+    from idemctl.cli.exitcodes import MEANINGS
+
+    readme = (REPO / "README.md").read_text()
+    rows = dict(re.findall(r"^\| (\d+) \| (.*) \|$", readme, re.M))
+    assert {
+        int(code): text.replace("`", "'").replace("'--force'", "--force")
+        for code, text in rows.items()
+    } == {int(code): meaning for code, meaning in MEANINGS.items()}
