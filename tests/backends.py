@@ -99,6 +99,28 @@ def _postgres(request: pytest.FixtureRequest) -> Backend:
     return Backend("postgres", url, open_provisioned, provision)
 
 
+def unique_table() -> str:
+    """A DynamoDB table of its own for one test (tests share one moto server)."""
+    return f"t-{uuid.uuid4().hex}"
+
+
+def _dynamodb(request: pytest.FixtureRequest) -> Backend:
+    """The DynamoDB store on the session's moto server, in a table of the test's own."""
+    server = request.getfixturevalue("moto_server")
+    url = server.url(unique_table())
+
+    def open_provisioned() -> Store:
+        store = open_store(url)
+        store.provision()
+        return store
+
+    def provision() -> None:
+        # Before any worker process opens the URL (the race test opens it only there).
+        open_provisioned().close()
+
+    return Backend("dynamodb", url, open_provisioned, provision)
+
+
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     "memory": _memory,
     "sqlite": _sqlite,
@@ -106,4 +128,5 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     "redis-cluster": _redis_cluster,
     "fakeredis": _fakeredis,
     "postgres": _postgres,
+    "dynamodb": _dynamodb,
 }

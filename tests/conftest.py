@@ -7,12 +7,21 @@ import os
 import pytest
 
 # Session fixtures that start real servers (tests/servers.py), shared by every test folder.
+from tests.fixtures_dynamodb import aws_credentials, moto_server
 from tests.fixtures_postgres import postgres_server
 from tests.fixtures_redis import redis_cluster, redis_server
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
-__all__ = ["IN_CI", "need", "postgres_server", "redis_cluster", "redis_server"]
+__all__ = [
+    "IN_CI",
+    "aws_credentials",
+    "moto_server",
+    "need",
+    "postgres_server",
+    "redis_cluster",
+    "redis_server",
+]
 
 
 def need(condition: bool, reason: str) -> None:

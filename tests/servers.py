@@ -1,5 +1,6 @@
-"""Real servers for tests (redis-server, PostgreSQL): on 127.0.0.1 only, on free ports,
-with their data in a temp dir, and each stopped by its own PID (never by name).
+"""Real servers for tests (redis-server, PostgreSQL, moto's DynamoDB server): on 127.0.0.1
+only, on free ports, with their data in a temp dir, and each stopped by its own PID (never
+by name).
 
     server = RedisServer(tmp_path, "--maxmemory-policy", "allkeys-lru").start()
     try:
@@ -17,15 +18,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import http.client
+import importlib.util
 import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote, urlencode
@@ -36,7 +41,7 @@ START_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
 MISSING = "redis-server is not installed (scripts/install-servers installs it)"
 
-_live: dict[int, RedisServer | PostgresServer] = {}
+_live: dict[int, RedisServer | PostgresServer | MotoServer] = {}
 """Servers started and not yet stopped, by PID: stopped at exit if a test forgot one."""
 _live_lock = threading.Lock()
 
@@ -708,6 +713,247 @@ class PostgresServer:
 
     def __repr__(self) -> str:
         return f"PostgresServer(port={self.port}, pid={self.pid}, running={self.running})"
+
+
+# DynamoDB: moto's server ---------------------------------------------------------------------
+
+MOTO_MISSING = "moto server is not installed (pip install -e '.[dev]')"
+MOTO_REGION = "us-east-1"
+FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": MOTO_REGION,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+"""Credentials boto3 needs to sign requests (the moto server accepts any); and never a look
+at the EC2 metadata endpoint, off loopback, for others."""
+AWS_ENV_CLEARED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+"""Set outside the tests, these would make boto3 look for a profile or send a real token."""
+
+
+def moto_available() -> bool:
+    """moto with the parts its server needs (flask, flask-cors: not in moto[dynamodb])."""
+    return all(importlib.util.find_spec(m) is not None for m in ("moto", "flask", "flask_cors"))
+
+
+@contextlib.contextmanager
+def fake_aws_env() -> Iterator[None]:
+    """Fake AWS credentials in ``os.environ`` (so processes spawned meanwhile inherit them),
+    restored afterwards."""
+    saved = {k: os.environ.get(k) for k in (*FAKE_AWS_ENV, *AWS_ENV_CLEARED)}
+    os.environ.update(FAKE_AWS_ENV)
+    for k in AWS_ENV_CLEARED:
+        os.environ.pop(k, None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def http_answers(port: int, timeout: float = 1.0) -> bool:
+    """True when something on ``port`` answers an HTTP GET (any status)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("GET", "/")
+        conn.getresponse().read()
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+    return True
+
+
+_MOTO_ONE_AT_A_TIME = (
+    "import sys, moto.server as s, werkzeug.serving as w; "
+    "s.run_simple = lambda *a, **k: w.run_simple(*a, **{**k, 'threaded': False}); "
+    "s.main(sys.argv[1:])"
+)
+"""moto's own ``main`` (same options), with werkzeug serving one request at a time."""
+
+
+class MotoServer:
+    """One moto server process (moto's DynamoDB and friends over HTTP, in memory), our
+    child on 127.0.0.1:``port``. Its state lives in memory only: a restart or ``reset()``
+    starts empty.
+
+    ``python -m moto.server`` serves each request in a thread of its own, and moto's
+    UpdateItem is check-then-act without a lock: two conditional writes to one item at once
+    can both pass their condition, or one can see the other's half-made item (just its key).
+    DynamoDB makes each item write atomic, and the stores rely on that. So by default
+    (``one_at_a_time=True``) the server runs moto's own ``main`` with werkzeug's
+    ``threaded`` off: requests are served in turn, each one atomic, as on DynamoDB.
+    """
+
+    def __init__(
+        self, directory: Path | str, port: int | None = None, *, one_at_a_time: bool = True
+    ) -> None:
+        from tests.conftest import need
+
+        need(moto_available(), MOTO_MISSING)
+        self.one_at_a_time = one_at_a_time
+        self.port = port if port is not None else free_port()
+        self.dir = Path(directory) / f"moto-{self.port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = self.dir / "moto.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # Life cycle ---------------------------------------------------------------------------
+
+    def command_line(self) -> list[str]:
+        run = ["-c", _MOTO_ONE_AT_A_TIME] if self.one_at_a_time else ["-m", "moto.server"]
+        return [sys.executable, *run, "-H", HOST, "-p", str(self.port)]
+
+    def start(self, timeout: float = START_TIMEOUT) -> Self:
+        if self.running:
+            raise RuntimeError(f"moto server on port {self.port} is already running")
+        in_main = threading.current_thread() is threading.main_thread()
+        env = {k: v for k, v in os.environ.items() if k not in AWS_ENV_CLEARED}
+        env.update(FAKE_AWS_ENV)
+        env.pop("MOTO_PORT", None)  # moto would take it as its own port for some services
+        with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                self.command_line(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                preexec_fn=_die_with_parent if in_main else None,  # noqa: PLW1509
+            )
+        with _live_lock:
+            _live[self.proc.pid] = self
+        deadline = time.monotonic() + timeout
+        while not http_answers(self.port):
+            if self.proc.poll() is not None:
+                self._forget()
+                raise RuntimeError(
+                    f"moto server on port {self.port} exited with {self.proc.returncode}:\n"
+                    + self.log_tail()
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"moto server on port {self.port} not ready after {timeout}s:\n"
+                    + self.log_tail()
+                )
+            time.sleep(0.02)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM, then SIGKILL if it has not exited after ``timeout``; by PID, reaped."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused server could not act on SIGTERM
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL by PID."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._forget()
+
+    def pause(self) -> None:
+        """SIGSTOP by PID: connections are accepted (by the kernel) but never answered."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT by PID."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def restart(self, timeout: float = START_TIMEOUT) -> Self:
+        """Stop if running, then start again on the same port (empty: moto keeps nothing)."""
+        self.stop()
+        deadline = time.monotonic() + timeout
+        while not _bindable(self.port):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {self.port} still in use after the server stopped")
+            time.sleep(0.05)
+        return self.start(timeout)
+
+    def _forget(self) -> None:
+        if self.proc is not None:
+            with _live_lock:
+                _live.pop(self.proc.pid, None)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Self:
+        return self.start() if not self.running else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # Talking to it ------------------------------------------------------------------------
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def url(self, table: str, **options: str | float) -> str:
+        """``dynamodb://TABLE?region=us-east-1&endpoint_url=http://127.0.0.1:PORT&option=...``."""
+        query = {"region": MOTO_REGION, "endpoint_url": self.endpoint_url}
+        query.update({k: str(v) for k, v in options.items()})
+        return f"dynamodb://{quote(table, safe='')}?" + urlencode(query, safe=":/", quote_via=quote)
+
+    def reset(self, timeout: float = 10.0) -> None:
+        """Wipe every table (``POST /moto-api/reset``)."""
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        try:
+            conn.request("POST", "/moto-api/reset")
+            response = conn.getresponse()
+            body = response.read()
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise RuntimeError(f"moto reset answered {response.status}: {body[:200]!r}")
+
+    def client(self, **kwargs: Any) -> Any:
+        """A boto3 DynamoDB client on this server, with fake credentials (boto3 is imported
+        only here)."""
+        import boto3
+        from botocore.config import Config
+
+        kwargs.setdefault(
+            "config", Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 2})
+        )
+        return boto3.client(
+            "dynamodb",
+            endpoint_url=self.endpoint_url,
+            region_name=MOTO_REGION,
+            aws_access_key_id=FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=FAKE_AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"MotoServer(port={self.port}, pid={self.pid}, running={self.running})"
 
 
 _homes: set[Path] = set()

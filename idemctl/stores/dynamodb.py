@@ -24,11 +24,10 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
+    HTTPClientError,
     NoCredentialsError,
-    ReadTimeoutError,
 )
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from idemctl.errors import (
     ConfigError,
@@ -116,7 +115,8 @@ def _get(item: dict[str, Any], name: str) -> Any:
 
 def _record(item: dict[str, Any]) -> Record:
     created = _dt(_get(item, "created_at"))
-    assert created is not None
+    if created is None or _get(item, "status") not in {s.value for s in Status}:
+        raise StoreError(f"DynamoDB item {_get(item, 'key')!r} is not an idemctl record")
     result = _get(item, "result")
     return Record(
         key=_get(item, "key"),
@@ -149,8 +149,8 @@ class DynamoDBStore(BaseStore):
         lease: float = DEFAULT_LEASE,
         retention: float = DEFAULT_RETENTION,
         connect_timeout: float = 2.0,
-        read_timeout: float = 10.0,
-        max_attempts: int = 4,
+        read_timeout: float = 5.0,
+        max_attempts: int = 3,
     ) -> None:
         super().__init__(url, lease=lease, retention=retention)
         self.table = table
@@ -178,7 +178,7 @@ class DynamoDBStore(BaseStore):
             raise ConfigError(
                 f"DynamoDB URL {redact_url(url)} names no table: dynamodb://TABLE?region=..."
             )
-        attempts = options.text("max_attempts", "4") or "4"
+        attempts = options.text("max_attempts", "3") or "3"
         if not attempts.isdigit() or int(attempts) < 1:
             raise ConfigError(f"store URL option max_attempts={attempts!r}: use a whole number")
         settings: dict[str, Any] = {
@@ -187,7 +187,7 @@ class DynamoDBStore(BaseStore):
             "lease": options.duration("lease", DEFAULT_LEASE),
             "retention": options.duration("retention", DEFAULT_RETENTION),
             "connect_timeout": options.duration("connect_timeout", 2.0),
-            "read_timeout": options.duration("read_timeout", 10.0),
+            "read_timeout": options.duration("read_timeout", 5.0),
             "max_attempts": int(attempts),
         }
         options.finish()
@@ -221,7 +221,8 @@ class DynamoDBStore(BaseStore):
             raise StoreError(f"DynamoDB at {self.url}: {exc}") from exc
         except NoCredentialsError as exc:
             raise ConfigError(f"no AWS credentials for {self.url}: {exc}") from exc
-        except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError) as exc:
+        # Refused, timed out, or hung up: nothing was decided, so fail closed.
+        except (BotoConnectionError, HTTPClientError) as exc:
             raise StoreUnavailable(f"DynamoDB at {self.url} is unreachable: {exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"DynamoDB at {self.url}: {exc}") from exc
@@ -285,6 +286,17 @@ class DynamoDBStore(BaseStore):
             if not item:  # gone between the condition and now: try once more
                 return self._renew(key, fingerprint, lease_ms, owner, None) or Busy(None)
             record = _record(item)
+            if record.owner == owner and record.lease_expires_at is not None:
+                # This very claim, sent again by botocore after its answer was lost. Whether
+                # it took over is not on the item: say so when an attempt came before it.
+                return Acquired(
+                    key,
+                    owner,
+                    record.fencing_token,
+                    record.attempts,
+                    record.lease_expires_at,
+                    takeover=record.attempts > 1,
+                )
             if record.retention_over(_dt(now) or datetime.now(UTC)):
                 return self._renew(key, fingerprint, lease_ms, owner, record) or Busy(record)
             outcome, _ = decide_claim(record, key, fingerprint, _dt(now) or datetime.now(UTC), 0.0)
@@ -420,9 +432,8 @@ class DynamoDBStore(BaseStore):
     def release(self, key: str, owner: str, fencing_token: int) -> Record:
         now = self._now()
         values = {":now": _n(now)}
-        return self._held(
-            key, owner, fencing_token, "SET #lease = :now, #up = :now REMOVE #ow", values
-        )
+        update = "SET #lease = :now, #up = :now, #by = :owner REMOVE #ow"
+        return self._held(key, owner, fencing_token, update, values, retried="in_progress")
 
     # Admin --------------------------------------------------------------------------------------
 
@@ -455,8 +466,7 @@ class DynamoDBStore(BaseStore):
         limit: int = 100,
         cursor: str | None = None,
     ) -> Page:
-        """Pages follow DynamoDB's own: a page holds what one or more Scan pages matched,
-        at least ``limit`` unless the table ended."""
+        """Records in DynamoDB's scan order (not by key), at most ``limit`` a page."""
         if stale_only and status not in (None, Status.IN_PROGRESS):
             return Page([], None)
         now = datetime.now(UTC)
@@ -465,12 +475,16 @@ class DynamoDBStore(BaseStore):
             lease_expired_at=now if stale_only else None,
         )  # fmt: skip
         found: list[Record] = []
-        after: dict[str, Any] | None = None
-        for records, after in self._scan(json.loads(cursor) if cursor else None):  # noqa: B007
-            found += [r for r in records if query.matches(r)]
-            if len(found) >= limit:
+        for records, after in self._scan(json.loads(cursor) if cursor else None):
+            for record in records:
+                if query.matches(record):
+                    found.append(record)
+                    if len(found) == limit:
+                        # DynamoDB resumes a Scan after any item's key: go on after this one.
+                        return Page(found, json.dumps({"key": _s(record.key)}))
+            if after is None:
                 break
-        return Page(sorted(found, key=lambda r: r.key), json.dumps(after) if after else None)
+        return Page(found, None)
 
     def _all(self, query: Query) -> list[Record]:
         return [r for records, _ in self._scan() for r in records if query.matches(r)]
