@@ -135,7 +135,147 @@ def _readline(s: socket.socket) -> bytes:
     return buf
 
 
-class RedisServer:
+class ServerProcess:
+    """A server run as our child, by PID: started, waited for, stopped, killed, paused.
+    Subclasses give its command line and say when it is ready."""
+
+    name = "server"
+    stop_signal = signal.SIGTERM
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port = port
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command_line(self, die_with_parent: bool = False) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def _before_start(self) -> None:
+        """Runs before each start (PostgreSQL's initdb)."""
+
+    def _env(self) -> dict[str, str] | None:
+        return None
+
+    def _before_signal(self) -> None:
+        """Runs before the server is stopped or killed."""
+
+    def _after_exit(self, timeout: float) -> None:
+        """Runs once the server's own process has exited (PostgreSQL's backends)."""
+
+    def start(self, timeout: float = START_TIMEOUT) -> Self:
+        if self.running:
+            raise RuntimeError(f"{self.name} on port {self.port} is already running")
+        self._before_start()
+        in_main = threading.current_thread() is threading.main_thread()
+        with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                self.command_line(die_with_parent=in_main),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self._env(),
+                preexec_fn=_die_with_parent if in_main else None,  # noqa: PLW1509
+            )
+        with _live_lock:
+            _live[self.proc.pid] = self
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if self.proc.poll() is not None:
+                self._forget()
+                raise RuntimeError(
+                    f"{self.name} on port {self.port} exited with {self.proc.returncode}:\n"
+                    + self.log_tail()
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"{self.name} on port {self.port} not ready after {timeout}s:\n"
+                    + self.log_tail()
+                )
+            time.sleep(0.01)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """``stop_signal``, then SIGKILL if it has not exited after ``timeout``; by PID, reaped."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._before_signal()
+            self.proc.send_signal(signal.SIGCONT)  # a paused server could not act on it
+            self.proc.send_signal(self.stop_signal)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self._after_exit(timeout)
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL by PID: a crash, nothing flushed."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._before_signal()
+            self.proc.kill()
+            self.proc.wait()
+            self._after_exit(STOP_TIMEOUT)
+        self._forget()
+
+    def pause(self) -> None:
+        """SIGSTOP by PID: the server still accepts connections (the kernel does) but
+        answers nothing, like a frozen host. ``resume()`` or ``stop()`` undo it."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT by PID."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def restart(self, timeout: float = START_TIMEOUT) -> Self:
+        """Stop if running, then start again on the same port with the same options."""
+        self.stop()
+        deadline = time.monotonic() + timeout
+        while not _bindable(self.port):  # a killed server's port may take a moment to free
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {self.port} still in use after the server stopped")
+            time.sleep(0.05)
+        return self.start(timeout)
+
+    def _forget(self) -> None:
+        if self.proc is not None:
+            with _live_lock:
+                _live.pop(self.proc.pid, None)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Self:
+        return self.start() if not self.running else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(port={self.port}, pid={self.pid}, running={self.running})"
+
+
+class RedisServer(ServerProcess):
     """One redis-server process. ``args`` are extra command-line options; unless they say
     otherwise it runs with ``--save '' --appendonly no`` (no persistence)."""
 
@@ -148,18 +288,22 @@ class RedisServer:
         cluster: bool = False,
     ) -> None:
         self.server_bin, self.cli_bin = redis_binaries()
-        self.port = port if port is not None else free_port(cluster=cluster)
-        self.dir = Path(directory) / f"redis-{self.port}"
+        port = port if port is not None else free_port(cluster=cluster)
+        self.dir = Path(directory) / f"redis-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(port, self.dir / "redis.log")
         self.password = password
         self.cluster = cluster
         self.args = args
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = self.dir / "redis.log"
 
     # Life cycle ---------------------------------------------------------------------------
 
-    def command_line(self) -> list[str]:
+    name = "redis-server"
+
+    def ready(self) -> bool:
+        return ping(self.port, self.password)
+
+    def command_line(self, die_with_parent: bool = False) -> list[str]:
         cmd = [
             self.server_bin,
             "--bind",
@@ -188,105 +332,6 @@ class RedisServer:
             ]
         return cmd + list(self.args)
 
-    def start(self, timeout: float = START_TIMEOUT) -> Self:
-        if self.running:
-            raise RuntimeError(f"redis-server on port {self.port} is already running")
-        in_main = threading.current_thread() is threading.main_thread()
-        self.proc = subprocess.Popen(
-            self.command_line(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if in_main else None,  # noqa: PLW1509
-        )
-        with _live_lock:
-            _live[self.proc.pid] = self
-        deadline = time.monotonic() + timeout
-        while not ping(self.port, self.password):
-            if self.proc.poll() is not None:
-                self._forget()
-                raise RuntimeError(
-                    f"redis-server on port {self.port} exited with {self.proc.returncode}:\n"
-                    + self.log_tail()
-                )
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(
-                    f"redis-server on port {self.port} not ready after {timeout}s:\n"
-                    + self.log_tail()
-                )
-            time.sleep(0.01)
-        return self
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM, then SIGKILL if it has not exited after ``timeout``; by PID, reaped."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a paused server could not act on SIGTERM
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._forget()
-
-    def kill(self) -> None:
-        """SIGKILL by PID: a crash, nothing flushed."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._forget()
-
-    def pause(self) -> None:
-        """SIGSTOP by PID: the server still accepts connections (the kernel does) but
-        answers nothing, like a frozen host. ``resume()`` or ``stop()`` undo it."""
-        assert self.proc is not None and self.proc.poll() is None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT by PID."""
-        assert self.proc is not None and self.proc.poll() is None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def restart(self, timeout: float = START_TIMEOUT) -> Self:
-        """Stop if running, then start again on the same port with the same options and dir."""
-        self.stop()
-        deadline = time.monotonic() + timeout
-        while not _bindable(self.port):  # a killed server's port may take a moment to free
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"port {self.port} still in use after the server stopped")
-            time.sleep(0.05)
-        return self.start(timeout)
-
-    def _forget(self) -> None:
-        if self.proc is not None:
-            with _live_lock:
-                _live.pop(self.proc.pid, None)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> Self:
-        return self.start() if not self.running else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     # Talking to it ------------------------------------------------------------------------
 
     def url(self, path: str = "/0", query: str = "") -> str:
@@ -313,9 +358,6 @@ class RedisServer:
         if done.returncode != 0:
             raise RuntimeError(f"redis-cli {' '.join(args)} failed: {done.stderr}{done.stdout}")
         return done.stdout
-
-    def __repr__(self) -> str:
-        return f"RedisServer(port={self.port}, pid={self.pid}, running={self.running})"
 
 
 class RedisCluster:
@@ -459,7 +501,7 @@ def _children_of(pid: int) -> list[int]:
     return kids
 
 
-class PostgresServer:
+class PostgresServer(ServerProcess):
     """One throwaway PostgreSQL cluster: ``initdb`` once, then ``postgres`` in the
     foreground as our child, listening on 127.0.0.1:``port`` only (its Unix socket in its
     own directory), fsync off (tests only).
@@ -472,10 +514,10 @@ class PostgresServer:
 
     def __init__(self, directory: Path | str, *args: str, port: int | None = None) -> None:
         self.bins = postgres_binaries()
-        self.port = port if port is not None else free_port()
-        self.dir = Path(directory) / f"postgres-{self.port}"
+        port = port if port is not None else free_port()
+        self.dir = Path(directory) / f"postgres-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.log = self.dir / "postgres.log"
+        super().__init__(port, self.dir / "postgres.log")
         self.args = args
         self.as_root = _as_root()
         if self.as_root:
@@ -485,7 +527,6 @@ class PostgresServer:
         else:
             self.home = self.dir
         self.data = self.home / "data"
-        self.proc: subprocess.Popen[bytes] | None = None
         self.backends: list[int] = []
         """The postmaster's children when it was last stopped or killed."""
 
@@ -548,37 +589,12 @@ class PostgresServer:
             die_with_parent=die_with_parent,
         )
 
-    def start(self, timeout: float = START_TIMEOUT) -> Self:
-        if self.running:
-            raise RuntimeError(f"postgres on port {self.port} is already running")
+    name = "postgres"
+    stop_signal = signal.SIGINT  # fast shutdown: roll back, disconnect, checkpoint
+
+    def _before_start(self) -> None:
         if not (self.data / "PG_VERSION").exists():
             self.initdb()
-        in_main = threading.current_thread() is threading.main_thread()
-        with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(
-                self.command_line(die_with_parent=in_main),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                preexec_fn=_die_with_parent if in_main else None,  # noqa: PLW1509
-            )
-        with _live_lock:
-            _live[self.proc.pid] = self
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.proc.poll() is not None:
-                self._forget()
-                raise RuntimeError(
-                    f"postgres on port {self.port} exited with {self.proc.returncode}:\n"
-                    + self.log_tail()
-                )
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(
-                    f"postgres on port {self.port} not ready after {timeout}s:\n" + self.log_tail()
-                )
-            time.sleep(0.02)
-        return self
 
     def ready(self) -> bool:
         """True when ``pg_isready`` says the server accepts connections."""
@@ -594,43 +610,12 @@ class PostgresServer:
             return False
         return done.returncode == 0
 
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
+    def _before_signal(self) -> None:
+        self.backends = _children_of(self.pid) if self.pid is not None else []
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGINT (fast shutdown: roll back open transactions, disconnect, checkpoint),
-        then SIGKILL if it has not exited after ``timeout``; by PID, reaped. Returns once
-        every backend of the server has exited too."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.backends = _children_of(self.proc.pid)
-            self.proc.send_signal(signal.SIGCONT)  # a paused server could not act on SIGINT
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self._wait_backends(timeout)
-        self._forget()
-
-    def kill(self) -> None:
-        """SIGKILL to the postmaster by PID: a crash, nothing checkpointed. Its backends
-        notice that their postmaster died and exit; this returns when they have."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.backends = _children_of(self.proc.pid)
-            self.proc.kill()
-            self.proc.wait()
-            self._wait_backends(STOP_TIMEOUT)
-        self._forget()
+    def _after_exit(self, timeout: float) -> None:
+        """The backends notice that their postmaster died and exit; wait until they have."""
+        self._wait_backends(timeout)
 
     def _wait_backends(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -642,46 +627,12 @@ class PostgresServer:
                 deadline = time.monotonic() + timeout
             time.sleep(0.01)
 
-    def pause(self) -> None:
-        """SIGSTOP to the postmaster by PID (its existing backends keep running)."""
-        assert self.proc is not None and self.proc.poll() is None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None and self.proc.poll() is None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def restart(self, timeout: float = START_TIMEOUT) -> Self:
-        """Stop if running, then start again on the same port with the same data dir (after
-        a kill, the server runs crash recovery first)."""
-        self.stop()
-        deadline = time.monotonic() + timeout
-        while not _bindable(self.port):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"port {self.port} still in use after the server stopped")
-            time.sleep(0.05)
-        return self.start(timeout)
-
     def remove(self) -> None:
         """Stop, and delete the cluster's files when they live outside ``directory``."""
         self.stop()
         if self.as_root:
             shutil.rmtree(self.home, ignore_errors=True)
             _homes.discard(self.home)
-
-    def _forget(self) -> None:
-        if self.proc is not None:
-            with _live_lock:
-                _live.pop(self.proc.pid, None)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> Self:
-        return self.start() if not self.running else self
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
@@ -710,9 +661,6 @@ class PostgresServer:
         import psycopg
 
         return psycopg.connect(self.dsn(db), autocommit=autocommit, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"PostgresServer(port={self.port}, pid={self.pid}, running={self.running})"
 
 
 # DynamoDB: moto's server ---------------------------------------------------------------------
@@ -775,7 +723,7 @@ _MOTO_ONE_AT_A_TIME = (
 """moto's own ``main`` (same options), with werkzeug serving one request at a time."""
 
 
-class MotoServer:
+class MotoServer(ServerProcess):
     """One moto server process (moto's DynamoDB and friends over HTTP, in memory), our
     child on 127.0.0.1:``port``. Its state lives in memory only: a restart or ``reset()``
     starts empty.
@@ -795,120 +743,27 @@ class MotoServer:
 
         need(moto_available(), MOTO_MISSING)
         self.one_at_a_time = one_at_a_time
-        self.port = port if port is not None else free_port()
-        self.dir = Path(directory) / f"moto-{self.port}"
+        port = port if port is not None else free_port()
+        self.dir = Path(directory) / f"moto-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.log = self.dir / "moto.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(port, self.dir / "moto.log")
 
     # Life cycle ---------------------------------------------------------------------------
 
-    def command_line(self) -> list[str]:
-        run = ["-c", _MOTO_ONE_AT_A_TIME] if self.one_at_a_time else ["-m", "moto.server"]
-        return [sys.executable, *run, "-H", HOST, "-p", str(self.port)]
+    name = "moto server"
 
-    def start(self, timeout: float = START_TIMEOUT) -> Self:
-        if self.running:
-            raise RuntimeError(f"moto server on port {self.port} is already running")
-        in_main = threading.current_thread() is threading.main_thread()
+    def ready(self) -> bool:
+        return http_answers(self.port)
+
+    def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in AWS_ENV_CLEARED}
         env.update(FAKE_AWS_ENV)
         env.pop("MOTO_PORT", None)  # moto would take it as its own port for some services
-        with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(
-                self.command_line(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=env,
-                preexec_fn=_die_with_parent if in_main else None,  # noqa: PLW1509
-            )
-        with _live_lock:
-            _live[self.proc.pid] = self
-        deadline = time.monotonic() + timeout
-        while not http_answers(self.port):
-            if self.proc.poll() is not None:
-                self._forget()
-                raise RuntimeError(
-                    f"moto server on port {self.port} exited with {self.proc.returncode}:\n"
-                    + self.log_tail()
-                )
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(
-                    f"moto server on port {self.port} not ready after {timeout}s:\n"
-                    + self.log_tail()
-                )
-            time.sleep(0.02)
-        return self
+        return env
 
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM, then SIGKILL if it has not exited after ``timeout``; by PID, reaped."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a paused server could not act on SIGTERM
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._forget()
-
-    def kill(self) -> None:
-        """SIGKILL by PID."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._forget()
-
-    def pause(self) -> None:
-        """SIGSTOP by PID: connections are accepted (by the kernel) but never answered."""
-        assert self.proc is not None and self.proc.poll() is None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT by PID."""
-        assert self.proc is not None and self.proc.poll() is None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def restart(self, timeout: float = START_TIMEOUT) -> Self:
-        """Stop if running, then start again on the same port (empty: moto keeps nothing)."""
-        self.stop()
-        deadline = time.monotonic() + timeout
-        while not _bindable(self.port):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"port {self.port} still in use after the server stopped")
-            time.sleep(0.05)
-        return self.start(timeout)
-
-    def _forget(self) -> None:
-        if self.proc is not None:
-            with _live_lock:
-                _live.pop(self.proc.pid, None)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> Self:
-        return self.start() if not self.running else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def command_line(self, die_with_parent: bool = False) -> list[str]:
+        run = ["-c", _MOTO_ONE_AT_A_TIME] if self.one_at_a_time else ["-m", "moto.server"]
+        return [sys.executable, *run, "-H", HOST, "-p", str(self.port)]
 
     # Talking to it ------------------------------------------------------------------------
 
@@ -951,9 +806,6 @@ class MotoServer:
             aws_secret_access_key=FAKE_AWS_ENV["AWS_SECRET_ACCESS_KEY"],
             **kwargs,
         )
-
-    def __repr__(self) -> str:
-        return f"MotoServer(port={self.port}, pid={self.pid}, running={self.running})"
 
 
 _homes: set[Path] = set()
