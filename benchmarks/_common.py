@@ -5,6 +5,7 @@ store: starting the server, the contenders, counting round trips, the main table
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import itertools
@@ -328,3 +329,32 @@ def print_ratios(console: Any, rows: list[dict[str, Any]], title: str) -> None:
             verdict = "[green]met[/]" if row["met"] else "[bold red]NOT met[/]"
         ratio_table.add_row(row["ratio"], f"{row['value']:.2f}x", target, verdict)
     console.print(ratio_table)
+
+
+def benchmark_parser(description: str, contenders: Sequence[str]) -> argparse.ArgumentParser:
+    """The options every benchmark takes; each adds its own server options."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each run")
+    parser.add_argument("--batch", type=int, default=100, help="messages per claim_many")
+    parser.add_argument("--reps", type=int, default=3, help="runs per contender; best is kept")
+    parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per path")
+    parser.add_argument(
+        "--only",
+        default=",".join(contenders),
+        help=f"comma-separated subset of {','.join(contenders)}",
+    )
+    parser.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+    return parser
+
+
+def chosen_contenders(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, contenders: Sequence[str]
+) -> tuple[str, ...]:
+    """Check the shared options; the contenders --only names, in the benchmark's order."""
+    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
+    unknown = sorted(set(only) - set(contenders))
+    if unknown or not only:
+        parser.error(f"--only takes names from {', '.join(contenders)}, got {args.only!r}")
+    if args.seconds <= 0 or args.batch < 1 or args.reps < 1 or args.warmup < 0:
+        parser.error("--seconds, --batch and --reps must be positive, --warmup not negative")
+    return tuple(name for name in contenders if name in only)

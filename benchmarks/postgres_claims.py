@@ -11,7 +11,6 @@ benchmarks/README.md for what each contender does and how statements are counted
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import itertools
@@ -45,6 +44,8 @@ from _common import (
     MissingPart,
     Phase,
     Ratio,
+    benchmark_parser,
+    chosen_contenders,
     die_with_parent,
     free_port,
     measure,
@@ -593,14 +594,11 @@ def report(data: dict[str, Any]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
-    parser = argparse.ArgumentParser(
-        description="Messages per second for idempotent claim + complete on PostgreSQL: "
-        "idemctl against raw psycopg."
+    parser = benchmark_parser(
+        "Messages per second for idempotent claim + complete on PostgreSQL: "
+        "idemctl against raw psycopg.",
+        CONTENDERS,
     )
-    parser.add_argument("--seconds", type=float, default=3.0, help="length of each run")
-    parser.add_argument("--batch", type=int, default=100, help="messages per claim_many")
-    parser.add_argument("--reps", type=int, default=3, help="runs per contender; best is kept")
-    parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per path")
     parser.add_argument(
         "--postgres-url",
         help="use this server instead of starting one (its schemas are dropped at the end)",
@@ -610,22 +608,10 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         choices=("on", "off"),
         help="fsync of the server this benchmark starts (default on)",
     )
-    parser.add_argument(
-        "--only",
-        default=",".join(CONTENDERS),
-        help=f"comma-separated subset of {','.join(CONTENDERS)}",
-    )
-    parser.add_argument("--json", action="store_true", help="also print the numbers as JSON")
     args = parser.parse_args(argv)
-    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
-    unknown = sorted(set(only) - set(CONTENDERS))
-    if unknown or not only:
-        parser.error(f"--only takes names from {', '.join(CONTENDERS)}, got {args.only!r}")
-    if args.seconds <= 0 or args.batch < 1 or args.reps < 1 or args.warmup < 0:
-        parser.error("--seconds, --batch and --reps must be positive, --warmup not negative")
+    ordered = chosen_contenders(parser, args, CONTENDERS)
     if args.fsync and args.postgres_url:
         parser.error("--fsync sets up the server this benchmark starts; not with --postgres-url")
-    ordered = tuple(name for name in CONTENDERS if name in only)
     return Settings(
         args.seconds,
         args.batch,

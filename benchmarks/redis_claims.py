@@ -10,7 +10,6 @@ PID at the end. See benchmarks/README.md for what each contender does.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import json
@@ -45,6 +44,8 @@ from _common import (
     MissingPart,
     Phase,
     Ratio,
+    benchmark_parser,
+    chosen_contenders,
     die_with_parent,
     free_port,
     payload,
@@ -501,31 +502,16 @@ def report(data: dict[str, Any]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
-    parser = argparse.ArgumentParser(
-        description="Messages per second for idempotent claim + complete on Redis: "
-        "idemctl against raw redis-py and Powertools."
+    parser = benchmark_parser(
+        "Messages per second for idempotent claim + complete on Redis: "
+        "idemctl against raw redis-py and Powertools.",
+        CONTENDERS,
     )
-    parser.add_argument("--seconds", type=float, default=3.0, help="length of each run")
-    parser.add_argument("--batch", type=int, default=100, help="messages per claim_many")
-    parser.add_argument("--reps", type=int, default=3, help="runs per contender; best is kept")
-    parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per path")
     parser.add_argument(
         "--redis-url", help="use this server instead of starting one (keys are cleaned up)"
     )
-    parser.add_argument(
-        "--only",
-        default=",".join(CONTENDERS),
-        help=f"comma-separated subset of {','.join(CONTENDERS)}",
-    )
-    parser.add_argument("--json", action="store_true", help="also print the numbers as JSON")
     args = parser.parse_args(argv)
-    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
-    unknown = sorted(set(only) - set(CONTENDERS))
-    if unknown or not only:
-        parser.error(f"--only takes names from {', '.join(CONTENDERS)}, got {args.only!r}")
-    if args.seconds <= 0 or args.batch < 1 or args.reps < 1 or args.warmup < 0:
-        parser.error("--seconds, --batch and --reps must be positive, --warmup not negative")
-    ordered = tuple(name for name in CONTENDERS if name in only)
+    ordered = chosen_contenders(parser, args, CONTENDERS)
     return Settings(
         args.seconds, args.batch, args.reps, args.warmup, ordered, args.redis_url, args.json
     )
