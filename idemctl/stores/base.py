@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, TypeAlias, runtime_checkable
 
 from idemctl.errors import KeyNotFound, LeaseLost, Refused
 from idemctl.model import (
@@ -40,6 +40,13 @@ DEFAULT_LEASE = 30.0
 """Seconds a claim holds a key before another worker may take it over."""
 DEFAULT_RETENTION = 7 * 86400.0
 """Seconds a completed or failed key is remembered: Kafka's default topic retention."""
+
+
+Progress: TypeAlias = Callable[[int], None]
+"""Called by long admin operations after each batch with the number of keys it handled."""
+
+BATCH = 500
+"""Keys one admin batch (one transaction, script call or statement) handles at most."""
 
 
 @runtime_checkable
@@ -95,9 +102,22 @@ class Store(Protocol):
     ) -> Page: ...
     def stats(self) -> Stats: ...
     def unlock(self, key: str, force: bool = False) -> Record: ...
-    def unlock_stale(self, older_than: float = 0.0) -> list[str]: ...
+    def unlock_stale(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> list[str]:
+        """Free every lease that ended at least ``older_than`` seconds ago; the keys freed
+        (with ``dry_run``, the keys that would be), sorted. Works in batches, each atomic,
+        and calls ``progress(n)`` after each with the number of keys it looked at."""
+        ...
+
     def forget(self, key: str, force: bool = False) -> Record: ...
-    def purge(self, older_than: float = 0.0) -> int: ...
+    def purge(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> int:
+        """Delete records whose retention ended at least ``older_than`` seconds ago; how many
+        (with ``dry_run``, how many would be). Batches and ``progress`` as ``unlock_stale``."""
+        ...
+
     def provision(self, dry_run: bool = False) -> Provisioning: ...
     def check(self) -> list[Finding]: ...
     def close(self) -> None: ...
@@ -509,14 +529,29 @@ class RowStore(BaseStore):
             tx.put(record)
         return record
 
-    def unlock_stale(self, older_than: float = 0.0) -> list[str]:
-        with self._transaction() as tx:
-            now = self.now()
-            query = Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
-            stale = tx.select(query)
-            for record in stale:
-                tx.put(released(record, now))
-        return [r.key for r in stale]
+    def unlock_stale(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> list[str]:
+        def stale(now: datetime) -> Query:
+            return Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
+
+        with self._transaction(write=False) as tx:
+            found = [r.key for r in tx.select(stale(self.now()))]
+        if dry_run:
+            return found
+        freed: list[str] = []
+        for batch in batched(found, BATCH):
+            with self._transaction() as tx:
+                now = self.now()
+                query = stale(now)
+                for key in batch:  # looked at again: it may have been claimed meanwhile
+                    record = tx.get(key)
+                    if record is not None and query.matches(record):
+                        tx.put(released(record, now))
+                        freed.append(key)
+            if progress is not None:
+                progress(len(batch))
+        return freed
 
     def forget(self, key: str, force: bool = False) -> Record:
         with self._transaction() as tx:
@@ -528,13 +563,28 @@ class RowStore(BaseStore):
             tx.delete(key)
         return record
 
-    def purge(self, older_than: float = 0.0) -> int:
-        with self._transaction() as tx:
-            now = self.now()
-            over = tx.select(Query(retention_over_at=now - timedelta(seconds=older_than)))
-            for record in over:
-                tx.delete(record.key)
-        return len(over)
+    def purge(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> int:
+        def over(now: datetime) -> Query:
+            return Query(retention_over_at=now - timedelta(seconds=older_than))
+
+        with self._transaction(write=False) as tx:
+            found = [r.key for r in tx.select(over(self.now()))]
+        if dry_run:
+            return len(found)
+        purged = 0
+        for batch in batched(found, BATCH):
+            with self._transaction() as tx:
+                query = over(self.now())
+                for key in batch:
+                    record = tx.get(key)
+                    if record is not None and query.matches(record):
+                        tx.delete(key)
+                        purged += 1
+            if progress is not None:
+                progress(len(batch))
+        return purged
 
 
 def unlocked(record: Record, now: datetime, force: bool) -> Record:
@@ -561,6 +611,18 @@ def check_forgettable(record: Record, force: bool) -> None:
             "while the current attempt may still be working (use force to do it anyway)",
             record,
         )
+
+
+def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    """``items`` in lists of at most ``size`` (itertools.batched is Python 3.12+)."""
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def stats_of(records: Iterator[Record] | Sequence[Record], now: datetime) -> Stats:

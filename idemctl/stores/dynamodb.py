@@ -56,6 +56,7 @@ from idemctl.stores.base import (
     DEFAULT_LEASE,
     DEFAULT_RETENTION,
     BaseStore,
+    Progress,
     Query,
     check_forgettable,
     decide_claim,
@@ -63,6 +64,8 @@ from idemctl.stores.base import (
     stats_of,
     unlocked,
 )
+
+ITEMS_PER_BATCH = 100
 
 NAMES = {
     "#k": "key", "#st": "status", "#fp": "fingerprint", "#ow": "owner", "#tok": "fencing_token",
@@ -486,11 +489,8 @@ class DynamoDBStore(BaseStore):
                 break
         return Page(found, None)
 
-    def _all(self, query: Query) -> list[Record]:
-        return [r for records, _ in self._scan() for r in records if query.matches(r)]
-
     def stats(self) -> Stats:
-        return stats_of(self._all(Query()), datetime.now(UTC))
+        return stats_of([r for records, _ in self._scan() for r in records], datetime.now(UTC))
 
     def _free(self, record: Record, lease_ended_by: int | None) -> bool:
         """Take the lease from its owner, if that owner still holds it with that token and
@@ -521,10 +521,25 @@ class DynamoDBStore(BaseStore):
             raise StoreError(f"key {key!r} changed while it was being unlocked; try again")
         return freed
 
-    def unlock_stale(self, older_than: float = 0.0) -> list[str]:
+    def _batches(self, query: Query) -> Iterator[list[Record]]:
+        """The records matching ``query``, at most ``ITEMS_PER_BATCH`` at a time: each is
+        written by a request of its own, so a batch is only how often progress is told."""
+        for records, _ in self._scan():
+            matching = [r for r in records if query.matches(r)]
+            for i in range(0, len(matching), ITEMS_PER_BATCH):
+                yield matching[i : i + ITEMS_PER_BATCH]
+
+    def unlock_stale(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> list[str]:
         cutoff = datetime.fromtimestamp(time.time() - older_than, UTC)
-        stale = self._all(Query(lease_expired_at=cutoff, owned=True))
-        return sorted(r.key for r in stale if self._free(r, _ms(cutoff.timestamp())))
+        keys: list[str] = []
+        for batch in self._batches(Query(lease_expired_at=cutoff, owned=True)):
+            # Each is freed by a conditional write: skipped if claimed meanwhile.
+            keys += (r.key for r in batch if dry_run or self._free(r, _ms(cutoff.timestamp())))
+            if batch and not dry_run and progress is not None:
+                progress(len(batch))
+        return sorted(keys)
 
     def forget(self, key: str, force: bool = False) -> Record:
         record = self.get(key)
@@ -543,20 +558,28 @@ class DynamoDBStore(BaseStore):
             ) from exc
         return record
 
-    def purge(self, older_than: float = 0.0) -> int:
+    def purge(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> int:
         cutoff = self._now() - _ms(older_than)
         purged = 0
-        for record in self._all(Query(retention_over_at=_dt(cutoff))):
-            try:
-                self._call(
-                    "delete_item", Key={"key": _s(record.key)}, ConditionExpression="#exp <= :cut",
-                    ExpressionAttributeNames={"#exp": "expires_at"},
-                    ExpressionAttributeValues={":cut": _n(cutoff)},
-                )  # fmt: skip
-            except ClientError:
-                continue  # claimed again meanwhile
-            purged += 1
+        for batch in self._batches(Query(retention_over_at=_dt(cutoff))):
+            purged += sum(1 for r in batch if dry_run or self._delete_over(r.key, cutoff))
+            if batch and not dry_run and progress is not None:
+                progress(len(batch))
         return purged
+
+    def _delete_over(self, key: str, cutoff: int) -> bool:
+        """Delete ``key`` if its retention ended by ``cutoff`` (ms); False if claimed again."""
+        try:
+            self._call(
+                "delete_item", Key={"key": _s(key)}, ConditionExpression="#exp <= :cut",
+                ExpressionAttributeNames={"#exp": "expires_at"},
+                ExpressionAttributeValues={":cut": _n(cutoff)},
+            )  # fmt: skip
+        except ClientError:
+            return False
+        return True
 
     # Provisioning and health ---------------------------------------------------------------------
 

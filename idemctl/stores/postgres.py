@@ -50,9 +50,11 @@ from idemctl.model import (
 )
 from idemctl.resources import read_resource
 from idemctl.stores.base import (
+    BATCH,
     DEFAULT_LEASE,
     DEFAULT_RETENTION,
     BaseStore,
+    Progress,
     check_forgettable,
     decide_claim,
     new_owner,
@@ -706,18 +708,29 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
                 )
             return freed
 
-    def unlock_stale(self, older_than: float = 0.0) -> list[str]:
+    def unlock_stale(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> list[str]:
         t = self.keys_table
-        rows = self._fetch(
-            f"""UPDATE {t} SET owner = NULL, lease_expires_at = now(), updated_at = now()
-                WHERE key IN (SELECT key FROM {t}
-                              WHERE status = 'in_progress' AND owner IS NOT NULL
-                                AND lease_expires_at <= now() - %(older)s * interval '1 second'
-                              FOR UPDATE SKIP LOCKED)
-                RETURNING key""",
-            {"older": older_than},
-        )
-        return sorted(r[0] for r in rows)
+        stale = """status = 'in_progress' AND owner IS NOT NULL
+                    AND lease_expires_at <= now() - %(older)s * interval '1 second'"""
+        args = {"older": older_than, "batch": BATCH}
+        if dry_run:
+            return sorted(r[0] for r in self._fetch(f"SELECT key FROM {t} WHERE {stale}", args))
+        freed: list[str] = []
+        while True:  # a batch a transaction; a freed key has no owner, so none comes twice
+            rows = self._fetch(
+                f"""UPDATE {t} SET owner = NULL, lease_expires_at = now(), updated_at = now()
+                    WHERE key IN (SELECT key FROM {t} WHERE {stale}
+                                  LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+                    RETURNING key""",
+                args,
+            )
+            freed += (r[0] for r in rows)
+            if rows and progress is not None:
+                progress(len(rows))
+            if len(rows) < BATCH:
+                return sorted(freed)
 
     def forget(self, key: str, force: bool = False) -> Record:
         with self._locked(key) as (conn, record, _):
@@ -725,17 +738,28 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
             conn.execute(f"DELETE FROM {self.keys_table} WHERE key = %(key)s", {"key": key})
             return record
 
-    def purge(self, older_than: float = 0.0) -> int:
+    def purge(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> int:
         t = self.keys_table
-        with self._connection() as conn:
-            cur = conn.execute(
-                f"""DELETE FROM {t} WHERE key IN (
-                        SELECT key FROM {t}
-                        WHERE expires_at <= now() - %(older)s * interval '1 second'
-                        FOR UPDATE SKIP LOCKED)""",
-                {"older": older_than},
-            )
-            return cur.rowcount
+        over = "expires_at <= now() - %(older)s * interval '1 second'"
+        args = {"older": older_than, "batch": BATCH}
+        if dry_run:
+            return int(self._fetch(f"SELECT count(*) FROM {t} WHERE {over}", args)[0][0])
+        purged = 0
+        while True:  # a batch a transaction: a long purge never holds many row locks
+            with self._connection() as conn:
+                deleted = conn.execute(
+                    f"""DELETE FROM {t} WHERE key IN (
+                            SELECT key FROM {t} WHERE {over}
+                            LIMIT %(batch)s FOR UPDATE SKIP LOCKED)""",
+                    args,
+                ).rowcount
+            purged += deleted
+            if deleted and progress is not None:
+                progress(deleted)
+            if deleted < BATCH:
+                return purged
 
     # Provisioning and health ---------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -65,6 +65,7 @@ from idemctl.stores.base import (
     DEFAULT_LEASE,
     DEFAULT_RETENTION,
     BaseStore,
+    Progress,
     Query,
     check_forgettable,
     new_owner,
@@ -533,13 +534,10 @@ class RedisStore(BaseStore):
                 break
         return Page(sorted(found, key=lambda r: r.key), after)
 
-    def _all(self, query: Query) -> list[Record]:
-        return [r for _, records in self._iterate() for r in records if query.matches(r)]
-
     def stats(self) -> Stats:
         with self._guard():
             now = self._now()
-        return stats_of(self._all(Query()), now)
+        return stats_of([r for _, records in self._iterate() for r in records], now)
 
     def unlock(self, key: str, force: bool = False) -> Record:
         validate_key(key)
@@ -559,18 +557,32 @@ class RedisStore(BaseStore):
             )
         return record
 
-    def unlock_stale(self, older_than: float = 0.0) -> list[str]:
+    def _batches(self, query: Callable[[datetime], Query]) -> Iterator[list[Record]]:
+        """The records matching ``query`` at the server's time, a SCAN batch at a time."""
         with self._guard():
-            now = self._now()
-        cutoff = now - timedelta(seconds=older_than)
-        stale = self._all(Query(lease_expired_at=cutoff, owned=True))
-        if not stale:
-            return []
-        shared = ("stale", round(older_than * 1000))
-        replies = self._call("unlock", shared, [(r.key, ()) for r in stale])
-        return sorted(
-            r.key for r, reply in zip(stale, replies, strict=True) if _text(reply[0]) == "ok"
-        )
+            matching = query(self._now())
+        for _, records in self._iterate():
+            yield [r for r in records if matching.matches(r)]
+
+    def unlock_stale(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> list[str]:
+        def stale(now: datetime) -> Query:
+            return Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
+
+        keys: list[str] = []
+        for batch in self._batches(stale):
+            if dry_run or not batch:
+                keys += [r.key for r in batch]
+                continue
+            # The script looks at each key again: it may have been claimed meanwhile.
+            shared = ("stale", round(older_than * 1000))
+            replies = self._call("unlock", shared, [(r.key, ()) for r in batch])
+            freed = zip(batch, replies, strict=True)
+            keys += [r.key for r, reply in freed if _text(reply[0]) == "ok"]
+            if progress is not None:
+                progress(len(batch))
+        return sorted(keys)
 
     def forget(self, key: str, force: bool = False) -> Record:
         validate_key(key)
@@ -582,14 +594,22 @@ class RedisStore(BaseStore):
             check_forgettable(record, force)
         return record
 
-    def purge(self, older_than: float = 0.0) -> int:
-        with self._guard():
-            now = self._now()
-        over = self._all(Query(retention_over_at=now - timedelta(seconds=older_than)))
-        if not over:
-            return 0
-        replies = self._call("purge", (round(older_than * 1000),), [(r.key, ()) for r in over])
-        return sum(int(r) for r in replies)
+    def purge(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> int:
+        def over(now: datetime) -> Query:
+            return Query(retention_over_at=now - timedelta(seconds=older_than))
+
+        purged = 0
+        for batch in self._batches(over):
+            if dry_run or not batch:
+                purged += len(batch)
+                continue
+            replies = self._call("purge", (round(older_than * 1000),), [(r.key, ()) for r in batch])
+            purged += sum(int(r) for r in replies)
+            if progress is not None:
+                progress(len(batch))
+        return purged
 
     # Provisioning and health ------------------------------------------------------------------
 

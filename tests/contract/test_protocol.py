@@ -336,13 +336,28 @@ def test_unlock(store: Store) -> None:
 def test_unlock_stale(store: Store) -> None:
     _fill(store)
     assert store.unlock_stale(older_than=LONG) == []  # expired well under a minute ago
-    assert store.unlock_stale() == ["tenant-b/2"]
+    assert store.unlock_stale(dry_run=True) == ["tenant-b/2"]
+    assert store.unlock_stale(dry_run=True) == ["tenant-b/2"]  # the dry run freed nothing
+    handled: list[int] = []
+    assert store.unlock_stale(progress=handled.append) == ["tenant-b/2"]
+    assert sum(handled) == 1
     assert store.unlock_stale() == []  # already freed
     record = store.get("tenant-b/2")
     assert record is not None and record.owner is None and record.fencing_token == 1
     live = store.get("tenant-b/1")
     assert live is not None and live.owner is not None  # a live lease is left alone
     assert acquire(store, "tenant-b/2").fencing_token == 2
+
+
+def test_unlock_stale_and_purge_work_in_batches(store: Store) -> None:
+    keys = [f"bulk/{i:04d}" for i in range(1100)]  # more than one batch on every store
+    outcomes = store.claim_many([ClaimRequest(k) for k in keys], lease=SHORT)
+    assert all(isinstance(o, Acquired) for o in outcomes)
+    time.sleep(WAIT)
+    handled: list[int] = []
+    assert store.unlock_stale(progress=handled.append) == keys
+    assert len(handled) > 1 and sum(handled) == len(keys)
+    assert store.unlock_stale(dry_run=True) == []
 
 
 def test_forget(store: Store) -> None:
@@ -368,8 +383,12 @@ def test_purge_removes_only_records_past_retention(store: Store) -> None:
     acquire(store, "running")
     time.sleep(WAIT)
     assert store.purge(older_than=LONG) == 0  # retention ended under a minute ago
-    purged = store.purge()
-    assert purged in (0, 2)  # stores that expire by TTL have nothing left to purge
+    would = store.purge(dry_run=True)
+    assert would in (0, 2)  # stores that expire by TTL have nothing left to purge
+    assert store.purge(dry_run=True) == would  # the dry run deleted nothing
+    handled: list[int] = []
+    purged = store.purge(progress=handled.append)
+    assert purged == would and sum(handled) == purged
     assert store.get("old-1") is None and store.get("old-2") is None
     assert _scan_all(store) == ["kept", "running"]
     assert store.stats().past_retention == 0
