@@ -99,7 +99,13 @@ class Store(Protocol):
         prefix: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
-    ) -> Page: ...
+        older_than: float = 0.0,
+    ) -> Page:
+        """Live records (not past retention), at most ``limit``, created at least
+        ``older_than`` seconds ago; ``stale_only``: in-progress keys nobody holds a live
+        lease on. Pass ``Page.cursor`` back for the next page."""
+        ...
+
     def stats(self) -> Stats: ...
     def unlock(self, key: str, force: bool = False) -> Record: ...
     def unlock_stale(
@@ -338,6 +344,8 @@ class Query:
     """Only records with (True) or without (False) an owner."""
     retention_over_at: datetime | None = None
     """Only records whose retention ended by this time."""
+    created_by: datetime | None = None
+    """Only records created by this time."""
 
     def matches(self, r: Record) -> bool:
         if self.status is not None and r.status is not self.status:
@@ -355,6 +363,8 @@ class Query:
         ):
             return False
         if self.owned is not None and (r.owner is not None) != self.owned:
+            return False
+        if self.created_by is not None and r.created_at > self.created_by:
             return False
         return self.retention_over_at is None or r.retention_over(self.retention_over_at)
 
@@ -495,16 +505,13 @@ class RowStore(BaseStore):
         prefix: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        older_than: float = 0.0,
     ) -> Page:
         now = self.now()
-        query = Query(
-            status=Status.IN_PROGRESS if stale_only else status,
-            prefix=prefix,
-            after=cursor,
+        query = replace(
+            scan_query(now, status, stale_only, older_than), prefix=prefix, after=cursor,
             limit=limit + 1,
-            live_at=now,
-            lease_expired_at=now if stale_only else None,
-        )
+        )  # fmt: skip
         if stale_only and status not in (None, Status.IN_PROGRESS):
             return Page([], None)
         with self._transaction(write=False) as tx:
@@ -585,6 +592,16 @@ class RowStore(BaseStore):
             if progress is not None:
                 progress(len(batch))
         return purged
+
+
+def scan_query(now: datetime, status: Status | None, stale_only: bool, older_than: float) -> Query:
+    """What ``scan`` selects, for stores that filter records themselves."""
+    return Query(
+        status=Status.IN_PROGRESS if stale_only else status,
+        live_at=now,
+        lease_expired_at=now if stale_only else None,
+        created_by=now - timedelta(seconds=older_than) if older_than else None,
+    )
 
 
 def unlocked(record: Record, now: datetime, force: bool) -> Record:

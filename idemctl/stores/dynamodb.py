@@ -16,6 +16,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -61,6 +62,7 @@ from idemctl.stores.base import (
     check_forgettable,
     decide_claim,
     new_owner,
+    scan_query,
     stats_of,
     unlocked,
 )
@@ -468,15 +470,14 @@ class DynamoDBStore(BaseStore):
         prefix: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        older_than: float = 0.0,
     ) -> Page:
         """Records in DynamoDB's scan order (not by key), at most ``limit`` a page."""
         if stale_only and status not in (None, Status.IN_PROGRESS):
             return Page([], None)
-        now = datetime.now(UTC)
-        query = Query(
-            status=Status.IN_PROGRESS if stale_only else status, prefix=prefix, live_at=now,
-            lease_expired_at=now if stale_only else None,
-        )  # fmt: skip
+        query = replace(
+            scan_query(datetime.now(UTC), status, stale_only, older_than), prefix=prefix
+        )
         found: list[Record] = []
         for records, after in self._scan(json.loads(cursor) if cursor else None):
             for record in records:

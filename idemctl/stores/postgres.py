@@ -635,11 +635,14 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         prefix: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        older_than: float = 0.0,
     ) -> Page:
         if stale_only and status not in (None, Status.IN_PROGRESS):
             return Page([], None)
         where = ["(expires_at IS NULL OR expires_at > now())"]
-        params: dict[str, Any] = {"limit": limit + 1}
+        if older_than:
+            where.append("created_at <= now() - %(older)s * interval '1 second'")
+        params: dict[str, Any] = {"limit": limit + 1, "older": older_than}
         if status is not None or stale_only:
             where.append("status = %(status)s")
             params["status"] = (status or Status.IN_PROGRESS).value

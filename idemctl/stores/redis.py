@@ -69,6 +69,7 @@ from idemctl.stores.base import (
     Query,
     check_forgettable,
     new_owner,
+    scan_query,
     stats_of,
 )
 
@@ -495,17 +496,19 @@ class RedisStore(BaseStore):
 
     def _iterate(
         self, prefix: str | None = None, start: str | None = None
-    ) -> Iterator[tuple[str | None, list[Record]]]:
-        """Every record under ``prefix``, a SCAN batch at a time, with the cursor after it."""
+    ) -> Iterator[tuple[str, str | None, list[Record]]]:
+        """Every record under ``prefix``, a SCAN batch at a time, with the positions
+        ("node:cursor") the batch started at and the one after it (None at the end)."""
         match = _glob_escape(self.prefix) + "{" + _glob_escape(prefix or "") + "*"
         nodes = self._nodes()
         node_index, cursor = (0, 0) if not start else (int(p) for p in start.split(":"))
         with self._guard():
             while node_index < len(nodes):
+                at = f"{node_index}:{cursor}"
                 cursor, records = self._scan_batch(nodes[node_index], cursor, match)
                 if cursor == 0:
                     node_index += 1
-                yield (f"{node_index}:{cursor}" if node_index < len(nodes) else None), records
+                yield at, (f"{node_index}:{cursor}" if node_index < len(nodes) else None), records
 
     def scan(
         self,
@@ -514,30 +517,39 @@ class RedisStore(BaseStore):
         prefix: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        older_than: float = 0.0,
     ) -> Page:
-        """A page holds at least ``limit`` records unless the scan ended, and may hold a few
-        more: SCAN cannot stop mid-batch, and dropping the rest would lose them."""
+        """Pages in SCAN order, sorted by key within each SCAN batch. A cursor is the
+        position of a batch and the last key taken from it: SCAN cannot stop mid-batch,
+        so the next page scans that batch again and goes on after that key."""
         if stale_only and status not in (None, Status.IN_PROGRESS):
             return Page([], None)
         with self._guard():
-            now = self._now()
-        query = Query(
-            status=Status.IN_PROGRESS if stale_only else status,
-            live_at=now,
-            lease_expired_at=now if stale_only else None,
-        )
+            query = scan_query(self._now(), status, stale_only, older_than)
+        position, after = (None, None) if cursor is None else cursor.split("/", 1)
+        after = after or None  # "node:cursor/" starts a batch afresh
         found: list[Record] = []
-        after: str | None = None
-        for after, records in self._iterate(prefix, cursor):  # noqa: B007 - kept past the loop
-            found += [r for r in records if query.matches(r)]
-            if len(found) >= limit:
-                break
-        return Page(sorted(found, key=lambda r: r.key), after)
+        for at, following, records in self._iterate(prefix, position):
+            batch = sorted(
+                (r for r in records if query.matches(r) and (after is None or r.key > after)),
+                key=lambda r: r.key,
+            )
+            after = None
+            room = limit - len(found)
+            if len(batch) > room:
+                found += batch[:room]
+                return Page(found, f"{at}/{found[-1].key}" if found else at)
+            found += batch
+            if following is None:
+                return Page(found, None)
+            if len(found) == limit:
+                return Page(found, following + "/")
+        return Page(found, None)
 
     def stats(self) -> Stats:
         with self._guard():
             now = self._now()
-        return stats_of([r for _, records in self._iterate() for r in records], now)
+        return stats_of([r for _, _, records in self._iterate() for r in records], now)
 
     def unlock(self, key: str, force: bool = False) -> Record:
         validate_key(key)
@@ -561,7 +573,7 @@ class RedisStore(BaseStore):
         """The records matching ``query`` at the server's time, a SCAN batch at a time."""
         with self._guard():
             matching = query(self._now())
-        for _, records in self._iterate():
+        for _, _, records in self._iterate():
             yield [r for r in records if matching.matches(r)]
 
     def unlock_stale(

@@ -130,6 +130,9 @@ def _where(q: Query) -> tuple[str, list[Any]]:
     if q.retention_over_at is not None:
         clauses.append("expires_at <= ?")
         args.append(_ms(q.retention_over_at))
+    if q.created_by is not None:
+        clauses.append("created_at <= ?")
+        args.append(_ms(q.created_by))
     return " AND ".join(clauses), args
 
 

@@ -278,6 +278,7 @@ def _scan_all(store: Store, **filters: object) -> list[str]:
     cursor = None
     for _ in range(100):
         page = store.scan(limit=2, cursor=cursor, **filters)  # type: ignore[arg-type]
+        assert len(page.records) <= 2
         keys += [r.key for r in page.records]
         cursor = page.cursor
         if cursor is None:
@@ -331,6 +332,26 @@ def test_unlock(store: Store) -> None:
     assert stale.owner is None
     again = acquire(store, "tenant-b/1")
     assert again.fencing_token == live.fencing_token + 1
+
+
+def test_scan_older_than_and_exact_pages(store: Store) -> None:
+    acquire(store, "early")
+    time.sleep(WAIT)
+    acquire(store, "late")
+    assert _scan_all(store, older_than=SHORT) == ["early"]
+    assert _scan_all(store, older_than=LONG) == []
+    keys = [f"many/{i:03d}" for i in range(120)]
+    store.claim_many([ClaimRequest(k) for k in keys])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = store.scan(prefix="many/", limit=7, cursor=cursor)
+        assert len(page.records) <= 7
+        seen += [r.key for r in page.records]
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert sorted(seen) == keys  # every key once: none lost between pages, none twice
 
 
 def test_unlock_stale(store: Store) -> None:
