@@ -90,3 +90,29 @@ class UrlOptions:
         if self._options:
             names = ", ".join(sorted(self._options))
             raise ConfigError(f"unknown store URL option(s) {names} in {redact_url(self.url)}")
+
+
+def secrets_in(url: str) -> list[str]:
+    """The secrets a store URL carries (its password, secret options), as written and as
+    decoded, longest first: what ``redact_text`` must hide wherever it shows up."""
+    from urllib.parse import unquote
+
+    found: set[str] = set()
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        found |= {password, unquote(password)}
+    for match in _SECRET_OPTION.finditer(url):
+        value = match.group(0).split("=", 1)[1]
+        if value:
+            found |= {value, unquote(value)}
+    return sorted(found, key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: list[str]) -> str:
+    """``text`` with each of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text

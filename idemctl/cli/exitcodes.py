@@ -29,7 +29,7 @@ class ExitCode(IntEnum):
 
 MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
-    ExitCode.UNEXPECTED: "unexpected error",
+    ExitCode.UNEXPECTED: "unexpected error; for doctor, a problem found",
     ExitCode.USAGE: (
         "usage error or bad configuration (URL, scheme, missing driver, config file, "
         "refused credentials)"
@@ -37,7 +37,9 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.STORE_UNREACHABLE: "store unreachable",
     ExitCode.NOT_PROVISIONED: "store not provisioned: run 'idemctl init'",
     ExitCode.KEY_NOT_FOUND: "key not found",
-    ExitCode.REFUSED: "refused: a live lease without --force, or a conflicting state",
+    ExitCode.REFUSED: (
+        "refused: a live lease without --force, a conflicting state, or a declined confirmation"
+    ),
     ExitCode.INTERRUPTED: "interrupted",
 }
 
@@ -60,5 +62,7 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     return ExitCode.UNEXPECTED
 
 
-def exit_code_table() -> str:
+def exit_code_table(markdown: bool = False) -> str:
+    if markdown:
+        return "\n".join(f"- **{int(code)}** {MEANINGS[code]}" for code in ExitCode)
     return "\n".join(f"{int(code):>3}  {MEANINGS[code]}" for code in ExitCode)

@@ -615,7 +615,8 @@ def unlocked(record: Record, now: datetime, force: bool) -> Record:
         left = (record.lease_expires_at - now).total_seconds()
         raise Refused(
             f"key {record.key!r} has a live lease ({left:.1f}s left) held by {record.owner}; "
-            "unlocking it lets a second worker run it concurrently (use force to do it anyway)",
+            "unlocking it lets a second worker run it concurrently "
+            "(use --force, or force=True, to do it anyway)",
             record,
         )
     return released(record, now) if record.owner is not None else record
@@ -625,7 +626,8 @@ def check_forgettable(record: Record, force: bool) -> None:
     if record.status is Status.IN_PROGRESS and not force:
         raise Refused(
             f"key {record.key!r} is in progress; forgetting it lets a redelivery run it "
-            "while the current attempt may still be working (use force to do it anyway)",
+            "while the current attempt may still be working "
+            "(use --force, or force=True, to do it anyway)",
             record,
         )
 

@@ -564,7 +564,7 @@ class RedisStore(BaseStore):
         if code == "live":
             raise Refused(
                 f"key {key!r} has a live lease held by {record.owner}; unlocking it lets a second "
-                "worker run it concurrently (use force to do it anyway)",
+                "worker run it concurrently (use --force, or force=True, to do it anyway)",
                 record,
             )
         return record

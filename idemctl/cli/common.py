@@ -1,0 +1,311 @@
+"""What every command shares: the app, the global options, the store, output and prompts.
+
+The global options (``--store``, ``--config``, ``--profile``, ``--json``, ``-v``,
+``--no-color``) are declared once, here. ``command()`` adds them to each command as well
+as to the root, so ``idemctl --json list`` and ``idemctl list --json`` both work.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+from idemctl.cli.exitcodes import exit_code_table
+from idemctl.errors import ConfigError, Refused
+from idemctl.stores import DEFAULT_URL, open_store
+from idemctl.urls import redact_text, secrets_in
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from idemctl.stores.base import Store
+
+app = typer.Typer(
+    name="idemctl",
+    help="Effectively-once processing for Kafka consumers, and the tools to operate its stores.",
+    epilog="**Exit codes**\n\n" + exit_code_table(markdown=True),
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    # Locals in a traceback could hold a store URL with its password.
+    pretty_exceptions_show_locals=False,
+)
+
+GLOBAL_PANEL = "Global options"
+STORE_HELP = (
+    "Store URL: sqlite:///path, memory://, redis://, rediss://, redis+cluster://, "
+    "postgresql://, dynamodb://TABLE  [default: sqlite:///./idemctl.db]"
+)
+
+StoreOption = Annotated[
+    str | None, typer.Option("--store", help=STORE_HELP, rich_help_panel=GLOBAL_PANEL)
+]
+ConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        "--config", help="Config file [default: ./idemctl.yaml if present]",
+        rich_help_panel=GLOBAL_PANEL,
+    ),
+]  # fmt: skip
+ProfileOption = Annotated[
+    str | None,
+    typer.Option(
+        "--profile", help="Named profile of the config file", rich_help_panel=GLOBAL_PANEL
+    ),
+]
+JsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="Print one JSON document (NDJSON for lists) on stdout",
+        rich_help_panel=GLOBAL_PANEL,
+    ),
+]  # fmt: skip
+VerboseOption = Annotated[
+    int,
+    typer.Option(
+        "--verbose", "-v", count=True, help="Log to stderr (-vv for debug)",
+        rich_help_panel=GLOBAL_PANEL,
+    ),
+]  # fmt: skip
+NoColorOption = Annotated[
+    bool, typer.Option("--no-color", help="Plain text output", rich_help_panel=GLOBAL_PANEL)
+]
+
+# The same options at the root, where the environment may set them too.
+_ROOT_ENV = {"store": "IDEMCTL_STORE", "config": "IDEMCTL_CONFIG", "profile": "IDEMCTL_PROFILE"}
+
+
+@dataclass
+class Settings:
+    """The global options as the root and the command gave them."""
+
+    store: str | None = None
+    config: str | None = None
+    profile: str | None = None
+    json: bool = False
+    verbose: int = 0
+    no_color: bool = False
+    _consoles: dict[bool, Console] = field(default_factory=dict, repr=False)
+
+    def merge(self, **given: Any) -> None:
+        """A command's own options win over the root's."""
+        for name, value in given.items():
+            if value:
+                setattr(self, name, max(value, self.verbose) if name == "verbose" else value)
+
+    def store_url(self) -> tuple[str, str]:
+        """The store URL and where it came from: flag or env > config file > default."""
+        from idemctl.config import find_config, load_config
+
+        config = load_config(find_config(self.config))
+        if self.store:
+            return self.store, "--store or IDEMCTL_STORE"
+        url, source = config.store_for(self.profile)
+        if url is not None:
+            return url, source
+        return DEFAULT_URL, "the default"
+
+    def console(self, stderr: bool = False) -> Console:
+        if stderr not in self._consoles:
+            from rich.console import Console
+
+            self._consoles[stderr] = Console(
+                stderr=stderr, highlight=False, no_color=self.no_color or None
+            )
+        return self._consoles[stderr]
+
+    @property
+    def out(self) -> Console:
+        return self.console()
+
+    @property
+    def err(self) -> Console:
+        return self.console(stderr=True)
+
+
+def settings(ctx: typer.Context) -> Settings:
+    return ctx.ensure_object(Settings)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", envvar=_ROOT_ENV["store"], help=STORE_HELP, show_default=False),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            envvar=_ROOT_ENV["config"],
+            help="Config file [default: ./idemctl.yaml if present]",
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile", envvar=_ROOT_ENV["profile"], help="Named profile of the config file"
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document (NDJSON for lists) on stdout")
+    ] = False,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True, help="Log to stderr (-vv for debug)")
+    ] = 0,
+    no_color: Annotated[bool, typer.Option("--no-color", help="Plain text output")] = False,
+) -> None:
+    """Effectively-once processing for Kafka consumers, and the tools to operate its stores.
+
+    The store comes from --store, else IDEMCTL_STORE, else 'store:' in idemctl.yaml
+    (--config, IDEMCTL_CONFIG; --profile picks a named profile), else sqlite:///./idemctl.db.
+    """
+    ctx.obj = Settings(store, config, profile, as_json, verbose, no_color)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_GLOBALS: dict[str, Any] = {
+    "store": StoreOption,
+    "config": ConfigOption,
+    "profile": ProfileOption,
+    "as_json": JsonOption,
+    "verbose": VerboseOption,
+    "no_color": NoColorOption,
+}
+_DEFAULTS: dict[str, Any] = {"as_json": False, "verbose": 0, "no_color": False}
+
+
+def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
+    """Register a command that takes ``ctx: typer.Context`` first; it gets the global
+    options too, and Ctrl-C anywhere in it exits 130."""
+
+    def register(func: F) -> F:
+        signature = inspect.signature(func, eval_str=True)
+
+        @functools.wraps(func)
+        def wrapper(ctx: typer.Context, **params: Any) -> Any:
+            given = {name: params.pop(name) for name in _GLOBALS}
+            given["json"] = given.pop("as_json")
+            current = settings(ctx)
+            current.merge(**given)
+            _configure_logging(current)
+            try:
+                return func(ctx, **params)
+            except (KeyboardInterrupt, typer.Abort):
+                current.err.print("interrupted", style="bold red")
+                raise typer.Exit(130) from None
+
+        extra = [
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                default=_DEFAULTS.get(name),
+            )
+            for name, annotation in _GLOBALS.items()
+        ]  # fmt: skip
+        wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*signature.parameters.values(), *extra]
+        )
+        app.command(name, **kwargs)(wrapper)
+        return func
+
+    return register
+
+
+# Store -------------------------------------------------------------------------------
+
+
+@contextmanager
+def cli_store(ctx: typer.Context) -> Iterator[Store]:
+    """The chosen store, opened for a command and closed after it. The CLI never creates a
+    SQLite database as a side effect of looking at it: only ``init`` provisions."""
+    url, source = settings(ctx).store_url()
+    logging.getLogger("idemctl.cli").info("store %s (from %s)", url, source)
+    store = open_store(url)
+    if hasattr(store, "auto_provision"):
+        store.auto_provision = False
+    with store:
+        yield store
+
+
+# Output ------------------------------------------------------------------------------
+
+
+def emit_json(document: Any) -> None:
+    """One JSON document (or NDJSON line) on stdout, never wrapped to the terminal."""
+    sys.stdout.write(json.dumps(document, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def confirm(ctx: typer.Context, question: str, yes: bool) -> None:
+    """Go on if ``yes`` or the operator says so; otherwise Refused (exit 6)."""
+    if yes:
+        return
+    from rich.prompt import Confirm
+
+    err = settings(ctx).err
+    try:
+        agreed = Confirm.ask(question, console=err, default=False)
+    except EOFError:
+        err.print()
+        agreed = False
+    if not agreed:
+        raise Refused("nothing changed: not confirmed (pass --yes to skip the question)")
+
+
+def usage_error(ctx: typer.Context, option: str, message: str) -> typer.BadParameter:
+    """A usage error (exit 2) about ``option``, shown with the command's usage line."""
+    return typer.BadParameter(message, ctx=ctx, param_hint=option)
+
+
+def duration(value: str | None, option: str) -> float:
+    """A ``--older-than``-style option's seconds, or a usage error naming the option."""
+    from idemctl.durations import parse_duration
+
+    if value is None:
+        return 0.0
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
+# Logs --------------------------------------------------------------------------------
+
+
+class _Redacting(logging.Formatter):
+    """Formats a log line, then hides the store's password wherever it shows."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.secrets = secrets
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record), self.secrets)
+
+
+def _configure_logging(current: Settings) -> None:
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "idemctl", False)]:
+        root.removeHandler(handler)
+    if not current.verbose:
+        return
+    try:
+        secrets = secrets_in(current.store_url()[0])
+    except ConfigError:
+        secrets = []  # the command reports it
+    handler = logging.StreamHandler(sys.stderr)
+    handler.idemctl = True  # type: ignore[attr-defined]
+    handler.setFormatter(_Redacting(secrets))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if current.verbose == 1 else logging.DEBUG)

@@ -1,0 +1,205 @@
+"""Changing records by hand: unlock, forget, purge. Each acts atomically in the store,
+looks at a key again before changing it, and asks before touching more than one key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from idemctl.cli import render
+from idemctl.cli.common import (
+    cli_store,
+    command,
+    confirm,
+    duration,
+    emit_json,
+    settings,
+    usage_error,
+)
+from idemctl.model import Record, validate_key
+
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Show what would change and change nothing")
+]
+YesOption = Annotated[
+    bool, typer.Option("--yes", "-y", help="Do not ask before acting on more than one key")
+]
+
+
+@command()
+def unlock(
+    ctx: typer.Context,
+    key: Annotated[
+        str | None, typer.Argument(metavar="KEY", help="The key whose lease to free")
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Free a live lease too (its worker may still be running)"),
+    ] = False,
+    stale: Annotated[
+        bool, typer.Option("--stale", help="Free every lease that expired, instead of one KEY")
+    ] = False,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than", metavar="DUR", help="With --stale: leases that expired at least DUR ago"
+        ),
+    ] = None,
+    dry_run: DryRunOption = False,
+    yes: YesOption = False,
+) -> None:
+    """Free a stuck key's lease, or every expired lease with --stale.
+
+    The next delivery can claim the key at once. Its fencing token stays, so the next
+    claim gets token + 1 and the old owner can no longer complete. A live lease needs
+    --force (exit 6 without): its worker may still be running.
+    """
+    if stale == (key is not None):
+        raise usage_error(ctx, "KEY", "give a KEY, or --stale to free every expired lease")
+    if not stale:
+        for flag, used in (("--older-than", older_than), ("--dry-run", dry_run), ("--yes", yes)):
+            if used:
+                raise usage_error(ctx, flag, "goes with --stale")
+    elif force:
+        raise usage_error(
+            ctx, "--force", "--stale frees only expired leases; unlock a live one by KEY"
+        )
+    current = settings(ctx)
+    if key is not None:
+        validate_key(key)
+        with cli_store(ctx) as store:
+            record = store.unlock(key, force=force)
+            _report(ctx, "unlock", store.url, [key], record=record)
+        return
+    older = duration(older_than, "--older-than")
+    with cli_store(ctx) as store:
+        found = store.unlock_stale(older, dry_run=True)
+        if dry_run or not found:
+            _report(ctx, "unlock", store.url, found, dry_run=True)
+            return
+        if len(found) > 1:
+            confirm(ctx, f"Free {len(found)} stale lease(s) on {store.url}?", yes)
+        with _progress(ctx, "unlocking", len(found)) as advance:
+            freed = store.unlock_stale(older, progress=advance)
+        _report(ctx, "unlock", store.url, freed)
+        skipped = len(set(found) - set(freed))
+        if skipped and not current.json:
+            current.err.print(f"{skipped} key(s) were claimed or freed meanwhile and left alone")
+
+
+@command()
+def forget(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(metavar="KEY", help="The key to delete")],
+    force: Annotated[bool, typer.Option("--force", help="Forget an in-progress key too")] = False,
+) -> None:
+    """Delete a key so its next delivery runs the handler again.
+
+    For completed or failed keys. An in-progress key needs --force (exit 6 without): its
+    worker may still be running.
+    """
+    validate_key(key)
+    with cli_store(ctx) as store:
+        record = store.forget(key, force=force)
+        _report(ctx, "forget", store.url, [key], record=record)
+
+
+@command()
+def purge(
+    ctx: typer.Context,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than",
+            metavar="DUR",
+            help="Only records whose retention ended at least DUR ago",
+        ),
+    ] = None,
+    dry_run: DryRunOption = False,
+    yes: YesOption = False,
+) -> None:
+    """Delete records past retention, freeing their space.
+
+    Such records already count as never seen. Redis and DynamoDB expire records by TTL
+    themselves, so there it finds little.
+    """
+    older = duration(older_than, "--older-than")
+    with cli_store(ctx) as store:
+        found = store.purge(older, dry_run=True)
+        if dry_run or not found:
+            _report(ctx, "purge", store.url, None, count=found, dry_run=True)
+            return
+        if found > 1:
+            confirm(ctx, f"Delete {found} record(s) past retention on {store.url}?", yes)
+        with _progress(ctx, "purging", found) as advance:
+            purged = store.purge(older, progress=advance)
+        _report(ctx, "purge", store.url, None, count=purged)
+
+
+@contextmanager
+def _progress(ctx: typer.Context, what: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr (on a terminal only); yields what advances it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    current = settings(ctx)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=current.err, transient=True,
+        disable=current.json or not current.err.is_terminal,
+    ) as bar:  # fmt: skip
+        task = bar.add_task(what, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+_DONE = {
+    "unlock": ("freed", "lease(s)"),
+    "forget": ("forgot", "key(s)"),
+    "purge": ("purged", "record(s) past retention"),
+}
+
+
+def _report(
+    ctx: typer.Context,
+    action: str,
+    url: str,
+    keys: list[str] | None,
+    *,
+    count: int | None = None,
+    dry_run: bool = False,
+    record: Record | None = None,
+) -> None:
+    """What an action did (or would do): ``schemas/action.schema.json`` with --json."""
+    current = settings(ctx)
+    if count is None:
+        count = len(keys or [])
+    if current.json:
+        document: dict[str, Any] = {
+            "action": action, "store": url, "dry_run": dry_run, "count": count, "keys": keys,
+            "record": None if record is None else record.to_json(),
+        }  # fmt: skip
+        emit_json(document)
+        return
+    verb, noun = _DONE[action]
+    if dry_run:
+        for key in keys or []:
+            current.out.print(key, markup=False, highlight=False)
+        current.err.print(f"dry run: {count} {noun} would be {verb}, on {url}", markup=False)
+        return
+    if record is not None and action == "unlock":
+        current.out.print(
+            f"unlocked {record.key!r}: fencing token {record.fencing_token}, "
+            f"the next claim gets {record.fencing_token + 1}",
+            markup=False,
+        )
+    elif record is not None:
+        current.out.print(
+            f"forgot {record.key!r} (it was {record.status.value}): "
+            "its next delivery runs the handler again",
+            markup=False,
+        )
+    else:
+        listed = f": {render.key_list(keys)}" if keys else ""
+        current.out.print(f"{verb} {count} {noun} on {url}{listed}", markup=False)
