@@ -40,6 +40,8 @@ DEFAULT_LEASE = 30.0
 """Seconds a claim holds a key before another worker may take it over."""
 DEFAULT_RETENTION = 7 * 86400.0
 """Seconds a completed or failed key is remembered: Kafka's default topic retention."""
+CLOCK_SKEW_TOLERANCE = 5.0
+"""Seconds ``check()`` lets a store's clock differ from this machine's before it warns."""
 
 
 Progress: TypeAlias = Callable[[int], None]
@@ -630,6 +632,15 @@ def check_forgettable(record: Record, force: bool) -> None:
             "(use --force, or force=True, to do it anyway)",
             record,
         )
+
+
+def server_clock_finding(skew: float) -> Finding:
+    """What ``check()`` says of a store whose clock is ``skew`` seconds ahead of ours."""
+    fine = abs(skew) < CLOCK_SKEW_TOLERANCE
+    return Finding(
+        "clock", fine, f"server clock {skew * 1000:+.0f} ms from this machine's",
+        None if fine else "leases are judged by the server's clock; fix NTP on one of them",
+    )  # fmt: skip
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -54,6 +54,7 @@ from idemctl.model import (
 )
 from idemctl.resources import read_resource
 from idemctl.stores.base import (
+    CLOCK_SKEW_TOLERANCE,
     DEFAULT_LEASE,
     DEFAULT_RETENTION,
     BaseStore,
@@ -638,8 +639,12 @@ class DynamoDBStore(BaseStore):
 
     def check(self) -> list[Finding]:
         started = time.perf_counter()
-        exists = self._table_exists()
+        try:
+            response = self._call("describe_table")
+        except NotProvisioned:
+            response = None
         latency = (time.perf_counter() - started) * 1000
+        exists = response is not None
         findings = [
             Finding("connection", True, f"table {self.table} at {self.url}, {latency:.1f} ms"),
             Finding("table", exists, f"table {self.table} {'exists' if exists else 'is missing'}",
@@ -651,14 +656,30 @@ class DynamoDBStore(BaseStore):
                 Finding("ttl", ttl, f"TTL on 'ttl' {'enabled' if ttl else 'disabled'}",
                         None if ttl else "run 'idemctl init' (else expired items stay forever)")
             )  # fmt: skip
-        findings.append(
-            Finding(
-                "clock",
-                True,
-                "DynamoDB has no clock to compare: leases use this machine's; keep NTP on",
-            )
-        )
+        findings.append(self._clock_finding(response, started))
         return findings
+
+    def _clock_finding(self, response: dict[str, Any] | None, sent: float) -> Finding:
+        """Leases are judged by this machine's clock: compare it with the endpoint's HTTP
+        Date header (whole seconds), which is all DynamoDB tells of its time."""
+        from email.utils import parsedate_to_datetime
+
+        headers = ((response or {}).get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+        if "date" not in headers:
+            return Finding("clock", True, "the endpoint sent no Date header to compare clocks with")
+        try:
+            server = parsedate_to_datetime(headers["date"])
+        except (TypeError, ValueError):
+            return Finding("clock", True, f"cannot read the endpoint's Date {headers['date']!r}")
+        midway = time.time() - (time.perf_counter() - sent) / 2
+        skew = server.timestamp() - midway
+        fine = abs(skew) < CLOCK_SKEW_TOLERANCE + 1  # + 1: Date has whole seconds
+        return Finding(
+            "clock", fine,
+            f"this machine's clock is {-skew:+.1f} s from the endpoint's (Date header, 1 s "
+            "resolution); leases use this machine's clock",
+            None if fine else "sync this machine's clock (NTP): leases expire early or late",
+        )  # fmt: skip
 
     def close(self) -> None:
         self.client.close()

@@ -58,6 +58,7 @@ from idemctl.stores.base import (
     check_forgettable,
     decide_claim,
     new_owner,
+    server_clock_finding,
     unlocked,
 )
 
@@ -834,12 +835,7 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
                 None if version_on == latest else "run 'idemctl init'",
             )
         )  # fmt: skip
-        findings.append(
-            Finding(
-                "clock", abs(skew) < 5, f"server clock {skew * 1000:+.0f} ms from this machine's",
-                None if abs(skew) < 5 else "leases are judged by the server's clock; fix NTP",
-            )
-        )  # fmt: skip
+        findings.append(server_clock_finding(skew))
         return findings
 
     def close(self) -> None:

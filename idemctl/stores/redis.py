@@ -70,6 +70,7 @@ from idemctl.stores.base import (
     check_forgettable,
     new_owner,
     scan_query,
+    server_clock_finding,
     stats_of,
 )
 
@@ -666,12 +667,7 @@ class RedisStore(BaseStore):
                 + (", cluster" if self.cluster else ""),
             )
         )  # fmt: skip
-        findings.append(
-            Finding(
-                "clock", abs(skew) < 5, f"server clock {skew * 1000:+.0f} ms from this machine's",
-                None if abs(skew) < 5 else "leases are judged by the server's clock; fix NTP",
-            )
-        )  # fmt: skip
+        findings.append(server_clock_finding(skew))
         findings += self._config_findings()
         loaded = self._loaded()
         missing = [n for n, ok in loaded.items() if not ok]

@@ -305,7 +305,9 @@ class SQLiteStore(RowStore):
             Finding(
                 "schema",
                 version == SCHEMA_VERSION,
-                f"schema version {version}",
+                f"schema version {version} of {SCHEMA_VERSION}"
+                if version is not None
+                else f"no idemctl schema in {self.path}",
                 None if version == SCHEMA_VERSION else "run 'idemctl init'",
             )
         )

@@ -1,0 +1,1 @@
+complete --command idemctl --no-files --arguments "(env _IDEMCTL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) idemctl)" --condition "env _IDEMCTL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) idemctl"
