@@ -32,7 +32,7 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     for name, content in scripts().items():
         (out / name).write_text(content, encoding="utf-8")
-        print(f"wrote {out / name}", file=sys.stderr)  # noqa: T201
+        print(f"wrote {out / name}", file=sys.stderr)
 
 
 if __name__ == "__main__":
