@@ -10,7 +10,7 @@ import sys
 import typer
 
 from idemctl.cli import look, provision, repair  # noqa: F401 - registers the commands
-from idemctl.cli.common import app, command, emit_json, settings
+from idemctl.cli.common import app, command, emit_json, report_error, settings
 from idemctl.cli.exitcodes import exit_code_for
 from idemctl.errors import IdemctlError
 
@@ -29,8 +29,9 @@ def version(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    """Entry point: usage errors exit 2 (typer's own); idemctl's errors print one line and
-    exit with their code from ``idemctl.cli.exitcodes``."""
+    """Entry point. Usage errors exit 2 (typer's own); idemctl's errors print one line and
+    exit with their code from ``idemctl.cli.exitcodes`` (commands do that themselves; this
+    catches any raised outside them)."""
     import logging
 
     # Drivers log their own reconnect attempts; the CLI reports the outcome itself (-v shows them).
@@ -39,9 +40,6 @@ def main() -> None:
         app()
     except IdemctlError as exc:
         from rich.console import Console
-        from rich.markup import escape
 
-        Console(stderr=True, highlight=False, soft_wrap=True).print(
-            f"[bold red]error:[/] {escape(str(exc))}"
-        )
+        report_error(exc, Console(stderr=True, highlight=False))
         sys.exit(exit_code_for(exc))

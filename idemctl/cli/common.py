@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from idemctl.cli.exitcodes import exit_code_table
-from idemctl.errors import ConfigError, Refused
+from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
+from idemctl.errors import ConfigError, IdemctlError, Refused
 from idemctl.stores import DEFAULT_URL, open_store
 from idemctl.urls import redact_text, secrets_in
 
@@ -187,8 +187,9 @@ _DEFAULTS: dict[str, Any] = {"as_json": False, "verbose": 0, "no_color": False}
 
 
 def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
-    """Register a command that takes ``ctx: typer.Context`` first; it gets the global
-    options too, and Ctrl-C anywhere in it exits 130."""
+    """Register a command that takes ``ctx: typer.Context`` first. It gets the global
+    options too; an idemctl error in it prints one line and exits with its code, and
+    Ctrl-C exits 130."""
 
     def register(func: F) -> F:
         signature = inspect.signature(func, eval_str=True)
@@ -204,7 +205,10 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
                 return func(ctx, **params)
             except (KeyboardInterrupt, typer.Abort):
                 current.err.print("interrupted", style="bold red")
-                raise typer.Exit(130) from None
+                raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+            except IdemctlError as exc:
+                report_error(exc, current.err)
+                raise typer.Exit(int(exit_code_for(exc))) from None
 
         extra = [
             inspect.Parameter(
@@ -220,6 +224,13 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
         return func
 
     return register
+
+
+def report_error(exc: IdemctlError, err: Console) -> None:
+    """One line on stderr; messages name stores by their redacted URLs."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
 
 
 # Store -------------------------------------------------------------------------------
