@@ -118,9 +118,12 @@ class Settings:
         if stderr not in self._consoles:
             from rich.console import Console
 
-            self._consoles[stderr] = Console(
-                stderr=stderr, highlight=False, no_color=self.no_color or None
+            console = Console(
+                stderr=stderr, highlight=False, no_color=self.no_color or None, soft_wrap=True
             )
+            if not console.is_terminal:
+                console.width = 250  # a pipe or a file gets whole lines, not 80 columns
+            self._consoles[stderr] = console
         return self._consoles[stderr]
 
     @property

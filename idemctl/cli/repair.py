@@ -78,7 +78,7 @@ def unlock(
     with cli_store(ctx) as store:
         found = store.unlock_stale(older, dry_run=True)
         if dry_run or not found:
-            _report(ctx, "unlock", store.url, found, dry_run=True)
+            _report(ctx, "unlock", store.url, found, dry_run=dry_run)
             return
         if len(found) > 1:
             confirm(ctx, f"Free {len(found)} stale lease(s) on {store.url}?", yes)
@@ -130,7 +130,7 @@ def purge(
     with cli_store(ctx) as store:
         found = store.purge(older, dry_run=True)
         if dry_run or not found:
-            _report(ctx, "purge", store.url, None, count=found, dry_run=True)
+            _report(ctx, "purge", store.url, None, count=found, dry_run=dry_run)
             return
         if found > 1:
             confirm(ctx, f"Delete {found} record(s) past retention on {store.url}?", yes)

@@ -82,3 +82,17 @@ def test_readme_exit_code_table_is_the_code_table() -> None:
         int(code): text.replace("`", "'").replace("'--force'", "--force")
         for code, text in rows.items()
     } == {int(code): meaning for code, meaning in MEANINGS.items()}
+
+
+def test_readme_shows_every_command_and_global_option() -> None:
+    from idemctl.cli import app
+
+    readme = (REPO / "README.md").read_text()
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands}  # type: ignore[union-attr]
+    assert commands >= {"init", "inspect", "list", "stats", "doctor", "unlock", "forget", "purge"}
+    for name in commands:
+        assert f"`idemctl {name}" in readme, f"the README's command table lacks {name}"
+        example = re.compile(rf"^\$ .*idemctl .*\b{name}\b", re.M)
+        assert example.search(readme) or name == "version", f"no example of {name}"
+    for option in ("--store", "--config", "--profile", "--json", "-v", "--no-color"):
+        assert f"`{option}" in readme
