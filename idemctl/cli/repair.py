@@ -141,17 +141,32 @@ def purge(
 
 @contextmanager
 def _progress(ctx: typer.Context, what: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A progress bar on stderr (on a terminal only); yields what advances it."""
+    """A progress bar on stderr (on a terminal only); yields what advances it. Interrupted,
+    it says how far it got: each batch is atomic, so nothing is left half-changed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     current = settings(ctx)
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        bar.advance(task, n)
+
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=current.err, transient=True,
         disable=current.json or not current.err.is_terminal,
     ) as bar:  # fmt: skip
         task = bar.add_task(what, total=total)
-        yield lambda n: bar.advance(task, n)
+        try:
+            yield advance
+        except KeyboardInterrupt:
+            current.err.print(
+                f"{what} stopped after {done} of {total} key(s); each batch was done whole "
+                "or not at all: run the command again for the rest"
+            )
+            raise
 
 
 _DONE = {

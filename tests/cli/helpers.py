@@ -1,0 +1,228 @@
+"""What the CLI tests share: the CLI run in-process, its JSON checked against schemas/, and
+a store per backend (sqlite, redis, redis-cluster, postgres, dynamodb) of the test's own.
+
+Fixtures defined here are imported by the test modules that use them:
+
+    from tests.cli.helpers import bare_fixture, target_fixture  # noqa: F401
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from idemctl.model import Acquired, Record
+from idemctl.stores import open_store
+from idemctl.stores.base import Store
+from tests.backends import BACKENDS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMAS = ROOT / "schemas"
+SCHEMA_BASE = "https://idemctl.dev/schemas/"
+
+STORES = ["sqlite", "redis", "redis-cluster", "postgres", "dynamodb"]
+"""The real stores every command runs on (memory:// lives in one process: each CLI call
+would open a new, empty one)."""
+
+# Environment of every in-process run: no store, config or profile leaks in from the
+# developer's shell, and a wide terminal so that tables never fold keys.
+_ENV: dict[str, str | None] = {
+    "IDEMCTL_STORE": None,
+    "IDEMCTL_CONFIG": None,
+    "IDEMCTL_PROFILE": None,
+    "COLUMNS": "250",
+    "LINES": "50",
+    "NO_COLOR": "1",
+    "TERM": "dumb",
+}
+
+
+# Running the CLI ---------------------------------------------------------------------
+
+
+def run(
+    args: list[str], *, input: str | None = None, env: dict[str, str | None] | None = None
+) -> Result:
+    """``idemctl ARGS`` in this process; exceptions the CLI does not handle propagate."""
+    from idemctl.cli import app
+
+    return CliRunner().invoke(
+        app, args, input=input, env={**_ENV, **(env or {})}, catch_exceptions=False
+    )
+
+
+def on(url: str, *args: str, input: str | None = None) -> Result:
+    """``idemctl --store URL ARGS``."""
+    return run(["--store", url, *args], input=input)
+
+
+def json_doc(result: Result, schema: str) -> Any:
+    """The one JSON document on stdout, validated against ``schemas/<schema>``."""
+    document = json.loads(result.stdout)
+    validate(schema, document)
+    return document
+
+
+def json_lines(result: Result, schema: str = "record.schema.json") -> list[Any]:
+    """NDJSON on stdout: one document a line, each validated."""
+    documents = []
+    for line in result.stdout.splitlines():
+        assert line.strip(), f"blank line in NDJSON output: {result.stdout!r}"
+        document = json.loads(line)
+        validate(schema, document)
+        documents.append(document)
+    return documents
+
+
+_MORE = re.compile(r"showing (\d+); for more: idemctl list \.\.\. --cursor (.+)$", re.MULTILINE)
+
+
+def next_cursor(result: Result) -> str | None:
+    """The cursor ``list`` printed on stderr for the next page; None when it printed none."""
+    match = _MORE.search(result.stderr)
+    if match is None:
+        return None
+    cursor = ast.literal_eval(match.group(2).strip())
+    assert isinstance(cursor, str)
+    return cursor
+
+
+def rows(text: str) -> dict[str, str]:
+    """``inspect``'s detail grid as {field: value}; a value's continuation lines (a result
+    printed as indented JSON) are joined to it."""
+    names = (
+        "key", "status", "owner", "fencing token", "attempts", "lease", "age", "updated",
+        "completed", "retention", "fingerprint", "error", "result",
+    )  # fmt: skip
+    found: dict[str, str] = {}
+    last = None
+    for line in text.splitlines():
+        name = next(
+            (n for n in sorted(names, key=len, reverse=True) if line.startswith(n + "  ")), None
+        )
+        if name is not None and name not in found:
+            found[name] = line[len(name) :].strip()
+            last = name
+        elif last is not None:
+            found[last] += "\n" + line.strip()
+    return found
+
+
+def table(text: str) -> dict[str, list[str]]:
+    """``list``'s table as {key: [status, token, attempts, lease, age]}. Columns are split on
+    runs of two or more spaces, so a status like ``in_progress (stale)`` stays whole."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines, "no table on stdout"
+    assert lines[0].split() == ["KEY", "STATUS", "TOKEN", "ATTEMPTS", "LEASE", "AGE"], lines[0]
+    out = {}
+    for line in lines[1:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        assert cells[0] not in out, f"key listed twice: {cells[0]}"
+        out[cells[0]] = cells[1:]
+    return out
+
+
+# JSON schemas ------------------------------------------------------------------------
+
+
+@cache
+def _validators() -> dict[str, Any]:
+    from jsonschema import Draft202012Validator, FormatChecker
+    from referencing import Registry, Resource
+
+    schemas = {
+        path.name: json.loads(path.read_text()) for path in SCHEMAS.glob("*.schema.json")
+    }
+    for name, schema in schemas.items():
+        assert schema["$id"] == SCHEMA_BASE + name
+        Draft202012Validator.check_schema(schema)
+    registry = Registry().with_resources(
+        (schema["$id"], Resource.from_contents(schema)) for schema in schemas.values()
+    )
+    return {
+        name: Draft202012Validator(schema, registry=registry, format_checker=FormatChecker())
+        for name, schema in schemas.items()
+    }
+
+
+def validate(schema: str, document: Any) -> None:
+    """Raise if ``document`` does not follow ``schemas/<schema>`` (formats checked too)."""
+    _validators()[schema].validate(document)
+
+
+# Stores ------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """One store of the test's own: its URL for the CLI, and the library on it."""
+
+    name: str
+    url: str
+    _store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        """The library's store on the same URL (opened once, closed after the test)."""
+        if self._store is None:
+            self._store = open_store(self.url)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    # Building state with the library -----------------------------------------------
+
+    def claim(self, key: str, lease: float = 30.0, fingerprint: str | None = None) -> Acquired:
+        outcome = self.store.claim(key, fingerprint=fingerprint, lease=lease)
+        assert isinstance(outcome, Acquired), outcome
+        return outcome
+
+    def completed(
+        self, key: str, result: Any = None, retention: float | None = None, **claim: Any
+    ) -> Record:
+        got = self.claim(key, **claim)
+        return self.store.complete(key, got.owner, got.fencing_token, result, retention)
+
+    def failed(
+        self, key: str, error: str = "boom", retriable: bool = False, **kwargs: Any
+    ) -> Record:
+        got = self.claim(key)
+        return self.store.fail(key, got.owner, got.fencing_token, error, retriable, **kwargs)
+
+    def get(self, key: str) -> Record | None:
+        return self.store.get(key)
+
+
+@pytest.fixture(name="bare", params=STORES)
+def bare_fixture(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """A store of the test's own on each real backend, not provisioned: a SQLite file that
+    does not exist, a PostgreSQL schema or DynamoDB table not created yet (Redis keeps its
+    Lua scripts server-wide: they may be loaded already)."""
+    backend = BACKENDS[request.param](request)
+    target = Target(request.param, backend.url)
+    yield target
+    target.close()
+
+
+@pytest.fixture(name="target")
+def target_fixture(bare: Target) -> Target:
+    """``bare``, provisioned as ``idemctl init`` would."""
+    store = open_store(bare.url)
+    try:
+        store.provision()
+    finally:
+        store.close()
+    return bare
