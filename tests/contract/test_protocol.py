@@ -370,8 +370,21 @@ def test_unlock_stale(store: Store) -> None:
     assert acquire(store, "tenant-b/2").fencing_token == 2
 
 
-def test_unlock_stale_and_purge_work_in_batches(store: Store) -> None:
-    keys = [f"bulk/{i:04d}" for i in range(1100)]  # more than one batch on every store
+def test_unlock_stale_and_purge_work_in_batches(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import idemctl.stores.base
+    import idemctl.stores.dynamodb
+    import idemctl.stores.postgres
+    import idemctl.stores.redis
+
+    # Batches of 40 (Redis: SCAN COUNT 40), so 120 keys take several on every store.
+    for module, name in (
+        (idemctl.stores.base, "BATCH"), (idemctl.stores.postgres, "BATCH"),
+        (idemctl.stores.dynamodb, "ITEMS_PER_BATCH"), (idemctl.stores.redis, "SCAN_COUNT"),
+    ):  # fmt: skip
+        monkeypatch.setattr(module, name, 40)
+    keys = [f"bulk/{i:04d}" for i in range(120)]
     outcomes = store.claim_many([ClaimRequest(k) for k in keys], lease=SHORT)
     assert all(isinstance(o, Acquired) for o in outcomes)
     time.sleep(WAIT)
@@ -379,6 +392,19 @@ def test_unlock_stale_and_purge_work_in_batches(store: Store) -> None:
     assert store.unlock_stale(progress=handled.append) == keys
     assert len(handled) > 1 and sum(handled) == len(keys)
     assert store.unlock_stale(dry_run=True) == []
+
+    again = store.claim_many([ClaimRequest(k) for k in keys])
+    done = store.complete_many(
+        [Completion(k, a.owner, a.fencing_token) for k, a in zip(keys, again, strict=True)
+         if isinstance(a, Acquired)],
+        retention=SHORT,
+    )  # fmt: skip
+    assert done == [True] * len(keys)
+    time.sleep(WAIT)
+    handled.clear()
+    purged = store.purge(progress=handled.append)
+    assert purged in (0, len(keys))  # stores that expire by TTL have nothing left to purge
+    assert sum(handled) == purged and (purged == 0 or len(handled) > 1)
 
 
 def test_forget(store: Store) -> None:
