@@ -1,3 +1,3 @@
 from idemctl.cli import main
 
-main()
+main()  # `python -m idemctl` is still idemctl: main() names the program itself

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import SplitResult, parse_qsl, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from idemctl.durations import parse_duration
 from idemctl.errors import ConfigError
 
-# userinfo "user:secret@" where urlsplit cannot help (a malformed URL), and libpq-style
-# query options that carry secrets.
-_USERINFO = re.compile(r"(?<=:)[^:/@?#\s]+(?=@)")
+# "scheme://user:secret@host": the secret runs to the last "@", as urlsplit reads it, so a
+# "#", "/" or "?" in it is hidden too, where urlsplit would stop early. Also matched in text
+# that is no URL ("user:secret@host"). A URL with an "@" in its query may lose more than its
+# password: printing too little is the safe side.
+_CREDENTIALS = re.compile(
+    r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*:/+[^:@/]*|(?![A-Za-z][A-Za-z0-9+.-]*:/)[^:@/]*)"
+    r":(?P<secret>.*)@"
+)
+# libpq-style query options that carry secrets.
 _SECRET_OPTION = re.compile(
     r"(?i)\b(password|passwd|pwd|secret|token|sslpassword|aws_secret_access_key|aws_session_token)=[^&#\s]*"
 )
@@ -18,17 +24,7 @@ _SECRET_OPTION = re.compile(
 
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ``***``: the only form that may be printed."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        password = None
-        parts = None
-    if parts is not None and password is not None:
-        host = parts.netloc.rsplit("@", 1)[1]
-        url = urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-    else:
-        url = _USERINFO.sub("***", url)
+    url = _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", url, count=1)
     return _SECRET_OPTION.sub(lambda m: f"{m.group(1)}=***", url)
 
 
@@ -98,12 +94,9 @@ def secrets_in(url: str) -> list[str]:
     from urllib.parse import unquote
 
     found: set[str] = set()
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        found |= {password, unquote(password)}
+    credentials = _CREDENTIALS.match(url)
+    if credentials and credentials["secret"]:
+        found |= {credentials["secret"], unquote(credentials["secret"])}
     for match in _SECRET_OPTION.finditer(url):
         value = match.group(0).split("=", 1)[1]
         if value:

@@ -37,7 +37,8 @@ def main() -> None:
     # Drivers log their own reconnect attempts; the CLI reports the outcome itself (-v shows them).
     logging.getLogger().addHandler(logging.NullHandler())
     try:
-        app()
+        # The name completion scripts and usage lines use, also under `python -m idemctl`.
+        app(prog_name="idemctl")
     except IdemctlError as exc:
         from rich.console import Console
 

@@ -22,7 +22,7 @@ import typer
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
 from idemctl.errors import ConfigError, IdemctlError, Refused
 from idemctl.stores import DEFAULT_URL, open_store
-from idemctl.urls import redact_text, secrets_in
+from idemctl.urls import redact_text, redact_url, secrets_in
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -244,7 +244,7 @@ def cli_store(ctx: typer.Context) -> Iterator[Store]:
     """The chosen store, opened for a command and closed after it. The CLI never creates a
     SQLite database as a side effect of looking at it: only ``init`` provisions."""
     url, source = settings(ctx).store_url()
-    logging.getLogger("idemctl.cli").info("store %s (from %s)", url, source)
+    logging.getLogger("idemctl.cli").info("store %s (from %s)", redact_url(url), source)
     store = open_store(url)
     if hasattr(store, "auto_provision"):
         store.auto_provision = False

@@ -9,7 +9,7 @@ import typer
 from idemctl.cli import render
 from idemctl.cli.common import cli_store, command, duration, emit_json, settings
 from idemctl.cli.exitcodes import ExitCode
-from idemctl.errors import KeyNotFound, NotProvisioned, StoreUnavailable
+from idemctl.errors import ConfigError, KeyNotFound, NotProvisioned, StoreUnavailable
 from idemctl.model import Finding, Status, validate_key
 
 PAGE = 500
@@ -65,7 +65,8 @@ def list_(
     """List records, a page at a time.
 
     A table, or NDJSON with --json. Keys past retention are left out. --stale shows
-    in-progress keys nobody holds a live lease on: what `unlock --stale` frees.
+    in-progress keys nobody holds a live lease on: expired ones, which `unlock --stale`
+    frees, and released ones, which the next delivery claims.
     """
     current = settings(ctx)
     older = duration(older_than, "--older-than")
@@ -138,6 +139,10 @@ def doctor(ctx: typer.Context) -> None:
             )  # fmt: skip
         except NotProvisioned as exc:
             findings.append(Finding("schema", False, str(exc), "run 'idemctl init'"))
+        except ConfigError as exc:  # refused credentials
+            findings.append(
+                Finding("credentials", False, str(exc), "check the user and password in the URL")
+            )
     code = _doctor_exit(findings)
     if current.json:
         emit_json(
@@ -160,6 +165,8 @@ NOT_PROVISIONED = {"schema", "table", "scripts"}
 
 def _doctor_exit(findings: list[Finding]) -> ExitCode:
     failed = {f.name for f in findings if not f.ok}
+    if "credentials" in failed:
+        return ExitCode.USAGE
     if "connection" in failed:
         return ExitCode.STORE_UNREACHABLE
     if failed & NOT_PROVISIONED:

@@ -311,6 +311,8 @@ class SQLiteStore(RowStore):
                 None if version == SCHEMA_VERSION else "run 'idemctl init'",
             )
         )
+        if not self._exists():
+            return findings  # looking must not create the file
         with self._lock:
             (mode,) = self._conn.execute("PRAGMA journal_mode").fetchone()
             (sync,) = self._conn.execute("PRAGMA synchronous").fetchone()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from idemctl.errors import ConfigError
-from idemctl.urls import UrlOptions, redact_url
+from idemctl.urls import UrlOptions, redact_text, redact_url, secrets_in
 
 # redact_url ------------------------------------------------------------------------------
 
@@ -49,7 +49,15 @@ def test_redact_url_leaves_urls_without_password_unchanged(url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["redis://user:s3cret@[::1/0", "redis:/user:s3cret@host:6379/0", "user:s3cret@host"]
+    "url",
+    [
+        "redis://user:s3cret@[::1/0",
+        "redis:/user:s3cret@host:6379/0",
+        "user:s3cret@host",
+        "redis://user:s3#cret@host:6379/0",  # urlsplit would end the password at "#"
+        "redis://user:s3?cret@host/0",
+        "postgresql://user:s3/cret@host/db",
+    ],
 )
 def test_redact_url_of_malformed_url_still_hides_the_password(url: str) -> None:
     shown = redact_url(url)
@@ -161,3 +169,19 @@ def test_bad_choice_option_lists_the_choices() -> None:
     message = str(info.value)
     assert "synchronous='off'" in message
     assert "full, normal, extra" in message
+
+
+@pytest.mark.parametrize(
+    ("url", "secrets"),
+    [
+        ("redis://:pa#ss@127.0.0.1:1/0", ["pa#ss"]),
+        ("postgresql://u:p%40ss@h/db?password=zz", ["p%40ss", "p@ss", "zz"]),
+        ("app:s3cret@127.0.0.1/x", ["s3cret"]),
+        ("redis://h:6379/0", []),
+        ("sqlite:///./x.db", []),
+    ],
+)
+def test_secrets_in_finds_every_form_of_the_password(url: str, secrets: list[str]) -> None:
+    found = secrets_in(url)
+    assert sorted(found) == sorted(secrets)
+    assert all(s not in redact_text(f"log line about {url}", found) for s in secrets)
