@@ -37,6 +37,10 @@ class InvalidPayload(IdemctlError, ValueError):
     """A payload or result that cannot be fingerprinted or stored as JSON."""
 
 
+class InvalidCursor(IdemctlError, ValueError):
+    """A ``scan`` cursor this store did not hand out."""
+
+
 # Stores ------------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from enum import IntEnum
 from idemctl.errors import (
     ConfigError,
     IdemctlError,
+    InvalidCursor,
     InvalidKey,
     InvalidPayload,
     KeyNotFound,
@@ -47,7 +48,7 @@ MEANINGS: dict[ExitCode, str] = {
 def exit_code_for(exc: BaseException) -> ExitCode:
     if isinstance(exc, KeyboardInterrupt):
         return ExitCode.INTERRUPTED
-    if isinstance(exc, ConfigError | InvalidKey | InvalidPayload):
+    if isinstance(exc, ConfigError | InvalidKey | InvalidPayload | InvalidCursor):
         return ExitCode.USAGE
     if isinstance(exc, StoreUnavailable):
         return ExitCode.STORE_UNREACHABLE

@@ -7,10 +7,11 @@ from typing import Annotated
 import typer
 
 from idemctl.cli import render
-from idemctl.cli.common import cli_store, command, duration, emit_json, settings
+from idemctl.cli.common import cli_store, command, duration, emit_json, settings, usage_error
 from idemctl.cli.exitcodes import ExitCode
-from idemctl.errors import ConfigError, KeyNotFound, NotProvisioned, StoreUnavailable
+from idemctl.errors import ConfigError, InvalidCursor, KeyNotFound, NotProvisioned, StoreUnavailable
 from idemctl.model import Finding, Status, validate_key
+from idemctl.urls import redact_url
 
 PAGE = 500
 """Records one ``scan`` call fetches for ``list``."""
@@ -75,10 +76,13 @@ def list_(
     remaining = limit or None
     with cli_store(ctx) as store:
         while True:
-            page = store.scan(
-                status=status, stale_only=stale, prefix=prefix, cursor=cursor, older_than=older,
-                limit=PAGE if remaining is None else min(PAGE, remaining),
-            )  # fmt: skip
+            try:
+                page = store.scan(
+                    status=status, stale_only=stale, prefix=prefix, cursor=cursor,
+                    older_than=older, limit=PAGE if remaining is None else min(PAGE, remaining),
+                )  # fmt: skip
+            except InvalidCursor as exc:
+                raise usage_error(ctx, "--cursor", str(exc)) from None
             if current.json:
                 for record in page.records:
                     emit_json(record.to_json())
@@ -123,26 +127,26 @@ def doctor(ctx: typer.Context) -> None:
     Exits 3 when unreachable, 4 when not provisioned, 1 for any other problem.
     """
     current = settings(ctx)
-    _, source = current.store_url()
-    findings = []
-    with cli_store(ctx) as store:
-        url = store.url
-        findings.append(Finding("store", True, f"{url} (from {source})"))
-        try:
-            findings += store.check()
-        except StoreUnavailable as exc:
-            findings.append(
-                Finding(
-                    "connection", False, str(exc),
-                    "is the server running, and are the URL's host, port and credentials right?",
+    url, source = current.store_url()
+    url = redact_url(url)
+    findings = [Finding("store", True, f"{url} (from {source})")]
+    try:
+        with cli_store(ctx) as store:  # a cluster client connects as it opens
+            try:
+                findings += store.check()
+            except NotProvisioned as exc:
+                findings.append(Finding("schema", False, str(exc), "run 'idemctl init'"))
+            except ConfigError as exc:  # refused credentials
+                findings.append(
+                    Finding("credentials", False, str(exc), "check the URL's user and password")
                 )
-            )  # fmt: skip
-        except NotProvisioned as exc:
-            findings.append(Finding("schema", False, str(exc), "run 'idemctl init'"))
-        except ConfigError as exc:  # refused credentials
-            findings.append(
-                Finding("credentials", False, str(exc), "check the user and password in the URL")
+    except StoreUnavailable as exc:
+        findings.append(
+            Finding(
+                "connection", False, str(exc),
+                "is the server running, and are the URL's host, port and credentials right?",
             )
+        )  # fmt: skip
     code = _doctor_exit(findings)
     if current.json:
         emit_json(

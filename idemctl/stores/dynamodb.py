@@ -32,6 +32,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from idemctl.errors import (
     ConfigError,
+    InvalidCursor,
     KeyNotFound,
     LeaseLost,
     NotProvisioned,
@@ -96,6 +97,19 @@ def _ms(at: float) -> int:
 
 def _dt(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _start_key(cursor: str | None) -> dict[str, Any] | None:
+    """The ExclusiveStartKey a ``scan`` cursor stands for."""
+    if not cursor:
+        return None
+    try:
+        start = json.loads(cursor)
+        if isinstance(start, dict) and isinstance(start["key"]["S"], str):
+            return start
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise InvalidCursor(f"not a cursor of this DynamoDB store: {cursor!r}")
 
 
 def _n(value: int) -> dict[str, str]:
@@ -480,11 +494,13 @@ class DynamoDBStore(BaseStore):
             scan_query(datetime.now(UTC), status, stale_only, older_than), prefix=prefix
         )
         found: list[Record] = []
-        for records, after in self._scan(json.loads(cursor) if cursor else None):
-            for record in records:
+        for records, after in self._scan(_start_key(cursor)):
+            for i, record in enumerate(records):
                 if query.matches(record):
                     found.append(record)
                     if len(found) == limit:
+                        if after is None and not any(query.matches(r) for r in records[i + 1 :]):
+                            return Page(found, None)  # nothing left: offer no empty page
                         # DynamoDB resumes a Scan after any item's key: go on after this one.
                         return Page(found, json.dumps({"key": _s(record.key)}))
             if after is None:
@@ -494,12 +510,14 @@ class DynamoDBStore(BaseStore):
     def stats(self) -> Stats:
         return stats_of([r for records, _ in self._scan() for r in records], datetime.now(UTC))
 
-    def _free(self, record: Record, lease_ended_by: int | None) -> bool:
+    def _free(self, record: Record, lease_ended_by: int | None, now: int | None = None) -> bool:
         """Take the lease from its owner, if that owner still holds it with that token and
-        (``lease_ended_by``, ms) its lease ended by then; False when anything changed."""
+        (``lease_ended_by``, ms) its lease ended by then; False when anything changed.
+        ``now`` (ms) is the time written, by default this moment's."""
         assert record.owner is not None
         values = {
-            ":now": _n(self._now()), ":owner": _s(record.owner), ":tok": _n(record.fencing_token),
+            ":now": _n(self._now() if now is None else now), ":owner": _s(record.owner),
+            ":tok": _n(record.fencing_token),
         }  # fmt: skip
         condition = "#ow = :owner AND #tok = :tok"
         if lease_ended_by is not None:
@@ -517,9 +535,9 @@ class DynamoDBStore(BaseStore):
         record = self.get(key)
         if record is None:
             raise KeyNotFound(key)
-        now = datetime.now(UTC)
-        freed = unlocked(record, now, force)
-        if freed is not record and not self._free(record, None if force else _ms(now.timestamp())):
+        now = self._now()  # one reading: the record returned is the record written
+        freed = unlocked(record, datetime.fromtimestamp(now / 1000, UTC), force)
+        if freed is not record and not self._free(record, None if force else now, now):
             raise StoreError(f"key {key!r} changed while it was being unlocked; try again")
         return freed
 

@@ -90,7 +90,7 @@ class MemoryStore(RowStore):
 
     def check(self) -> list[Finding]:
         return [
-            Finding("store", True, f"in-process memory store with {len(self._rows)} records"),
+            Finding("memory", True, f"in-process memory store with {len(self._rows)} records"),
             Finding(
                 "durability",
                 True,

@@ -35,6 +35,7 @@ from redis.retry import Retry
 
 from idemctl.errors import (
     ConfigError,
+    InvalidCursor,
     KeyNotFound,
     LeaseLost,
     Refused,
@@ -527,8 +528,7 @@ class RedisStore(BaseStore):
             return Page([], None)
         with self._guard():
             query = scan_query(self._now(), status, stale_only, older_than)
-        position, after = (None, None) if cursor is None else cursor.split("/", 1)
-        after = after or None  # "node:cursor/" starts a batch afresh
+        position, after = _parse_cursor(cursor)
         found: list[Record] = []
         for at, following, records in self._iterate(prefix, position):
             batch = sorted(
@@ -707,7 +707,9 @@ class RedisStore(BaseStore):
             ),
             Finding(
                 "appendfsync", aof == "yes" and synced, f"appendfsync {fsync}{lossy}",
-                None if synced else "CONFIG SET appendfsync always (or everysec)",
+                None if aof == "yes" and synced
+                else "CONFIG SET appendonly yes first: appendfsync applies to the AOF only"
+                if synced else "CONFIG SET appendfsync always (or everysec)",
             ),
             Finding(
                 "replicas", replicas >= self.replicas, f"{replicas} connected replica(s)",
@@ -759,6 +761,17 @@ def _translate(exc: BaseException, url: str) -> StoreError | ConfigError:
     if isinstance(exc, ResponseError) and "NOPERM" in str(exc):
         return ConfigError(f"Redis at {url} denied a command to this user: {exc}")
     return StoreError(f"Redis at {url}: {exc}")
+
+
+def _parse_cursor(cursor: str | None) -> tuple[str | None, str | None]:
+    """A ``scan`` cursor's batch position ("node:cursor") and the last key taken from that
+    batch ("node:cursor/" starts the batch afresh)."""
+    if cursor is None:
+        return None, None
+    position, _, after = cursor.partition("/")
+    if not re.fullmatch(r"\d+:\d+", position):
+        raise InvalidCursor(f"not a cursor of this Redis store: {cursor!r}")
+    return position, after or None
 
 
 @contextmanager

@@ -11,8 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -140,9 +139,7 @@ def _validators() -> dict[str, Any]:
     from jsonschema import Draft202012Validator, FormatChecker
     from referencing import Registry, Resource
 
-    schemas = {
-        path.name: json.loads(path.read_text()) for path in SCHEMAS.glob("*.schema.json")
-    }
+    schemas = {path.name: json.loads(path.read_text()) for path in SCHEMAS.glob("*.schema.json")}
     for name, schema in schemas.items():
         assert schema["$id"] == SCHEMA_BASE + name
         Draft202012Validator.check_schema(schema)
@@ -169,7 +166,15 @@ class Target:
 
     name: str
     url: str
+    redis_nodes: list[Any] = field(default_factory=list)
+    """The Redis servers behind the URL (every primary of a cluster); empty for others."""
     _store: Store | None = None
+
+    def unload_scripts(self) -> None:
+        """SCRIPT FLUSH on every Redis node: as a server that never ran idemctl. Harmless to
+        other tests: stores load their scripts again when Redis says NOSCRIPT."""
+        for node in self.redis_nodes:
+            node.cli("SCRIPT", "FLUSH")
 
     @property
     def store(self) -> Store:
@@ -206,23 +211,40 @@ class Target:
         return self.store.get(key)
 
 
+def make_target(request: pytest.FixtureRequest, name: str, provision: bool = False) -> Target:
+    """A store of the test's own on backend ``name`` (tests/backends.py). Not provisioned
+    unless ``provision``: a SQLite file that does not exist, a PostgreSQL schema or DynamoDB
+    table not created yet (Redis keeps its Lua scripts server-wide: they may be loaded)."""
+    backend = BACKENDS[name](request)
+    nodes: list[Any] = []
+    if name == "redis":
+        nodes = [request.getfixturevalue("redis_server")]
+    elif name == "redis-cluster":
+        nodes = list(request.getfixturevalue("redis_cluster").nodes)
+    target = Target(name, backend.url, nodes)
+    request.addfinalizer(target.close)
+    if provision:
+        with open_store(target.url) as store:
+            store.provision()
+    return target
+
+
 @pytest.fixture(name="bare", params=STORES)
-def bare_fixture(request: pytest.FixtureRequest) -> Iterator[Target]:
-    """A store of the test's own on each real backend, not provisioned: a SQLite file that
-    does not exist, a PostgreSQL schema or DynamoDB table not created yet (Redis keeps its
-    Lua scripts server-wide: they may be loaded already)."""
-    backend = BACKENDS[request.param](request)
-    target = Target(request.param, backend.url)
-    yield target
-    target.close()
+def bare_fixture(request: pytest.FixtureRequest) -> Target:
+    """``make_target`` on each real store."""
+    return make_target(request, request.param)
+
+
+@pytest.fixture(name="unprovisioned", params=["sqlite", "postgres", "dynamodb"])
+def unprovisioned_fixture(request: pytest.FixtureRequest) -> Target:
+    """The stores that cannot be read before ``idemctl init``: a missing SQLite file, a
+    PostgreSQL schema that does not exist, a DynamoDB table that does not exist."""
+    return make_target(request, request.param)
 
 
 @pytest.fixture(name="target")
 def target_fixture(bare: Target) -> Target:
     """``bare``, provisioned as ``idemctl init`` would."""
-    store = open_store(bare.url)
-    try:
+    with open_store(bare.url) as store:
         store.provision()
-    finally:
-        store.close()
     return bare
