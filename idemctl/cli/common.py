@@ -46,42 +46,38 @@ STORE_HELP = (
     "postgresql://, dynamodb://TABLE  [default: sqlite:///./idemctl.db]"
 )
 
-StoreOption = Annotated[
-    str | None, typer.Option("--store", help=STORE_HELP, rich_help_panel=GLOBAL_PANEL)
-]
-ConfigOption = Annotated[
-    str | None,
-    typer.Option(
-        "--config", help="Config file [default: ./idemctl.yaml if present]",
-        rich_help_panel=GLOBAL_PANEL,
+# name -> (type, option names, help, environment variable at the root)
+_GLOBALS: dict[str, tuple[Any, tuple[str, ...], str, str | None]] = {
+    "store": (str | None, ("--store",), STORE_HELP, "IDEMCTL_STORE"),
+    "config": (
+        str | None, ("--config",), "Config file [default: ./idemctl.yaml if present]",
+        "IDEMCTL_CONFIG",
     ),
-]  # fmt: skip
-ProfileOption = Annotated[
-    str | None,
-    typer.Option(
-        "--profile", help="Named profile of the config file", rich_help_panel=GLOBAL_PANEL
-    ),
-]
-JsonOption = Annotated[
-    bool,
-    typer.Option(
-        "--json", help="Print one JSON document (NDJSON for lists) on stdout",
-        rich_help_panel=GLOBAL_PANEL,
-    ),
-]  # fmt: skip
-VerboseOption = Annotated[
-    int,
-    typer.Option(
-        "--verbose", "-v", count=True, help="Log to stderr (-vv for debug)",
-        rich_help_panel=GLOBAL_PANEL,
-    ),
-]  # fmt: skip
-NoColorOption = Annotated[
-    bool, typer.Option("--no-color", help="Plain text output", rich_help_panel=GLOBAL_PANEL)
-]
+    "profile": (str | None, ("--profile",), "Named profile of the config file", "IDEMCTL_PROFILE"),
+    "as_json": (bool, ("--json",), "Print one JSON document (NDJSON for lists) on stdout", None),
+    "verbose": (int, ("--verbose", "-v"), "Log to stderr (-vv for debug)", None),
+    "no_color": (bool, ("--no-color",), "Plain text output", None),
+}  # fmt: skip
+_DEFAULTS: dict[str, Any] = {"as_json": False, "verbose": 0, "no_color": False}
 
-# The same options at the root, where the environment may set them too.
-_ROOT_ENV = {"store": "IDEMCTL_STORE", "config": "IDEMCTL_CONFIG", "profile": "IDEMCTL_PROFILE"}
+
+def _global_options(root: bool) -> list[inspect.Parameter]:
+    """The global options as parameters: at the root with their environment variables,
+    on each command in a help panel of their own."""
+    return [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=_DEFAULTS.get(name),
+            annotation=Annotated[
+                kind,
+                typer.Option(
+                    *decls, help=help_text, envvar=env if root else None,
+                    count=name == "verbose", show_default=False,
+                    rich_help_panel=None if root else GLOBAL_PANEL,
+                ),
+            ],
+        )
+        for name, (kind, decls, help_text, env) in _GLOBALS.items()
+    ]  # fmt: skip
 
 
 @dataclass
@@ -94,6 +90,7 @@ class Settings:
     json: bool = False
     verbose: int = 0
     no_color: bool = False
+    store_source: str = "--store"
     _consoles: dict[bool, Console] = field(default_factory=dict, repr=False)
 
     def merge(self, **given: Any) -> None:
@@ -101,6 +98,8 @@ class Settings:
         for name, value in given.items():
             if value:
                 setattr(self, name, max(value, self.verbose) if name == "verbose" else value)
+                if name == "store":
+                    self.store_source = "--store"
 
     def store_url(self) -> tuple[str, str]:
         """The store URL and where it came from: flag or env > config file > default."""
@@ -108,7 +107,7 @@ class Settings:
 
         config = load_config(find_config(self.config))
         if self.store:
-            return self.store, "--store or IDEMCTL_STORE"
+            return self.store, self.store_source
         url, source = config.store_for(self.profile)
         if url is not None:
             return url, source
@@ -139,54 +138,29 @@ def settings(ctx: typer.Context) -> Settings:
     return ctx.ensure_object(Settings)
 
 
-@app.callback()
-def _root(
-    ctx: typer.Context,
-    store: Annotated[
-        str | None,
-        typer.Option("--store", envvar=_ROOT_ENV["store"], help=STORE_HELP, show_default=False),
-    ] = None,
-    config: Annotated[
-        str | None,
-        typer.Option(
-            "--config",
-            envvar=_ROOT_ENV["config"],
-            help="Config file [default: ./idemctl.yaml if present]",
-        ),
-    ] = None,
-    profile: Annotated[
-        str | None,
-        typer.Option(
-            "--profile", envvar=_ROOT_ENV["profile"], help="Named profile of the config file"
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON document (NDJSON for lists) on stdout")
-    ] = False,
-    verbose: Annotated[
-        int, typer.Option("--verbose", "-v", count=True, help="Log to stderr (-vv for debug)")
-    ] = 0,
-    no_color: Annotated[bool, typer.Option("--no-color", help="Plain text output")] = False,
-) -> None:
+def _root(ctx: typer.Context, **given: Any) -> None:
     """Effectively-once processing for Kafka consumers, and the tools to operate its stores.
 
     The store comes from --store, else IDEMCTL_STORE, else 'store:' in idemctl.yaml
     (--config, IDEMCTL_CONFIG; --profile picks a named profile), else sqlite:///./idemctl.db.
     """
-    ctx.obj = Settings(store, config, profile, as_json, verbose, no_color)
+    source = ctx.get_parameter_source("store")
+    from_env = source is not None and source.name == "ENVIRONMENT"
+    ctx.obj = Settings(
+        json=given.pop("as_json"),
+        store_source="IDEMCTL_STORE" if from_env else "--store",
+        **given,
+    )
+
+
+_CTX = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+_root.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [_CTX, *_global_options(root=True)]
+)
+app.callback()(_root)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_GLOBALS: dict[str, Any] = {
-    "store": StoreOption,
-    "config": ConfigOption,
-    "profile": ProfileOption,
-    "as_json": JsonOption,
-    "verbose": VerboseOption,
-    "no_color": NoColorOption,
-}
-_DEFAULTS: dict[str, Any] = {"as_json": False, "verbose": 0, "no_color": False}
 
 
 def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
@@ -213,15 +187,8 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
                 report_error(exc, current.err)
                 raise typer.Exit(int(exit_code_for(exc))) from None
 
-        extra = [
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                default=_DEFAULTS.get(name),
-            )
-            for name, annotation in _GLOBALS.items()
-        ]  # fmt: skip
         wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=[*signature.parameters.values(), *extra]
+            parameters=[*signature.parameters.values(), *_global_options(root=False)]
         )
         app.command(name, **kwargs)(wrapper)
         return func

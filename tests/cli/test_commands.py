@@ -590,7 +590,7 @@ def test_doctor_on_a_provisioned_store(target: Target) -> None:
     findings = document["findings"]
     assert findings[0] == {
         "name": "store", "ok": True, "fix": None,
-        "detail": f"{target.store.url} (from --store or IDEMCTL_STORE)",
+        "detail": f"{target.store.url} (from --store)",
     }  # fmt: skip
     failing = [f for f in findings if not f["ok"]]
     names = {f["name"] for f in findings}
@@ -1071,7 +1071,7 @@ def test_memory_store_commands() -> None:
     assert document["ok"] is True
     assert document["findings"][0] == {
         "name": "store", "ok": True, "fix": None,
-        "detail": "memory:// (from --store or IDEMCTL_STORE)",
+        "detail": "memory:// (from --store)",
     }  # fmt: skip
     assert "durability" in {f["name"] for f in document["findings"]}
 

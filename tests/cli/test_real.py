@@ -545,7 +545,7 @@ def test_doctor_sqlite(db: tuple[Path, str]) -> None:
     check_schema(report, "doctor.schema.json")
     assert report["ok"] is True and report["store"] == url
     assert report["findings"][0] == {
-        "name": "store", "ok": True, "detail": f"{url} (from --store or IDEMCTL_STORE)",
+        "name": "store", "ok": True, "detail": f"{url} (from IDEMCTL_STORE)",
         "fix": None,
     }  # fmt: skip
     assert all(f["ok"] for f in report["findings"])
