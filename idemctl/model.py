@@ -72,18 +72,19 @@ class Record:
             "owner": self.owner,
             "fencing_token": self.fencing_token,
             "attempts": self.attempts,
-            "lease_expires_at": _iso(self.lease_expires_at),
-            "created_at": _iso(self.created_at),
-            "updated_at": _iso(self.updated_at),
-            "completed_at": _iso(self.completed_at),
-            "expires_at": _iso(self.expires_at),
+            "lease_expires_at": iso_time(self.lease_expires_at),
+            "created_at": iso_time(self.created_at),
+            "updated_at": iso_time(self.updated_at),
+            "completed_at": iso_time(self.completed_at),
+            "expires_at": iso_time(self.expires_at),
             "result": self.result,
             "error": self.error,
             "retriable": self.retriable,
         }
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso_time(value: datetime | None) -> str | None:
+    """``2026-11-22T04:29:57.514000Z``: how every JSON output writes a time."""
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 

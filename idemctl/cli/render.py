@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from idemctl.durations import format_duration
-from idemctl.model import Finding, Record, Stats, Status
+from idemctl.model import Finding, Record, Stats, Status, iso_time
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -119,16 +119,12 @@ def stats_json(stats: Stats, url: str, at: datetime) -> dict[str, Any]:
         "total": stats.total,
         "by_status": {s.value: stats.by_status.get(s, 0) for s in Status},
         "stale": stats.stale,
-        "oldest_in_progress_at": None if oldest is None else stamp_iso(oldest),
+        "oldest_in_progress_at": iso_time(oldest),
         "oldest_in_progress_age_seconds": (
             None if oldest is None else round((at - oldest).total_seconds(), 3)
         ),
         "past_retention": stats.past_retention,
     }
-
-
-def stamp_iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def stats_table(stats: Stats, at: datetime) -> Table:
