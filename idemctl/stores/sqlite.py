@@ -311,35 +311,32 @@ class SQLiteStore(RowStore):
                 None if version == SCHEMA_VERSION else "run 'idemctl init'",
             )
         )
-        if not self._exists():
-            return findings  # looking must not create the file
-        with self._lock:
-            (mode,) = self._conn.execute("PRAGMA journal_mode").fetchone()
-            (sync,) = self._conn.execute("PRAGMA synchronous").fetchone()
+        levels = ["off", "normal", "full", "extra"]
+        if self._exists():
+            with self._lock:
+                (mode,) = self._conn.execute("PRAGMA journal_mode").fetchone()
+                (sync,) = self._conn.execute("PRAGMA synchronous").fetchone()
+            findings.append(
+                Finding(
+                    "journal", mode == "wal", f"journal_mode={mode}",
+                    None if mode == "wal"
+                    else "the store sets WAL itself; is the file on a network filesystem?",
+                )
+            )  # fmt: skip
+            setting, where = levels[sync], self.path
+        else:  # looking must not create the file: say what opening it would set
+            setting, where = self._synchronous.lower(), os.path.dirname(self.path) or "."
+        durable = levels.index(setting) >= 2
         findings.append(
             Finding(
-                "journal",
-                mode == "wal",
-                f"journal_mode={mode}",
-                None
-                if mode == "wal"
-                else "the store sets WAL itself; is the file on a network filesystem?",
-            )
-        )
-        durable = sync >= 2
-        findings.append(
-            Finding(
-                "durability",
-                durable,
-                f"synchronous={['off', 'normal', 'full', 'extra'][sync]}",
-                None
-                if durable
+                "durability", durable, f"synchronous={setting}",
+                None if durable
                 else "add ?synchronous=full: with less, a power loss can forget a completed key",
             )
-        )
-        writable = self.path == ":memory:" or os.access(self.path, os.W_OK)
+        )  # fmt: skip
+        writable = self.path == ":memory:" or os.access(where, os.W_OK)
         findings.append(
-            Finding("file", writable, f"{self.path} {'is' if writable else 'is not'} writable")
+            Finding("file", writable, f"{where} {'is' if writable else 'is not'} writable")
         )
         return findings
 
