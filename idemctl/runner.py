@@ -250,6 +250,66 @@ def _run_transactional(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Invocation:
+    """What running a handler under a held key gave: a storable ``value``, or ``error``
+    (already recorded in the store with ``store.fail``), or a lost lease."""
+
+    value: JSON = None
+    error: BaseException | None = None
+    retriable: bool = False
+    record: Record | None = None
+    lease_lost: LeaseLost | None = None
+
+
+def invoke(
+    store: Store,
+    acquired: Acquired,
+    handler: Callable[[Context], Any],
+    *,
+    lease: float | None = None,
+    retention: float | None = None,
+    permanent: tuple[type[BaseException], ...] = (),
+    heartbeat: bool = True,
+    logger: logging.Logger = log,
+) -> Invocation:
+    """Run ``handler`` for a key this attempt holds, with a heartbeat, and record a failure;
+    completing is left to the caller (``complete`` or, for a batch, ``complete_many``)."""
+    key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
+    ctx = Context(key, token, acquired.attempt, acquired.takeover, owner, store, logger)
+    lease_seconds = store.default_lease if lease is None else lease
+    beat = Heartbeat(store, acquired, lease_seconds, lease_seconds / 3)
+    error: Exception
+    try:
+        with beat if heartbeat else contextlib.nullcontext():
+            value = _call_in_context(ctx, handler)
+    except Exception as exc:
+        error, retriable = exc, not isinstance(exc, (Permanent, *permanent))
+    except BaseException:
+        # Interrupted (Ctrl-C, SystemExit): free the key for the next delivery at once.
+        try:
+            store.release(key, owner, token)
+        except StoreError as exc:
+            logger.warning("could not release %r after an interrupt: %s", key, exc)
+        raise
+    else:
+        try:
+            # What a replay will return; the first run returns the same, so callers cannot
+            # come to depend on a form (a tuple, an object) that only the first run gives.
+            return Invocation(value=json.loads(canonical_json(value)))
+        except InvalidPayload as exc:
+            # The effects happened; failing permanently keeps them from happening twice.
+            error = InvalidPayload(
+                f"handler for {key!r} returned a result that cannot be stored: {exc}"
+            )
+            retriable = False
+    try:
+        record = store.fail(key, owner, token, _error_text(error), retriable, retention)
+    except LeaseLost as lost:
+        return Invocation(error=error, retriable=retriable, lease_lost=lost)
+    return Invocation(error=error, retriable=retriable, record=record)
+
+
 def _execute(
     store: Store,
     acquired: Acquired,
@@ -261,43 +321,21 @@ def _execute(
     logger: logging.Logger,
 ) -> RunResult:
     key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
-    ctx = Context(key, token, acquired.attempt, acquired.takeover, owner, store, logger)
-    lease_seconds = store.default_lease if lease is None else lease
     done: dict[str, Any] = {"attempt": acquired.attempt, "fencing_token": token}
-    beat = Heartbeat(store, acquired, lease_seconds, lease_seconds / 3)
+    did = invoke(
+        store, acquired, handler, lease=lease, retention=retention, permanent=permanent,
+        heartbeat=heartbeat, logger=logger,
+    )  # fmt: skip
+    if did.lease_lost is not None:
+        lost = did.lease_lost
+        return RunResult(Outcome.LEASE_LOST, key, error=lost, record=lost.record, **done)
+    if did.error is not None:
+        return RunResult(
+            Outcome.ERROR, key, record=did.record, error=did.error, retriable=did.retriable,
+            **done,
+        )  # fmt: skip
     try:
-        with beat if heartbeat else contextlib.nullcontext():
-            value = _call_in_context(ctx, handler)
-    except Exception as exc:
-        retriable = not isinstance(exc, (Permanent, *permanent))
-        try:
-            record = store.fail(key, owner, token, _error_text(exc), retriable, retention)
-        except LeaseLost as lost:
-            return RunResult(Outcome.LEASE_LOST, key, error=lost, record=lost.record, **done)
-        return RunResult(Outcome.ERROR, key, record=record, error=exc, retriable=retriable, **done)
-    except BaseException:
-        # Interrupted (Ctrl-C, SystemExit): free the key for the next delivery at once.
-        try:
-            store.release(key, owner, token)
-        except StoreError as exc:
-            logger.warning("could not release %r after an interrupt: %s", key, exc)
-        raise
-    try:
-        # What a replay will return; the first run returns the same, so callers cannot
-        # come to depend on a form (a tuple, an object) that only the first run gives.
-        value = json.loads(canonical_json(value))
-    except InvalidPayload as exc:
-        # The effects happened; failing permanently keeps them from happening twice.
-        error = InvalidPayload(
-            f"handler for {key!r} returned a result that cannot be stored: {exc}"
-        )
-        try:
-            record = store.fail(key, owner, token, str(error), False, retention)
-        except LeaseLost as lost:
-            return RunResult(Outcome.LEASE_LOST, key, error=lost, record=lost.record, **done)
-        return RunResult(Outcome.ERROR, key, record=record, error=error, **done)
-    try:
-        record = store.complete(key, owner, token, value, retention)
+        record = store.complete(key, owner, token, did.value, retention)
     except LeaseLost as lost:
         discarded = LeaseLost(
             f"result for {key!r} discarded: {lost} (the handler ran past its lease; "
@@ -306,7 +344,7 @@ def _execute(
         )
         logger.warning("%s", discarded)
         return RunResult(Outcome.LEASE_LOST, key, error=discarded, record=lost.record, **done)
-    return RunResult(Outcome.EXECUTED, key, value, record, **done)
+    return RunResult(Outcome.EXECUTED, key, did.value, record, **done)
 
 
 def _call_in_context(ctx: Context, handler: Callable[[Context], Any]) -> Any:
