@@ -8,6 +8,7 @@ import pytest
 
 # Session fixtures that start real servers (tests/servers.py), shared by every test folder.
 from tests.fixtures_dynamodb import aws_credentials, moto_server
+from tests.fixtures_kafka import kafka_broker
 from tests.fixtures_postgres import postgres_server
 from tests.fixtures_redis import redis_cluster, redis_server
 
@@ -16,6 +17,7 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 __all__ = [
     "IN_CI",
     "aws_credentials",
+    "kafka_broker",
     "moto_server",
     "need",
     "postgres_server",

@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from idemctl.cli import look, provision, repair  # noqa: F401 - registers the commands
+from idemctl.cli import consume, look, provision, repair  # noqa: F401 - registers the commands
 from idemctl.cli.common import app, command, emit_json, report_error, settings
 from idemctl.cli.exitcodes import exit_code_for
 from idemctl.errors import IdemctlError

@@ -207,14 +207,15 @@ def report_error(exc: IdemctlError, err: Console) -> None:
 
 
 @contextmanager
-def cli_store(ctx: typer.Context) -> Iterator[Store]:
+def cli_store(ctx: typer.Context, *, auto_provision: bool = False) -> Iterator[Store]:
     """The chosen store, opened for a command and closed after it. The CLI never creates a
-    SQLite database as a side effect of looking at it: only ``init`` provisions."""
+    SQLite database as a side effect of looking at it: only ``init`` provisions, and
+    ``consume`` (with ``auto_provision``), which uses the store as the library does."""
     url, source = settings(ctx).store_url()
     logging.getLogger("idemctl.cli").info("store %s (from %s)", redact_url(url), source)
     store = open_store(url)
     if hasattr(store, "auto_provision"):
-        store.auto_provision = False
+        store.auto_provision = auto_provision
     with store:
         yield store
 

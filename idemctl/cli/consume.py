@@ -1,0 +1,127 @@
+"""Running a handler against Kafka: consume."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from idemctl.cli.common import cli_store, command, duration, emit_json, settings
+from idemctl.errors import ConfigError
+
+
+@command()
+def consume(
+    ctx: typer.Context,
+    handler: Annotated[
+        str,
+        typer.Option("--handler", metavar="MODULE:FUNCTION", help="fn(event) or fn(event, ctx)"),
+    ],
+    topic: Annotated[list[str], typer.Option("--topic", help="Topic to read (repeatable)")],
+    group: Annotated[str, typer.Option("--group", help="Consumer group id")],
+    brokers: Annotated[
+        str, typer.Option("--brokers", envvar="IDEMCTL_BROKERS", help="HOST:PORT[,HOST:PORT]")
+    ] = "127.0.0.1:9092",
+    key: Annotated[
+        str,
+        typer.Option(
+            "--key",
+            help="Key strategy: header:NAME, template:{field}:{field}, payload-hash, offset",
+        ),
+    ] = "header:idempotency-key",
+    on_missing_key: Annotated[
+        str, typer.Option("--on-missing-key", help="dlq, offset or fail")
+    ] = "dlq",
+    lease: Annotated[str, typer.Option("--lease", metavar="DUR", help="Lease per claim")] = "30s",
+    max_attempts: Annotated[
+        int, typer.Option("--max-attempts", min=1, help="Runs before dead-lettering")
+    ] = 5,
+    backoff: Annotated[
+        str, typer.Option("--backoff", metavar="DUR", help="First retry delay, doubling")
+    ] = "1s",
+    dlq_topic: Annotated[
+        str | None, typer.Option("--dlq-topic", help="Dead-letter topic [default: TOPIC.dlq]")
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Messages per poll and store round trip")
+    ] = 100,
+    max_messages: Annotated[
+        int | None, typer.Option("--max-messages", min=1, help="Stop after this many")
+    ] = None,
+    exit_when_idle: Annotated[
+        str | None,
+        typer.Option("--exit-when-idle", metavar="DUR", help="Stop after DUR without messages"),
+    ] = None,
+    kafka_config: Annotated[
+        list[str] | None,
+        typer.Option("--kafka-config", metavar="KEY=VALUE", help="librdkafka setting (repeatable)"),
+    ] = None,
+    permanent_errors: Annotated[
+        list[str] | None,
+        typer.Option("--permanent-errors", metavar="MODULE.CLASS", help="Exceptions never retried"),
+    ] = None,
+) -> None:
+    """Run a handler for each message of the topics, effectively once per key.
+
+    Offsets are stored only after a message is completed, replayed or dead-lettered.
+    SIGTERM or Ctrl-C finishes the batch in hand, commits and exits 0.
+    """
+    from idemctl.consume import ConsumeOptions, Consumer, load_handler
+
+    current = settings(ctx)
+    options = ConsumeOptions(
+        brokers=brokers, topics=topic, group=group, key=key, on_missing_key=on_missing_key,
+        lease=duration(lease, "--lease"), max_attempts=max_attempts,
+        backoff=duration(backoff, "--backoff"), dlq_topic=dlq_topic, batch_size=batch_size,
+        max_messages=max_messages,
+        exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
+        kafka_config=_pairs(kafka_config or []),
+        permanent_errors=tuple(_exception(name) for name in permanent_errors or ()),
+    )  # fmt: skip
+    sys.path.insert(0, ".")  # handlers next to where idemctl runs, as `python -m` finds them
+    run = load_handler(handler)
+    with cli_store(ctx, auto_provision=True) as store:
+        store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
+        consumer = Consumer(store, run, options)
+
+        def stop(signum: int, frame: Any) -> None:
+            current.err.print(f"{signal.Signals(signum).name}: finishing the batch in hand")
+            consumer.stop()
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            summary = consumer.run()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+    counts = dict(sorted(summary.counts.items()))
+    if current.json:
+        emit_json({"store": store.url, "topics": topic, "group": group, "counts": counts})
+    else:
+        shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()) or "nothing"
+        current.err.print(f"consumed {summary.finished} message(s): {shown}", markup=False)
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--kafka-config")
+        pairs[name.strip()] = value
+    return pairs
+
+
+def _exception(path: str) -> type[BaseException]:
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module or "builtins"), name)
+    except (ImportError, AttributeError):
+        raise ConfigError(f"--permanent-errors {path!r}: no such exception class") from None
+    if not (isinstance(found, type) and issubclass(found, BaseException)):
+        raise ConfigError(f"--permanent-errors {path!r} is not an exception class")
+    return found

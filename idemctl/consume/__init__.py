@@ -1,0 +1,15 @@
+"""``idemctl consume``: run a handler against Kafka topics, effectively once per key."""
+
+from idemctl.consume.event import Event, Handler, adapt, load_handler
+from idemctl.consume.loop import ConsumeAborted, ConsumeOptions, Consumer, Summary
+
+__all__ = [
+    "ConsumeAborted",
+    "ConsumeOptions",
+    "Consumer",
+    "Event",
+    "Handler",
+    "Summary",
+    "adapt",
+    "load_handler",
+]

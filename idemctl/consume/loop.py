@@ -1,0 +1,492 @@
+"""The consume loop: Kafka's at-least-once delivery made effectively-once by a store.
+
+Per poll batch: claim every key in one round trip (``claim_many``), run the handlers of the
+keys acquired, complete them in one round trip (``complete_many``), then store offsets.
+Offsets are stored only for messages that are finished (completed, replayed or
+dead-lettered), in partition order: a partition stops at its first unfinished message,
+seeks back to it, and waits (paused) for a back-off. The store being unreachable stops
+every partition the same way: fail closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, StoreUnavailable
+from idemctl.keys import DEFAULT_KEY_STRATEGY, Message, MissingKey, key_strategy
+from idemctl.model import (
+    Acquired,
+    Busy,
+    ClaimRequest,
+    Completed,
+    Completion,
+    Failed,
+    Mismatch,
+    fingerprint,
+)
+from idemctl.runner import Context, invoke
+
+if TYPE_CHECKING:
+    from idemctl.consume.event import Handler
+    from idemctl.stores.base import Store
+
+log = logging.getLogger("idemctl.consume")
+
+MAX_BACKOFF = 60.0
+_SHARED = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
+
+
+@dataclass
+class ConsumeOptions:
+    brokers: str
+    topics: list[str]
+    group: str
+    key: str = DEFAULT_KEY_STRATEGY
+    on_missing_key: str = "dlq"
+    """dlq: dead-letter the message; offset: use topic-partition-offset as its key;
+    fail: stop the consumer without storing its offset."""
+    lease: float | None = None
+    max_attempts: int = 5
+    backoff: float = 1.0
+    """Seconds before the first retry; doubled each attempt, at most 60 s."""
+    dlq_topic: str | None = None
+    """Default: ``<topic>.dlq`` for each input topic."""
+    batch_size: int = 100
+    max_messages: int | None = None
+    exit_when_idle: float | None = None
+    kafka_config: dict[str, str] = field(default_factory=dict)
+    permanent_errors: tuple[type[BaseException], ...] = ()
+    poll_timeout: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.on_missing_key not in ("dlq", "offset", "fail"):
+            raise ConfigError(f"--on-missing-key {self.on_missing_key!r}: use dlq, offset or fail")
+        if self.max_attempts < 1 or self.batch_size < 1:
+            raise ConfigError("--max-attempts and --batch-size must be at least 1")
+        key_strategy(self.key)  # fails early on a bad strategy
+
+
+class ConsumeAborted(IdemctlError):
+    """The consumer stopped on purpose (``--on-missing-key fail``); nothing past the
+    message that stopped it was stored."""
+
+
+@dataclass
+class Summary:
+    """What a run did, message by message."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    """executed, replayed, dead_lettered, retried, busy, store_unavailable, lease_lost"""
+
+    @property
+    def finished(self) -> int:
+        return self.counts["executed"] + self.counts["replayed"] + self.counts["dead_lettered"]
+
+
+@dataclass
+class _Item:
+    msg: Any  # confluent_kafka.Message
+    key: str | None = None
+    missing: str | None = None
+    """Why the message has no key (it goes to the dead-letter topic)."""
+    done: bool = False
+    blocked: bool = False
+
+
+class Consumer:
+    """Runs ``handler`` for each message of ``options.topics``, effectively once per key."""
+
+    def __init__(
+        self,
+        store: Store,
+        handler: Handler,
+        options: ConsumeOptions,
+        *,
+        on_progress: Callable[[Summary], None] | None = None,
+    ) -> None:
+        self.store, self.handler, self.options = store, handler, options
+        self.summary = Summary()
+        self._strategy = key_strategy(options.key)
+        self._offset_strategy = key_strategy("offset")
+        self._stop = threading.Event()
+        self._assigned = threading.Event()
+        self._unrun: Counter[str] = Counter()
+        """Claims this process gave back without running the handler (a message behind a
+        stopped one): the store counts them as attempts, --max-attempts counts runs."""
+        self._paused: dict[tuple[str, int], float] = {}
+        self._resume_at: dict[tuple[str, int], int] = {}
+        """The offset a held partition was sought back to: anything else fetched for it
+        before that offset comes round again was fetched before the seek."""
+        self._on_progress = on_progress
+        self._kafka: Any = None
+        self._producer: Any = None
+
+    def stop(self) -> None:
+        """Finish the batch in hand, store its offsets, commit and return (signal-safe)."""
+        self._stop.set()
+
+    # The loop -----------------------------------------------------------------------------
+
+    def run(self) -> Summary:
+        from confluent_kafka import Consumer as KafkaConsumer
+        from confluent_kafka import Producer
+
+        o = self.options
+        config = {
+            "bootstrap.servers": o.brokers,
+            "group.id": o.group,
+            "enable.auto.offset.store": False,  # an offset is stored only once finished
+            "enable.auto.commit": True,
+            "auto.offset.reset": "earliest",
+            **o.kafka_config,
+        }
+        self._kafka = KafkaConsumer(config, logger=log)
+        # The dead-letter producer shares the connection settings (SASL, SSL), no more.
+        producer_config = {k: v for k, v in config.items() if k.startswith(_SHARED)}
+        self._producer = Producer({**producer_config, "enable.idempotence": True}, logger=log)
+        self._kafka.subscribe(
+            o.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        idle_since = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._resume_due()
+                messages = self._kafka.consume(num_messages=o.batch_size, timeout=o.poll_timeout)
+                messages = [m for m in messages if not self._error(m)]
+                if not messages:
+                    if not self._assigned.is_set():
+                        idle_since = time.monotonic()  # joining the group is not idling
+                    elif (
+                        o.exit_when_idle is not None
+                        and not self._paused
+                        and time.monotonic() - idle_since >= o.exit_when_idle
+                    ):
+                        break
+                    continue
+                idle_since = time.monotonic()
+                self._batch(messages)
+                if self._on_progress is not None:
+                    self._on_progress(self.summary)
+                if o.max_messages is not None and self.summary.finished >= o.max_messages:
+                    break
+        finally:
+            self._close()
+        return self.summary
+
+    def _close(self) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            self._kafka.commit(asynchronous=False)
+        except KafkaException as exc:  # nothing stored since the last commit
+            log.debug("final commit: %s", exc)
+        self._kafka.close()
+        self._producer.flush(10)
+
+    def _error(self, msg: Any) -> bool:
+        from confluent_kafka import KafkaError, KafkaException
+
+        error = msg.error()
+        if error is None:
+            return False
+        if error.code() == KafkaError._PARTITION_EOF:
+            return True
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("consumer error: %s", error)
+        return True
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._assigned.set()
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        # Handlers run between polls, so nothing is in flight here: commit what is stored.
+        from confluent_kafka import KafkaException
+
+        for p in partitions:
+            self._paused.pop((p.topic, p.partition), None)
+            self._resume_at.pop((p.topic, p.partition), None)
+        try:
+            consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            log.debug("commit on revoke: %s", exc)
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        for p in partitions:  # another member owns them now: commit nothing
+            self._paused.pop((p.topic, p.partition), None)
+            self._resume_at.pop((p.topic, p.partition), None)
+
+    # Pausing ------------------------------------------------------------------------------
+
+    def _hold(self, item: _Item, seconds: float) -> None:
+        """Stop ``item``'s partition at it: seek back, pause, resume after ``seconds``."""
+        from confluent_kafka import TopicPartition
+
+        m = item.msg
+        tp = TopicPartition(m.topic(), m.partition(), m.offset())
+        self._kafka.pause([tp])
+        self._kafka.seek(tp)
+        self._paused[(m.topic(), m.partition())] = time.monotonic() + min(seconds, MAX_BACKOFF)
+        self._resume_at[(m.topic(), m.partition())] = m.offset()
+
+    def _resume_due(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        now = time.monotonic()
+        due = [tp for tp, at in self._paused.items() if at <= now]
+        if due:
+            self._kafka.resume([TopicPartition(t, p) for t, p in due])
+            for tp in due:
+                del self._paused[tp]
+
+    # One batch ----------------------------------------------------------------------------
+
+    def _batch(self, messages: list[Any]) -> None:
+        by_partition: dict[tuple[str, int], list[_Item]] = defaultdict(list)
+        for m in messages:
+            tp = (m.topic(), m.partition())
+            if tp in self._paused:
+                continue  # fetched before the partition was held
+            if tp in self._resume_at:
+                if m.offset() != self._resume_at[tp]:
+                    continue
+                del self._resume_at[tp]
+            by_partition[tp].append(self._keyed(m))
+        # A key twice in one batch: the later copy waits for the next round, after the
+        # first is finished (then it replays). So does the rest of its partition.
+        pending = [items for items in by_partition.values() if items]
+        while pending:
+            round_items: list[_Item] = []
+            seen: set[str] = set()
+            later: list[list[_Item]] = []
+            for items in pending:
+                for i, item in enumerate(items):
+                    if item.key is not None and item.key in seen:
+                        later.append(items[i:])
+                        break
+                    if item.key is not None:
+                        seen.add(item.key)
+                    round_items.append(item)
+            self._round(round_items)
+            # A partition that stopped in this round skips the rest of the batch.
+            stopped = {self._tp(i) for i in round_items if i.blocked}
+            pending = [items for items in later if self._tp(items[0]) not in stopped]
+        self._store_offsets(list(by_partition.values()))
+
+    @staticmethod
+    def _tp(item: _Item) -> tuple[str, int]:
+        return item.msg.topic(), item.msg.partition()
+
+    def _keyed(self, m: Any) -> _Item:
+        message = Message(m.topic(), m.partition(), m.offset(), m.value(), m.headers() or ())
+        try:
+            return _Item(m, key=self._strategy(message))
+        except (MissingKey, InvalidPayload) as exc:
+            if self.options.on_missing_key == "offset":
+                return _Item(m, key=self._offset_strategy(message))
+            if self.options.on_missing_key == "fail":
+                raise ConsumeAborted(
+                    f"message {m.topic()}[{m.partition()}]@{m.offset()} has no idempotency "
+                    f"key ({exc}); stopping (--on-missing-key fail)"
+                ) from None
+            return _Item(m, missing=str(exc))
+
+    def _round(self, items: list[_Item]) -> None:
+        """Claim, run and complete ``items`` (distinct keys), partitions in order."""
+        o = self.options
+        blocked: set[tuple[str, int]] = set()
+
+        def usable(item: _Item) -> bool:
+            return self._tp(item) not in blocked
+
+        def block(item: _Item, seconds: float, why: str) -> None:
+            item.blocked = True
+            blocked.add(self._tp(item))
+            self.summary.counts[why] += 1
+            self._hold(item, seconds)
+
+        keyed = [i for i in items if i.key is not None]
+        try:
+            outcomes = self.store.claim_many(
+                [ClaimRequest(i.key, _fingerprint(i.msg.value())) for i in keyed],  # type: ignore[arg-type]
+                o.lease,
+            )
+        except StoreUnavailable as exc:
+            log.warning("store unavailable, holding every partition: %s", exc)
+            for item in items:
+                if usable(item):
+                    block(item, o.backoff, "store_unavailable")
+            return
+        claimed = dict(zip((id(i) for i in keyed), outcomes, strict=True))
+        completions: list[tuple[_Item, Completion]] = []
+        for item in items:
+            outcome = claimed.get(id(item))
+            if not usable(item):
+                if isinstance(outcome, Acquired):  # behind a stopped message: not now
+                    self._release(outcome)
+                    self._unrun[outcome.key] += 1
+                continue
+            try:
+                wait = self._settle(item, outcome)
+            except StoreUnavailable as exc:  # recording a failure: fail closed
+                log.warning("store unavailable, will retry: %s", exc)
+                wait = (o.backoff, "store_unavailable")
+            if isinstance(wait, Completion):
+                completions.append((item, wait))
+            elif wait is not None:
+                block(item, *wait)
+        if not completions:
+            return
+        try:
+            done = self.store.complete_many([c for _, c in completions])
+        except StoreUnavailable as exc:
+            log.warning("store unavailable at completion, will retry: %s", exc)
+            for item, _ in completions:
+                if usable(item):
+                    block(item, o.backoff, "store_unavailable")
+            return
+        for (item, _), ok in zip(completions, done, strict=True):
+            if ok:
+                item.done = True
+                self.summary.counts["executed"] += 1
+            elif usable(item):
+                block(item, o.backoff, "lease_lost")
+
+    def _settle(self, item: _Item, outcome: Any) -> Completion | tuple[float, str] | None:
+        """What a claim outcome comes to: a completion to make; a back-off (seconds, why)
+        before the partition goes on from this message; or None when it is finished."""
+        if item.key is None:
+            self._dead_letter(item, "no idempotency key", item.missing or "")
+        elif isinstance(outcome, Completed):
+            item.done = True
+            self.summary.counts["replayed"] += 1
+        elif isinstance(outcome, Busy):
+            return self.options.backoff, "busy"
+        elif isinstance(outcome, Mismatch):
+            detail = f"key {item.key!r} was seen before with another payload"
+            self._dead_letter(item, "fingerprint mismatch", detail)
+        elif isinstance(outcome, Failed):
+            self._dead_letter(item, "failed before", outcome.record.error or "")
+        else:
+            assert isinstance(outcome, Acquired)
+            result = self._run(item, outcome)
+            return (result, "retried") if isinstance(result, float) else result
+        return None
+
+    def _run(self, item: _Item, acquired: Acquired) -> Completion | float | None:
+        """The handler's completion; seconds to wait before a retry; or None when the
+        message was dead-lettered."""
+        from idemctl.consume.event import Event
+
+        m = item.msg
+        acquired = replace(acquired, attempt=acquired.attempt - self._unrun[acquired.key])
+        event = Event(
+            m.topic(), m.partition(), m.offset(), m.key(), m.value(), tuple(m.headers() or ()),
+            m.timestamp()[1] if m.timestamp()[0] else None,
+        )  # fmt: skip
+
+        def call(ctx: Context) -> Any:
+            return self.handler(event, ctx)
+
+        did = invoke(
+            self.store, acquired, call, lease=self.options.lease,
+            permanent=self.options.permanent_errors, logger=log,
+        )  # fmt: skip
+        if did.lease_lost is not None:
+            return self.options.backoff
+        if did.error is None or not did.retriable or acquired.attempt >= self.options.max_attempts:
+            del self._unrun[acquired.key]  # its last run here
+        if did.error is None:
+            return Completion(acquired.key, acquired.owner, acquired.fencing_token, did.value)
+        error = f"{type(did.error).__name__}: {did.error}"
+        if not did.retriable:
+            self._dead_letter(item, "permanent failure", error, did.error)
+            return None
+        if acquired.attempt >= self.options.max_attempts:
+            self._dead_letter(item, f"failed {acquired.attempt} times", error, did.error)
+            return None
+        log.info("%s failed (attempt %d), retrying: %s", acquired.key, acquired.attempt, error)
+        return float(self.options.backoff * 2 ** (acquired.attempt - 1))
+
+    def _release(self, acquired: Acquired) -> None:
+        try:
+            self.store.release(acquired.key, acquired.owner, acquired.fencing_token)
+        except IdemctlError as exc:  # its lease runs out by itself
+            log.debug("release %s: %s", acquired.key, exc)
+
+    # Dead letters and offsets -------------------------------------------------------------
+
+    def _dead_letter(
+        self, item: _Item, reason: str, detail: str, exc: BaseException | None = None
+    ) -> None:
+        """Produce the message to the dead-letter topic and wait for the broker's ack;
+        only then is it finished (and its offset may be stored)."""
+        m = item.msg
+        topic = self.options.dlq_topic or f"{m.topic()}.dlq"
+        headers = [
+            *(m.headers() or ()),
+            # Spring Kafka's names and encodings, so Java tools read them.
+            ("kafka_dlt-original-topic", m.topic().encode()),
+            ("kafka_dlt-original-partition", m.partition().to_bytes(4, "big", signed=True)),
+            ("kafka_dlt-original-offset", m.offset().to_bytes(8, "big", signed=True)),
+            ("kafka_dlt-original-consumer-group", self.options.group.encode()),
+            ("kafka_dlt-exception-fqcn", _fqcn(exc).encode()),
+            ("kafka_dlt-exception-message", f"{reason}: {detail}".encode()[:4000]),
+            ("idemctl-dlt-reason", reason.encode()),
+        ]
+        delivered: list[Any] = []
+        self._producer.produce(
+            topic, value=m.value(), key=m.key(), headers=headers,
+            on_delivery=lambda err, _msg: delivered.append(err),
+        )  # fmt: skip
+        self._producer.flush(30)
+        if not delivered or delivered[0] is not None:
+            raise ConsumeAborted(
+                f"could not dead-letter {m.topic()}[{m.partition()}]@{m.offset()} to "
+                f"{topic}: {delivered[0] if delivered else 'no acknowledgement'}"
+            )
+        item.done = True
+        self.summary.counts["dead_lettered"] += 1
+        log.warning(
+            "dead-lettered %s[%d]@%d to %s: %s: %s",
+            m.topic(), m.partition(), m.offset(), topic, reason, detail,
+        )  # fmt: skip
+
+    def _store_offsets(self, partitions: list[list[_Item]]) -> None:
+        """For each partition, the offset after its last finished message before the
+        first unfinished one (which it was sought back to)."""
+        from confluent_kafka import TopicPartition
+
+        offsets = []
+        for items in partitions:
+            finished = [i for i in _while_done(items)]
+            if finished:
+                m = finished[-1].msg
+                offsets.append(TopicPartition(m.topic(), m.partition(), m.offset() + 1))
+        if offsets:
+            self._kafka.store_offsets(offsets=offsets)
+
+
+def _while_done(items: list[_Item]) -> list[_Item]:
+    out = []
+    for item in items:
+        if not item.done:
+            break
+        out.append(item)
+    return out
+
+
+def _fingerprint(value: bytes | None) -> str | None:
+    return None if value is None else fingerprint(value)
+
+
+def _fqcn(exc: BaseException | None) -> str:
+    if exc is None:
+        return "idemctl.consume.DeadLetter"
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"

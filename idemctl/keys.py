@@ -1,0 +1,102 @@
+"""Key strategies: where a message's idempotency key comes from.
+
+- ``header:NAME`` (default ``header:idempotency-key``): the header's value, UTF-8;
+- ``template:{tenant_id}:{txn_id}:{op}``: fields of the JSON payload (dotted paths allowed);
+- ``payload-hash``: SHA-256 of the payload's canonical JSON (of its bytes if not JSON);
+- ``offset``: ``topic-partition-offset``, for topics without a business key (this guards
+  against redelivery of the same record, not against a producer sending it twice).
+
+A strategy that finds no key raises MissingKey; the consumer applies ``--on-missing-key``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from idemctl.errors import ConfigError, InvalidKey, InvalidPayload
+from idemctl.model import fingerprint, validate_key
+
+DEFAULT_KEY_STRATEGY = "header:idempotency-key"
+_FIELD = re.compile(r"\{([^{}]+)\}")
+
+
+class MissingKey(InvalidKey):
+    """The message carries no usable idempotency key under the chosen strategy."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """What a key strategy may look at."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]] = ()
+
+
+KeyStrategy = Callable[[Message], str]
+
+
+def key_strategy(spec: str) -> KeyStrategy:
+    """The strategy ``spec`` names, or ConfigError saying which forms exist."""
+    kind, _, arg = spec.partition(":")
+    if kind == "header" and arg:
+        return lambda m: _from_header(m, arg)
+    if kind == "template" and _FIELD.search(arg):
+        return lambda m: _from_template(m, arg)
+    if spec == "payload-hash":
+        return _from_payload_hash
+    if spec == "offset":
+        return lambda m: f"{m.topic}-{m.partition}-{m.offset}"
+    raise ConfigError(
+        f"unknown key strategy {spec!r}: use header:NAME, template:{{field}}:{{field}}, "
+        "payload-hash or offset"
+    )
+
+
+def _from_header(m: Message, name: str) -> str:
+    values = [v for k, v in m.headers if k == name]
+    if not values or values[-1] is None:
+        raise MissingKey(f"no {name!r} header")
+    try:
+        return validate_key(values[-1].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise MissingKey(f"header {name!r} is not UTF-8") from None
+
+
+def _from_template(m: Message, template: str) -> str:
+    payload = _json(m)
+    if not isinstance(payload, dict):
+        raise MissingKey("the payload is not a JSON object, so the key template has no fields")
+
+    def field(match: re.Match[str]) -> str:
+        value: Any = payload
+        for part in match.group(1).split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise MissingKey(f"the payload has no field {match.group(1)!r}")
+            value = value[part]
+        if value is None or isinstance(value, dict | list):
+            raise MissingKey(f"field {match.group(1)!r} is not a scalar")
+        return str(value)
+
+    return validate_key(_FIELD.sub(field, template))
+
+
+def _from_payload_hash(m: Message) -> str:
+    if m.value is None:
+        raise MissingKey("the message has no payload to hash")
+    return fingerprint(m.value)
+
+
+def _json(m: Message) -> Any:
+    if m.value is None:
+        raise MissingKey("the message has no payload")
+    try:
+        return json.loads(m.value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidPayload(f"the payload is not JSON: {exc}") from None

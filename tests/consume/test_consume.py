@@ -1,0 +1,287 @@
+"""idemctl consume against a real Kafka-protocol broker (tansu) and real stores: each key's
+effect happens once, offsets move only past finished messages, bad messages are
+dead-lettered with their origin, SIGTERM drains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idemctl import Acquired, Permanent, open_store
+from idemctl.consume import ConsumeOptions, Consumer, Event, adapt
+from idemctl.runner import Context
+from tests.backends import unique_prefix, unique_schema
+from tests.servers import KafkaBroker
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def names() -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:10]
+    return f"t-{tag}", f"g-{tag}"
+
+
+def produce(broker: KafkaBroker, topic: str, messages: list[dict[str, Any]]) -> None:
+    """Each message: value (JSON-able or bytes), idem (the idempotency-key header or None),
+    kkey (the Kafka key, which picks the partition)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+    for m in messages:
+        value = m["value"] if isinstance(m["value"], bytes) else json.dumps(m["value"]).encode()
+        headers = [] if m.get("idem") is None else [("idempotency-key", m["idem"].encode())]
+        producer.produce(topic, value=value, key=m.get("kkey"), headers=headers)
+    assert producer.flush(30) == 0
+
+
+def read_all(broker: KafkaBroker, topic: str, expect: int, timeout: float = 30) -> list[Any]:
+    from confluent_kafka import Consumer as KafkaConsumer
+
+    c = KafkaConsumer(broker.client_config(**{"group.id": f"reader-{uuid.uuid4().hex}"}))
+    c.subscribe([topic])
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expect and time.monotonic() < deadline:
+            for m in c.consume(num_messages=500, timeout=0.5):
+                if m.error() is None:
+                    out.append(m)
+        # anything beyond what was expected shows up in the assertion, not silently
+        for m in c.consume(num_messages=500, timeout=1.0):
+            if m.error() is None:
+                out.append(m)
+    finally:
+        c.close()
+    return out
+
+
+def committed(broker: KafkaBroker, topic: str, group: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import TopicPartition
+
+    c = KafkaConsumer(broker.client_config(**{"group.id": group}))
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+    finally:
+        c.close()
+    return {tp.partition: tp.offset for tp in tps}
+
+
+def options(broker: KafkaBroker, topic: str, group: str, **kw: Any) -> ConsumeOptions:
+    kafka = {k: str(v) for k, v in broker.client_config().items() if k != "bootstrap.servers"}
+    kw.setdefault("exit_when_idle", 3.0)
+    kw.setdefault("backoff", 0.2)
+    return ConsumeOptions(broker.bootstrap, [topic], group, kafka_config=kafka, **kw)
+
+
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/consume.db"
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        return f"redis://127.0.0.1:{server.port}/0?prefix={unique_prefix()}"
+    url: str = request.getfixturevalue("postgres_server").url(schema=unique_schema())
+    with open_store(url) as s:
+        s.provision()
+    return url
+
+
+def test_each_key_runs_once_across_duplicates_and_partitions(
+    kafka_broker: KafkaBroker, store_url: str
+) -> None:
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=3)
+    keys = [f"order-{i}" for i in range(150)]
+    messages = [{"value": {"order": k, "cents": 100}, "idem": k, "kkey": k.encode()} for k in keys]
+    # 30% duplicates, half of them under another Kafka key, so in another partition.
+    dupes = [
+        {
+            "value": {"order": k, "cents": 100},
+            "idem": k,
+            "kkey": (k + ("x" if i % 2 else "")).encode(),
+        }
+        for i, k in enumerate(keys[:45])
+    ]
+    produce(kafka_broker, topic, messages + dupes)
+    effects: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def charge(event: Event, ctx: Context) -> dict[str, Any]:
+        with lock:
+            effects[event.json()["order"]] += 1
+        assert ctx.key == event.json()["order"]
+        return {"charged": event.json()["cents"]}
+
+    with open_store(store_url) as store:
+        summary = Consumer(
+            store, adapt(charge), options(kafka_broker, topic, group, batch_size=50)
+        ).run()
+        assert store.get("order-7") is not None and store.get("order-7").result == {"charged": 100}  # type: ignore[union-attr]
+    assert effects == Counter({k: 1 for k in keys})  # every key once: none lost, none twice
+    assert summary.counts["executed"] == 150
+    assert summary.counts["replayed"] == 45
+    assert summary.counts["dead_lettered"] == 0
+    ends = committed(kafka_broker, topic, group, 3)
+    assert sum(ends.values()) == 195  # every message's offset committed, no more
+
+
+def test_bad_messages_are_dead_lettered_with_their_origin(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=1)
+    produce(kafka_broker, topic, [
+        {"value": {"n": 0}, "idem": "ok-0"},
+        {"value": {"n": 1}, "idem": None},  # no key header
+        {"value": {"n": 2, "poison": True}, "idem": "poison-2"},  # the handler refuses it
+        {"value": {"n": 3, "flaky": True}, "idem": "flaky-3"},  # fails once, then works
+        {"value": {"n": 4, "broken": True}, "idem": "broken-4"},  # always fails: retries end
+        {"value": {"n": 5}, "idem": "ok-0"},  # the key of message 0 with another payload
+        {"value": {"n": 6}, "idem": "ok-6"},
+    ])  # fmt: skip
+    runs: Counter[int] = Counter()
+
+    def handler(event: Event) -> int:
+        body = event.json()
+        runs[body["n"]] += 1
+        if body.get("poison"):
+            raise Permanent("card number is invalid")
+        if body.get("broken") or (body.get("flaky") and runs[body["n"]] == 1):
+            raise RuntimeError("payment service timed out")
+        return int(body["n"])
+
+    with open_store(f"sqlite:///{tmp_path}/keys.db") as store:
+        summary = Consumer(
+            store, adapt(handler), options(kafka_broker, topic, group, max_attempts=3)
+        ).run()
+    assert runs == Counter({0: 1, 2: 1, 3: 2, 4: 3, 6: 1})
+    assert summary.counts["executed"] == 3  # 0, 3 (second attempt), 6
+    assert summary.counts["dead_lettered"] == 4  # 1, 2, 4, 5
+    dead = read_all(kafka_broker, f"{topic}.dlq", expect=4)
+    by_offset = {
+        int.from_bytes(dict(m.headers())["kafka_dlt-original-offset"], "big"): m for m in dead
+    }
+    assert sorted(by_offset) == [1, 2, 4, 5]
+    for offset, m in by_offset.items():
+        headers = dict(m.headers())
+        assert headers["kafka_dlt-original-topic"] == topic.encode()
+        assert int.from_bytes(headers["kafka_dlt-original-partition"], "big") == 0
+        assert headers["kafka_dlt-original-consumer-group"] == group.encode()
+        assert json.loads(m.value())["n"] == offset  # the original payload, untouched
+    reasons = {o: dict(m.headers())["idemctl-dlt-reason"].decode() for o, m in by_offset.items()}
+    assert reasons == {
+        1: "no idempotency key", 2: "permanent failure", 4: "failed 3 times",
+        5: "fingerprint mismatch",
+    }  # fmt: skip
+    assert b"card number is invalid" in dict(by_offset[2].headers())["kafka_dlt-exception-message"]
+    assert committed(kafka_broker, topic, group, 1) == {0: 7}
+
+
+def test_a_busy_key_holds_its_partition_until_the_holder_finishes(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=1)
+    produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"k-{i}"} for i in range(3)])
+    url = f"sqlite:///{tmp_path}/keys.db"
+    seen: list[int] = []
+    with open_store(url) as other, open_store(url) as store:
+        held = other.claim("k-1", lease=30)  # another worker holds k-1
+        assert isinstance(held, Acquired)
+        consumer = Consumer(
+            store, adapt(lambda e: seen.append(e.json()["n"])), options(kafka_broker, topic, group)
+        )
+
+        def finish_once_it_waits() -> None:
+            deadline = time.monotonic() + 60
+            while not consumer.summary.counts["busy"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            other.complete("k-1", held.owner, held.fencing_token, "done elsewhere")
+
+        threading.Thread(target=finish_once_it_waits, daemon=True).start()
+        summary = consumer.run()
+    assert seen == [0, 2]  # k-1 ran elsewhere; k-2 waited behind it, in order
+    assert summary.counts["busy"] >= 1 and summary.counts["replayed"] == 1
+    assert committed(kafka_broker, topic, group, 1) == {0: 3}
+
+
+def test_cli_consume_runs_a_handler_module_and_sigterm_drains(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=1)
+    (tmp_path / "slow.py").write_text(
+        "import time\n"
+        "def handle(event, ctx):\n"
+        "    with open('effects.txt', 'a') as f:\n"
+        "        f.write(ctx.key + ' start\\n')\n"
+        "    time.sleep(1.0)\n"
+        "    with open('effects.txt', 'a') as f:\n"
+        "        f.write(ctx.key + ' done\\n')\n"
+        "    return ctx.attempt\n"
+    )
+    produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"s-{i}"} for i in range(20)])
+    kafka = [x for k, v in kafka_broker.client_config().items() if k != "bootstrap.servers"
+             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "idemctl", "--store", f"sqlite:///{tmp_path}/keys.db", "consume",
+         "--brokers", kafka_broker.bootstrap, "--topic", topic, "--group", group,
+         "--handler", "slow:handle", "--batch-size", "1", "--json", *kafka],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        effects = tmp_path / "effects.txt"
+        deadline = time.monotonic() + 60
+        while not (effects.exists() and effects.read_text().count("start") >= 3):
+            assert time.monotonic() < deadline, (
+                proc.stderr.read() if proc.poll() is not None else "no progress"
+            )  # type: ignore[union-attr]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # mid-handler
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    lines = effects.read_text().splitlines()
+    started = [ln.split()[0] for ln in lines if ln.endswith("start")]
+    finished = [ln.split()[0] for ln in lines if ln.endswith("done")]
+    assert started == finished  # the handler in hand finished; none was cut off
+    report = json.loads(out)
+    assert report["counts"]["executed"] == len(finished)
+    assert committed(kafka_broker, topic, group, 1) == {0: len(finished)}  # all, and only, those
+
+
+def test_cli_consume_bad_handler_and_unreachable_store(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    from tests.servers import free_port
+
+    base = [sys.executable, "-m", "idemctl"]
+    common = ["consume", "--brokers", kafka_broker.bootstrap, "--topic", "x", "--group", "g"]
+    bad = subprocess.run(
+        [*base, "--store", f"sqlite:///{tmp_path}/k.db", *common, "--handler", "nosuchmodule:fn"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "cannot import handler module 'nosuchmodule'" in bad.stderr
+    (tmp_path / "h.py").write_text("def fn(event):\n    return 1\n")
+    down = subprocess.run(
+        [*base, "--store", f"redis://:pw-secret@127.0.0.1:{free_port()}/0?socket_connect_timeout=1s",
+         *common, "--handler", "h:fn", "--max-messages", "1", "--exit-when-idle", "2s"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert down.returncode == 3, down.stderr  # fails fast, before reading anything
+    assert "unreachable" in down.stderr and "pw-secret" not in down.stdout + down.stderr
