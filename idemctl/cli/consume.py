@@ -58,6 +58,13 @@ def consume(
         list[str] | None,
         typer.Option("--kafka-config", metavar="KEY=VALUE", help="librdkafka setting (repeatable)"),
     ] = None,
+    transactional: Annotated[
+        bool,
+        typer.Option(
+            "--transactional",
+            help="PostgreSQL: the handler's SQL on ctx.connection commits with its key",
+        ),
+    ] = False,
     permanent_errors: Annotated[
         list[str] | None,
         typer.Option("--permanent-errors", metavar="MODULE.CLASS", help="Exceptions never retried"),
@@ -79,6 +86,7 @@ def consume(
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
         kafka_config=_pairs(kafka_config or []),
         permanent_errors=tuple(_exception(name) for name in permanent_errors or ()),
+        transactional=transactional,
     )  # fmt: skip
     sys.path.insert(0, ".")  # handlers next to where idemctl runs, as `python -m` finds them
     run = load_handler(handler)

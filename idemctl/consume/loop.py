@@ -33,7 +33,7 @@ from idemctl.model import (
 from idemctl.runner import Context, invoke
 
 if TYPE_CHECKING:
-    from idemctl.consume.event import Handler
+    from idemctl.consume.event import Event, Handler
     from idemctl.stores.base import Store
 
 log = logging.getLogger("idemctl.consume")
@@ -62,6 +62,9 @@ class ConsumeOptions:
     exit_when_idle: float | None = None
     kafka_config: dict[str, str] = field(default_factory=dict)
     permanent_errors: tuple[type[BaseException], ...] = ()
+    transactional: bool = False
+    """PostgreSQL: claim, the handler's SQL on ``ctx.connection`` and completion commit in
+    one transaction, a message at a time (no batched round trips)."""
     poll_timeout: float = 0.5
 
     def __post_init__(self) -> None:
@@ -299,6 +302,9 @@ class Consumer:
 
     def _round(self, items: list[_Item]) -> None:
         """Claim, run and complete ``items`` (distinct keys), partitions in order."""
+        if self.options.transactional:
+            self._round_transactional(items)
+            return
         o = self.options
         blocked: set[tuple[str, int]] = set()
 
@@ -358,6 +364,69 @@ class Consumer:
             elif usable(item):
                 block(item, o.backoff, "lease_lost")
 
+    def _round_transactional(self, items: list[_Item]) -> None:
+        """Each message in a transaction of its own: its effects commit with its key."""
+        o = self.options
+        stopped: set[tuple[str, int]] = set()
+        for item in items:
+            if self._tp(item) in stopped:
+                continue
+            if item.key is None:
+                self._dead_letter(item, "no idempotency key", item.missing or "")
+                continue
+            try:
+                wait = self._run_transactional(item)
+            except StoreUnavailable as exc:
+                log.warning("store unavailable, will retry: %s", exc)
+                wait = (o.backoff, "store_unavailable")
+            if wait is not None:
+                item.blocked = True
+                stopped.add(self._tp(item))
+                self.summary.counts[wait[1]] += 1
+                self._hold(item, wait[0])
+
+    def _run_transactional(self, item: _Item) -> tuple[float, str] | None:
+        from idemctl.runner import Outcome, run
+
+        event = self._event(item)
+        assert item.key is not None
+        result = run(
+            self.store, item.key, lambda ctx: self.handler(event, ctx),
+            fingerprint=_fingerprint(item.msg.value()), lease=self.options.lease,
+            permanent=self.options.permanent_errors, transactional=True, logger=log,
+        )  # fmt: skip
+        match result.outcome:
+            case Outcome.EXECUTED | Outcome.REPLAYED:
+                item.done = True
+                self.summary.counts[result.outcome.value] += 1
+            case Outcome.BUSY | Outcome.LEASE_LOST:
+                return self.options.backoff, result.outcome.value
+            case Outcome.MISMATCH:
+                self._dead_letter(item, "fingerprint mismatch", f"key {item.key!r} was seen "
+                                  "before with another payload")  # fmt: skip
+            case Outcome.FAILED:
+                error = result.record.error if result.record else ""
+                self._dead_letter(item, "failed before", error or "")
+            case Outcome.ERROR:
+                error = f"{type(result.error).__name__}: {result.error}"
+                attempt = result.attempt or 1
+                if not result.retriable:
+                    self._dead_letter(item, "permanent failure", error, result.error)
+                elif attempt >= self.options.max_attempts:
+                    self._dead_letter(item, f"failed {attempt} times", error, result.error)
+                else:
+                    return self.options.backoff * 2 ** (attempt - 1), "retried"
+        return None
+
+    def _event(self, item: _Item) -> Event:
+        from idemctl.consume.event import Event
+
+        m = item.msg
+        return Event(
+            m.topic(), m.partition(), m.offset(), m.key(), m.value(), tuple(m.headers() or ()),
+            m.timestamp()[1] if m.timestamp()[0] else None,
+        )  # fmt: skip
+
     def _settle(self, item: _Item, outcome: Any) -> Completion | tuple[float, str] | None:
         """What a claim outcome comes to: a completion to make; a back-off (seconds, why)
         before the partition goes on from this message; or None when it is finished."""
@@ -382,14 +451,8 @@ class Consumer:
     def _run(self, item: _Item, acquired: Acquired) -> Completion | float | None:
         """The handler's completion; seconds to wait before a retry; or None when the
         message was dead-lettered."""
-        from idemctl.consume.event import Event
-
-        m = item.msg
         acquired = replace(acquired, attempt=acquired.attempt - self._unrun[acquired.key])
-        event = Event(
-            m.topic(), m.partition(), m.offset(), m.key(), m.value(), tuple(m.headers() or ()),
-            m.timestamp()[1] if m.timestamp()[0] else None,
-        )  # fmt: skip
+        event = self._event(item)
 
         def call(ctx: Context) -> Any:
             return self.handler(event, ctx)
