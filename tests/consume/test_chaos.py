@@ -41,7 +41,7 @@ def test_killed_consumers_lose_nothing_and_book_nothing_twice(
         store.provision()
     with postgres_server.connect() as conn:
         conn.execute(
-            f"CREATE TABLE ledger_{tag} (key text, account text, cents bigint, fencing_token bigint)"
+            f"CREATE TABLE ledger_{tag} (key text, account text, cents bigint, fencing_token int)"
         )
     rng = random.Random(7)
     unique = int(MESSAGES * 0.7)
