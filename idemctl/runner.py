@@ -278,10 +278,14 @@ def invoke(
     key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
     ctx = Context(key, token, acquired.attempt, acquired.takeover, owner, store, logger)
     lease_seconds = store.default_lease if lease is None else lease
-    beat = Heartbeat(store, acquired, lease_seconds, lease_seconds / 3)
+    beat = (
+        Heartbeat(store, acquired, lease_seconds, lease_seconds / 3)
+        if heartbeat
+        else contextlib.nullcontext()
+    )
     error: Exception
     try:
-        with beat if heartbeat else contextlib.nullcontext():
+        with beat:
             value = _call_in_context(ctx, handler)
     except Exception as exc:
         error, retriable = exc, not isinstance(exc, (Permanent, *permanent))

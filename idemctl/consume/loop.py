@@ -156,6 +156,9 @@ class Consumer:
         self._kafka.subscribe(
             o.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
+        lease = self.store.default_lease if o.lease is None else o.lease
+        self._heartbeat = _Heartbeat(self.store, lease)
+        self._heartbeat.start()
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -185,6 +188,7 @@ class Consumer:
     def _close(self) -> None:
         from confluent_kafka import KafkaException
 
+        self._heartbeat.stop()
         try:
             self._kafka.commit(asynchronous=False)
         except KafkaException as exc:  # nothing stored since the last commit
@@ -330,6 +334,20 @@ class Consumer:
                     block(item, o.backoff, "store_unavailable")
             return
         claimed = dict(zip((id(i) for i in keyed), outcomes, strict=True))
+        self._heartbeat.hold([a for a in outcomes if isinstance(a, Acquired)])
+        try:
+            self._settle_round(items, claimed, usable, block)
+        finally:
+            self._heartbeat.clear()
+
+    def _settle_round(
+        self,
+        items: list[_Item],
+        claimed: dict[int, Any],
+        usable: Callable[[_Item], bool],
+        block: Callable[[_Item, float, str], None],
+    ) -> None:
+        o = self.options
         completions: list[tuple[_Item, Completion]] = []
         for item in items:
             outcome = claimed.get(id(item))
@@ -459,7 +477,7 @@ class Consumer:
 
         did = invoke(
             self.store, acquired, call, lease=self.options.lease,
-            permanent=self.options.permanent_errors, logger=log,
+            permanent=self.options.permanent_errors, heartbeat=False, logger=log,
         )  # fmt: skip
         if did.lease_lost is not None:
             return self.options.backoff
@@ -543,6 +561,44 @@ def _while_done(items: list[_Item]) -> list[_Item]:
             break
         out.append(item)
     return out
+
+
+class _Heartbeat(threading.Thread):
+    """One thread for the whole consumer: while a round's handlers run, every lease/3 it
+    extends the leases of the keys the round holds and has not finished, so a slow round
+    does not let them lapse. A round that ends within lease/3 costs it nothing."""
+
+    def __init__(self, store: Store, lease: float) -> None:
+        super().__init__(name="idemctl-heartbeat", daemon=True)
+        self.store, self.lease = store, lease
+        self._held: list[Acquired] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+
+    def hold(self, acquired: list[Acquired]) -> None:
+        with self._lock:
+            self._held = acquired
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held = []
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self.join(5)
+
+    def run(self) -> None:
+        interval = self.lease / 3
+        while not self._wake.wait(interval) and not self._stopped:
+            with self._lock:
+                held = list(self._held)
+            for a in held:
+                try:
+                    self.store.extend(a.key, a.owner, a.fencing_token, self.lease)
+                except IdemctlError as exc:  # lost or unreachable: completion will tell
+                    log.debug("heartbeat for %s: %s", a.key, exc)
 
 
 def _fingerprint(value: bytes | None) -> str | None:
