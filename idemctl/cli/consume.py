@@ -58,6 +58,13 @@ def consume(
         list[str] | None,
         typer.Option("--kafka-config", metavar="KEY=VALUE", help="librdkafka setting (repeatable)"),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", help="Serve Prometheus metrics at :PORT/metrics"),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address the metrics server listens on")
+    ] = "0.0.0.0",  # noqa: S104 - Prometheus scrapes from elsewhere
     transactional: Annotated[
         bool,
         typer.Option(
@@ -92,18 +99,27 @@ def consume(
     run = load_handler(handler)
     with cli_store(ctx, auto_provision=True) as store:
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
-        consumer = Consumer(store, run, options)
+        status = _Status(current.err, live=current.err.is_terminal and not current.json)
+        consumer = Consumer(store, run, options, on_progress=status.update)
 
         def stop(signum: int, frame: Any) -> None:
             current.err.print(f"{signal.Signals(signum).name}: finishing the batch in hand")
             consumer.stop()
 
         previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        metrics = None
+        if metrics_port is not None:
+            from idemctl.consume.metrics import serve
+
+            metrics = serve(lambda: consumer.summary, metrics_host, metrics_port)
         try:
-            summary = consumer.run()
+            with status:
+                summary = consumer.run()
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+            if metrics is not None:
+                metrics.shutdown()
     counts = dict(sorted(summary.counts.items()))
     if current.json:
         emit_json({"store": store.url, "topics": topic, "group": group, "counts": counts})
@@ -194,3 +210,49 @@ def demo(
             err.print("[green]ok:[/] every payment charged exactly once")
     if not report.ok:
         raise typer.Exit(1)
+
+
+class _Status:
+    """Progress while consuming: a live table on a terminal; otherwise a logfmt line on
+    stderr every ``every`` seconds (rate, counts), for log collectors."""
+
+    def __init__(self, err: Any, *, live: bool, every: float = 10.0) -> None:
+        import time
+
+        self.err, self.live, self.every = err, live, every
+        self.started = self.last = time.monotonic()
+        self._live: Any = None
+
+    def __enter__(self) -> _Status:
+        if self.live:
+            from rich.live import Live
+
+            self._live = Live(console=self.err, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def update(self, summary: Any) -> None:
+        import time
+
+        now = time.monotonic()
+        rate = summary.finished / max(now - self.started, 1e-9)
+        counts = summary.counts
+        if self._live is not None:
+            from rich.table import Table
+
+            table = Table.grid(padding=(0, 2))
+            for name in ("executed", "replayed", "retried", "dead_lettered", "busy",
+                         "store_unavailable"):  # fmt: skip
+                table.add_row(name.replace("_", " "), str(counts[name]))
+            table.add_row("paused partitions", str(summary.paused))
+            table.add_row("rate", f"{rate:,.0f} msg/s")
+            self._live.update(table)
+        elif now - self.last >= self.every:
+            self.last = now
+            fields = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+            self.err.print(f"consume finished={summary.finished} rate={rate:.0f}/s {fields}",
+                           markup=False, highlight=False)  # fmt: skip

@@ -86,6 +86,8 @@ class Summary:
 
     counts: Counter[str] = field(default_factory=Counter)
     """executed, replayed, dead_lettered, retried, busy, store_unavailable, lease_lost"""
+    paused: int = 0
+    """Partitions held now (busy keys, retries, an unreachable store)."""
 
     @property
     def finished(self) -> int:
@@ -178,6 +180,7 @@ class Consumer:
                 idle_since = time.monotonic()
                 self._batch(messages)
                 if self._on_progress is not None:
+                    self.summary.paused = len(self._paused)
                     self._on_progress(self.summary)
                 if o.max_messages is not None and self.summary.finished >= o.max_messages:
                     break

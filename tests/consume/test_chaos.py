@@ -121,3 +121,73 @@ def test_killed_consumers_lose_nothing_and_book_nothing_twice(
     dead_keys = {dict(m.headers())["idempotency-key"].decode() for m in dead}
     assert dead_keys == poison  # exactly the poison messages (redelivered copies included)
     assert kills >= 3, f"drained in {drained:.0f}s with only {kills} kills"
+
+
+def test_killed_consumers_with_an_outside_effect_lose_nothing(
+    kafka_broker: KafkaBroker, redis_server: Any, tmp_path: Path
+) -> None:
+    """The same chaos on Redis with the effect outside the store (a ledger file): no key
+    is lost, and a key is charged twice only when a kill fell between its charge and its
+    completion: at most a batch per kill."""
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"chaos-{tag}", f"chaos-{tag}"
+    kafka_broker.create_topic(topic, partitions=PARTITIONS)
+    url = f"redis://127.0.0.1:{redis_server.port}/0?prefix=chaos{tag}:"
+    rng = random.Random(11)
+    count = max(MESSAGES // 4, 1000)
+    keys = [f"pay-{i}" for i in range(int(count * 0.7))]
+    messages = [{"value": {"cents": 100}, "idem": k, "kkey": k.encode()} for k in keys]
+    messages += [dict(rng.choice(messages)) for _ in range(count - len(keys))]
+    produce(kafka_broker, topic, messages)
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    batch = 20
+    config = kafka_broker.client_config(
+        **{"session.timeout.ms": 2000, "heartbeat.interval.ms": 300}
+    )
+    kafka = [x for k, v in config.items() if k != "bootstrap.servers"
+             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
+    command = [
+        sys.executable, "-m", "idemctl", "--store", url, "consume", "--brokers",
+        kafka_broker.bootstrap, "--topic", topic, "--group", group, "--handler",
+        "payments:charge", "--batch-size", str(batch), "--lease", "3s", "--backoff", "200ms",
+        *kafka,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'examples'}",
+           "IDEMCTL_DEMO_LEDGER": str(ledger)}  # fmt: skip
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def charged() -> Counter[str]:
+        return Counter(line.split()[0] for line in ledger.read_text().splitlines() if line)
+
+    consumers = [start() for _ in range(3)]
+    kills = 0
+    started = time.monotonic()
+    try:
+        while set(charged()) != set(keys):
+            assert time.monotonic() - started < DEADLINE, f"{len(charged())} of {len(keys)}"
+            time.sleep(KILL_EVERY)
+            victim = rng.randrange(len(consumers))
+            os.kill(consumers[victim].pid, signal.SIGKILL)
+            consumers[victim].wait()
+            kills += 1
+            consumers[victim] = start()
+        time.sleep(5)  # let the survivors finish what they hold (leases of 3 s)
+    finally:
+        for c in consumers:
+            if c.poll() is None:
+                c.send_signal(signal.SIGTERM)
+        for c in consumers:
+            try:
+                c.wait(30)
+            except subprocess.TimeoutExpired:
+                c.kill()
+                c.wait()
+    effects = charged()
+    assert set(effects) == set(keys)  # none lost
+    twice = [k for k, n in effects.items() if n > 1]
+    print(f"{count} messages, {kills} kills, {len(twice)} keys charged twice")
+    assert len(twice) <= kills * batch  # only what a kill cut off between charge and completion

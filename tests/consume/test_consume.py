@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -233,12 +235,16 @@ def test_cli_consume_runs_a_handler_module_and_sigterm_drains(
         "    return ctx.attempt\n"
     )
     produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"s-{i}"} for i in range(20)])
+    from tests.servers import free_port
+
+    metrics_port = free_port()
     kafka = [x for k, v in kafka_broker.client_config().items() if k != "bootstrap.servers"
              for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "idemctl", "--store", f"sqlite:///{tmp_path}/keys.db", "consume",
          "--brokers", kafka_broker.bootstrap, "--topic", topic, "--group", group,
-         "--handler", "slow:handle", "--batch-size", "1", "--json", *kafka],
+         "--handler", "slow:handle", "--batch-size", "1", "--json", *kafka,
+         "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
@@ -250,6 +256,11 @@ def test_cli_consume_runs_a_handler_module_and_sigterm_drains(
                 proc.stderr.read() if proc.poll() is not None else "no progress"
             )  # type: ignore[union-attr]
             time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        executed = re.search(r'^idemctl_messages_total\{outcome="executed"\} (\d+)$', metrics, re.M)
+        assert executed is not None and int(executed.group(1)) >= 2, metrics
+        assert "# TYPE idemctl_paused_partitions gauge" in metrics
         proc.send_signal(signal.SIGTERM)  # mid-handler
         out, err = proc.communicate(timeout=60)
     finally:
@@ -332,3 +343,48 @@ def test_store_outage_fails_closed_and_loses_nothing(
     # The key whose completion the outage cut off may run again (its lease ran out); no other.
     assert sum(effects.values()) - 400 <= 20
     assert sum(committed(kafka_broker, topic, group, 2).values()) == 400
+
+
+def test_a_consumer_joining_and_leaving_loses_nothing(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A second member joins mid-run (a rebalance hands it half the partitions) and leaves
+    again (they come back): every key runs once, every offset is committed."""
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=4)
+    produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"r-{i}", "kkey": str(i).encode()}
+                                  for i in range(600)])  # fmt: skip
+    url = f"sqlite:///{tmp_path}/keys.db"
+    effects: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handler(event: Event, ctx: Context) -> None:
+        with lock:
+            effects[ctx.key] += 1
+        time.sleep(0.01)  # slow enough for the second member to get work
+
+    with open_store(url) as first_store, open_store(url) as second_store:
+        first = Consumer(
+            first_store, adapt(handler), options(kafka_broker, topic, group, batch_size=10)
+        )
+        second = Consumer(
+            second_store, adapt(handler), options(kafka_broker, topic, group, batch_size=10)
+        )
+        one = threading.Thread(target=first.run, daemon=True)
+        one.start()
+        deadline = time.monotonic() + 60
+        while sum(effects.values()) < 100:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        two = threading.Thread(target=second.run, daemon=True)
+        two.start()
+        while second.summary.finished < 50:  # it got partitions and worked them
+            assert time.monotonic() < deadline + 60, "the second member never got work"
+            time.sleep(0.05)
+        second.stop()  # leaves: its partitions go back to the first
+        two.join(60)
+        one.join(120)
+        assert not one.is_alive() and not two.is_alive()
+    assert set(effects) == {f"r-{i}" for i in range(600)}
+    assert [k for k, n in effects.items() if n > 1] == []  # handed over without a rerun
+    assert sum(committed(kafka_broker, topic, group, 4).values()) == 600
