@@ -361,15 +361,13 @@ def test_a_consumer_joining_and_leaving_loses_nothing(
     def handler(event: Event, ctx: Context) -> None:
         with lock:
             effects[ctx.key] += 1
-        time.sleep(0.01)  # slow enough for the second member to get work
+        time.sleep(0.03)  # slow enough for the second member to get work
 
     with open_store(url) as first_store, open_store(url) as second_store:
-        first = Consumer(
-            first_store, adapt(handler), options(kafka_broker, topic, group, batch_size=10)
-        )
-        second = Consumer(
-            second_store, adapt(handler), options(kafka_broker, topic, group, batch_size=10)
-        )
+        # Idle through a rebalance is not done: wait longer than a group join takes.
+        opts = options(kafka_broker, topic, group, batch_size=10, exit_when_idle=10.0)
+        first = Consumer(first_store, adapt(handler), opts)
+        second = Consumer(second_store, adapt(handler), opts)
         one = threading.Thread(target=first.run, daemon=True)
         one.start()
         deadline = time.monotonic() + 60
