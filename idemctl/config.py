@@ -27,14 +27,15 @@ from idemctl.errors import ConfigError
 CONFIG_FILE = "idemctl.yaml"
 """Read from the working directory when no other file is named."""
 
-_TOP_KEYS = ("store", "profiles")
-_PROFILE_KEYS = ("store",)
+_TOP_KEYS = ("store", "kafka", "profiles")
+_PROFILE_KEYS = ("store", "kafka")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True)
 class Profile:
     store: str | None = None
+    kafka: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,16 @@ class Config:
     """The file it was read from; None when there is none."""
     store: str | None = None
     profiles: dict[str, Profile] = field(default_factory=dict)
+    kafka: dict[str, str] = field(default_factory=dict)
+    """librdkafka settings for ``consume`` (a profile's win over these)."""
+
+    def kafka_for(self, profile: str | None) -> dict[str, str]:
+        """The librdkafka settings for ``profile``, variables expanded."""
+        settings = dict(self.kafka)
+        if profile is not None and profile in self.profiles:
+            settings.update(self.profiles[profile].kafka)
+        where = str(self.path or CONFIG_FILE)
+        return {k: _expand(v, f"{where}: kafka.{k}") for k, v in settings.items()}
 
     def store_for(self, profile: str | None) -> tuple[str | None, str]:
         """The store URL this file gives for ``profile`` (variables expanded), and where
@@ -96,6 +107,7 @@ def load_config(path: Path | None) -> Config:
         return Config(path)
     _check_mapping(data, str(path), _TOP_KEYS)
     store = _check_store(data, str(path))
+    kafka = _check_kafka(data, str(path))
     profiles_raw = data.get("profiles") or {}
     if not isinstance(profiles_raw, dict):
         raise ConfigError(f"{path}: 'profiles' must map profile names to settings")
@@ -104,8 +116,10 @@ def load_config(path: Path | None) -> Config:
         where = f"{path}: profiles.{name}"
         settings = {} if body is None else body
         _check_mapping(settings, where, _PROFILE_KEYS)
-        profiles[str(name)] = Profile(store=_check_store(settings, where))
-    return Config(path, store, profiles)
+        profiles[str(name)] = Profile(
+            store=_check_store(settings, where), kafka=_check_kafka(settings, where)
+        )
+    return Config(path, store, profiles, kafka)
 
 
 def _check_mapping(data: Any, where: str, allowed: tuple[str, ...]) -> None:
@@ -127,6 +141,18 @@ def _check_store(data: dict[str, Any], where: str) -> str | None:
         f"{where}: 'store' must be a store URL such as sqlite:///./idemctl.db or "
         f"redis://host:6379/0, not {found}"
     )
+
+
+def _check_kafka(data: dict[str, Any], where: str) -> dict[str, str]:
+    kafka = data.get("kafka") or {}
+    if not isinstance(kafka, dict) or not all(
+        isinstance(v, str | int | float | bool) for v in kafka.values()
+    ):
+        raise ConfigError(
+            f"{where}: 'kafka' must map librdkafka settings to values, e.g. "
+            "bootstrap.servers: kafka:9092"
+        )
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in kafka.items()}
 
 
 def _expand(url: str, source: str) -> str:

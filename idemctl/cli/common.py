@@ -27,6 +27,7 @@ from idemctl.urls import redact_text, redact_url, secrets_in
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from idemctl.config import Config
     from idemctl.stores.base import Store
 
 app = typer.Typer(
@@ -101,11 +102,15 @@ class Settings:
                 if name == "store":
                     self.store_source = "--store"
 
-    def store_url(self) -> tuple[str, str]:
-        """The store URL and where it came from: flag or env > config file > default."""
+    def loaded_config(self) -> Config:
+        """The config file the options name (or ./idemctl.yaml), read and checked."""
         from idemctl.config import find_config, load_config
 
-        config = load_config(find_config(self.config))
+        return load_config(find_config(self.config))
+
+    def store_url(self) -> tuple[str, str]:
+        """The store URL and where it came from: flag or env > config file > default."""
+        config = self.loaded_config()
         if self.store:
             return self.store, self.store_source
         url, source = config.store_for(self.profile)

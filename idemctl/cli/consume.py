@@ -22,8 +22,14 @@ def consume(
     topic: Annotated[list[str], typer.Option("--topic", help="Topic to read (repeatable)")],
     group: Annotated[str, typer.Option("--group", help="Consumer group id")],
     brokers: Annotated[
-        str, typer.Option("--brokers", envvar="IDEMCTL_BROKERS", help="HOST:PORT[,HOST:PORT]")
-    ] = "127.0.0.1:9092",
+        str | None,
+        typer.Option(
+            "--brokers",
+            envvar="IDEMCTL_BROKERS",
+            help="HOST:PORT[,...]  [default: kafka: bootstrap.servers in idemctl.yaml, "
+            "else 127.0.0.1:9092]",
+        ),
+    ] = None,
     key: Annotated[
         str,
         typer.Option(
@@ -85,13 +91,17 @@ def consume(
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
 
     current = settings(ctx)
+    # librdkafka settings: idemctl.yaml's kafka: (its profile's over its own), then flags.
+    kafka = {**current.loaded_config().kafka_for(current.profile), **_pairs(kafka_config or [])}
+    configured = kafka.pop("bootstrap.servers", None)
+    brokers = brokers or configured or "127.0.0.1:9092"
     options = ConsumeOptions(
         brokers=brokers, topics=topic, group=group, key=key, on_missing_key=on_missing_key,
         lease=duration(lease, "--lease"), max_attempts=max_attempts,
         backoff=duration(backoff, "--backoff"), dlq_topic=dlq_topic, batch_size=batch_size,
         max_messages=max_messages,
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
-        kafka_config=_pairs(kafka_config or []),
+        kafka_config=kafka,
         permanent_errors=tuple(_exception(name) for name in permanent_errors or ()),
         transactional=transactional,
     )  # fmt: skip

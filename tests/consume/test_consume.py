@@ -386,3 +386,27 @@ def test_a_consumer_joining_and_leaving_loses_nothing(
     assert set(effects) == {f"r-{i}" for i in range(600)}
     assert [k for k, n in effects.items() if n > 1] == []  # handed over without a rerun
     assert sum(committed(kafka_broker, topic, group, 4).values()) == 600
+
+
+def test_cli_consume_takes_kafka_settings_from_idemctl_yaml(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=1)
+    produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"y-{i}"} for i in range(5)])
+    settings = "\n".join(f"    {k}: {v}" for k, v in kafka_broker.client_config().items())
+    (tmp_path / "idemctl.yaml").write_text(
+        f"store: sqlite:///{tmp_path}/keys.db\n"
+        "kafka:\n  bootstrap.servers: 127.0.0.1:1\n"  # the profile's wins
+        f"profiles:\n  local:\n    kafka:\n{settings.replace('    ', '      ')}\n"
+    )
+    (tmp_path / "h.py").write_text("def fn(event):\n    return event.offset\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "idemctl", "--profile", "local", "--json", "consume",
+         "--topic", topic, "--group", group, "--handler", "h:fn", "--exit-when-idle", "2s"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["counts"] == {"executed": 5}
+    assert committed(kafka_broker, topic, group, 1) == {0: 5}

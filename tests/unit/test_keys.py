@@ -88,3 +88,23 @@ def test_load_handler_errors_are_clear(tmp_path: Path, monkeypatch: pytest.Monke
         load_handler("myhandlers:missing")
     with pytest.raises(ConfigError, match="not callable"):
         load_handler("myhandlers:value")
+
+
+def test_config_kafka_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from idemctl.config import load_config
+
+    path = tmp_path / "idemctl.yaml"
+    path.write_text(
+        "kafka:\n  bootstrap.servers: a:9092\n  enable.idempotence: true\n"
+        "profiles:\n  prod:\n    kafka:\n      bootstrap.servers: b:9093\n"
+        "      sasl.password: ${KAFKA_PW}\n"
+    )
+    monkeypatch.setenv("KAFKA_PW", "s3cret")
+    config = load_config(path)
+    assert config.kafka_for(None) == {"bootstrap.servers": "a:9092", "enable.idempotence": "true"}
+    assert config.kafka_for("prod") == {
+        "bootstrap.servers": "b:9093", "enable.idempotence": "true", "sasl.password": "s3cret",
+    }  # fmt: skip
+    path.write_text("kafka: [a, b]\n")
+    with pytest.raises(ConfigError, match="'kafka' must map librdkafka settings"):
+        load_config(path)
