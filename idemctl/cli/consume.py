@@ -53,6 +53,12 @@ def consume(
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Messages per poll and store round trip")
     ] = 100,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency", min=1, help="Partitions handled side by side (for I/O-bound handlers)"
+        ),
+    ] = 1,
     max_messages: Annotated[
         int | None, typer.Option("--max-messages", min=1, help="Stop after this many")
     ] = None,
@@ -99,6 +105,7 @@ def consume(
         brokers=brokers, topics=topic, group=group, key=key, on_missing_key=on_missing_key,
         lease=duration(lease, "--lease"), max_attempts=max_attempts,
         backoff=duration(backoff, "--backoff"), dlq_topic=dlq_topic, batch_size=batch_size,
+        concurrency=concurrency,
         max_messages=max_messages,
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
         kafka_config=kafka,

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,9 @@ class ConsumeOptions:
     dlq_topic: str | None = None
     """Default: ``<topic>.dlq`` for each input topic."""
     batch_size: int = 100
+    concurrency: int = 1
+    """Partitions whose handlers run side by side (each partition's in order), for
+    handlers that wait on I/O."""
     max_messages: int | None = None
     exit_when_idle: float | None = None
     kafka_config: dict[str, str] = field(default_factory=dict)
@@ -70,8 +74,8 @@ class ConsumeOptions:
     def __post_init__(self) -> None:
         if self.on_missing_key not in ("dlq", "offset", "fail"):
             raise ConfigError(f"--on-missing-key {self.on_missing_key!r}: use dlq, offset or fail")
-        if self.max_attempts < 1 or self.batch_size < 1:
-            raise ConfigError("--max-attempts and --batch-size must be at least 1")
+        if min(self.max_attempts, self.batch_size, self.concurrency) < 1:
+            raise ConfigError("--max-attempts, --batch-size and --concurrency must be at least 1")
         key_strategy(self.key)  # fails early on a bad strategy
 
 
@@ -121,6 +125,12 @@ class Consumer:
         self._offset_strategy = key_strategy("offset")
         self._stop = threading.Event()
         self._assigned = threading.Event()
+        self._counting = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = (
+            ThreadPoolExecutor(options.concurrency, thread_name_prefix="idemctl-handler")
+            if options.concurrency > 1
+            else None
+        )
         self._unrun: Counter[str] = Counter()
         """Claims this process gave back without running the handler (a message behind a
         stopped one): the store counts them as attempts, --max-attempts counts runs."""
@@ -135,6 +145,10 @@ class Consumer:
     def stop(self) -> None:
         """Finish the batch in hand, store its offsets, commit and return (signal-safe)."""
         self._stop.set()
+
+    def _count(self, outcome: str) -> None:
+        with self._counting:
+            self.summary.counts[outcome] += 1
 
     # The loop -----------------------------------------------------------------------------
 
@@ -192,6 +206,8 @@ class Consumer:
         from confluent_kafka import KafkaException
 
         self._heartbeat.stop()
+        if self._pool is not None:
+            self._pool.shutdown()
         try:
             self._kafka.commit(asynchronous=False)
         except KafkaException as exc:  # nothing stored since the last commit
@@ -321,7 +337,7 @@ class Consumer:
         def block(item: _Item, seconds: float, why: str) -> None:
             item.blocked = True
             blocked.add(self._tp(item))
-            self.summary.counts[why] += 1
+            self._count(why)
             self._hold(item, seconds)
 
         keyed = [i for i in items if i.key is not None]
@@ -351,23 +367,40 @@ class Consumer:
         block: Callable[[_Item, float, str], None],
     ) -> None:
         o = self.options
-        completions: list[tuple[_Item, Completion]] = []
+        partitions: dict[tuple[str, int], list[_Item]] = defaultdict(list)
         for item in items:
-            outcome = claimed.get(id(item))
-            if not usable(item):
-                if isinstance(outcome, Acquired):  # behind a stopped message: not now
-                    self._release(outcome)
-                    self._unrun[outcome.key] += 1
-                continue
-            try:
-                wait = self._settle(item, outcome)
-            except StoreUnavailable as exc:  # recording a failure: fail closed
-                log.warning("store unavailable, will retry: %s", exc)
-                wait = (o.backoff, "store_unavailable")
-            if isinstance(wait, Completion):
-                completions.append((item, wait))
-            elif wait is not None:
-                block(item, *wait)
+            partitions[self._tp(item)].append(item)
+
+        def work(part: list[_Item]) -> tuple[list[tuple[_Item, Completion]], tuple[Any, ...]]:
+            """One partition's messages in order; stops at the first that must wait."""
+            done: list[tuple[_Item, Completion]] = []
+            for i, item in enumerate(part):
+                try:
+                    wait = self._settle(item, claimed.get(id(item)))
+                except StoreUnavailable as exc:  # recording a failure: fail closed
+                    log.warning("store unavailable, will retry: %s", exc)
+                    wait = (o.backoff, "store_unavailable")
+                if isinstance(wait, Completion):
+                    done.append((item, wait))
+                elif wait is not None:
+                    for later in part[i + 1 :]:  # behind a stopped message: not now
+                        held = claimed.get(id(later))
+                        if isinstance(held, Acquired):
+                            self._release(held)
+                            self._unrun[held.key] += 1
+                    return done, (item, *wait)
+            return done, ()
+
+        parts = list(partitions.values())
+        if self._pool is not None and len(parts) > 1:  # partitions side by side
+            results = list(self._pool.map(work, parts))
+        else:
+            results = [work(part) for part in parts]
+        completions: list[tuple[_Item, Completion]] = []
+        for finished, stop in results:
+            completions += finished
+            if stop:
+                block(*stop)
         if not completions:
             return
         try:
@@ -381,7 +414,7 @@ class Consumer:
         for (item, _), ok in zip(completions, done, strict=True):
             if ok:
                 item.done = True
-                self.summary.counts["executed"] += 1
+                self._count("executed")
             elif usable(item):
                 block(item, o.backoff, "lease_lost")
 
@@ -403,7 +436,7 @@ class Consumer:
             if wait is not None:
                 item.blocked = True
                 stopped.add(self._tp(item))
-                self.summary.counts[wait[1]] += 1
+                self._count(wait[1])
                 self._hold(item, wait[0])
 
     def _run_transactional(self, item: _Item) -> tuple[float, str] | None:
@@ -419,7 +452,7 @@ class Consumer:
         match result.outcome:
             case Outcome.EXECUTED | Outcome.REPLAYED:
                 item.done = True
-                self.summary.counts[result.outcome.value] += 1
+                self._count(result.outcome.value)
             case Outcome.BUSY | Outcome.LEASE_LOST:
                 return self.options.backoff, result.outcome.value
             case Outcome.MISMATCH:
@@ -455,7 +488,7 @@ class Consumer:
             self._dead_letter(item, "no idempotency key", item.missing or "")
         elif isinstance(outcome, Completed):
             item.done = True
-            self.summary.counts["replayed"] += 1
+            self._count("replayed")
         elif isinstance(outcome, Busy):
             return self.options.backoff, "busy"
         elif isinstance(outcome, Mismatch):
@@ -536,7 +569,7 @@ class Consumer:
                 f"{topic}: {delivered[0] if delivered else 'no acknowledgement'}"
             )
         item.done = True
-        self.summary.counts["dead_lettered"] += 1
+        self._count("dead_lettered")
         log.warning(
             "dead-lettered %s[%d]@%d to %s: %s: %s",
             m.topic(), m.partition(), m.offset(), topic, reason, detail,

@@ -410,3 +410,35 @@ def test_cli_consume_takes_kafka_settings_from_idemctl_yaml(
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["counts"] == {"executed": 5}
     assert committed(kafka_broker, topic, group, 1) == {0: 5}
+
+
+def test_concurrency_runs_partitions_side_by_side_each_in_order(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=3)
+    produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"c-{i}", "kkey": str(i).encode()}
+                                  for i in range(90)])  # fmt: skip
+    lock = threading.Lock()
+    running, most = 0, 0
+    order: dict[int, list[int]] = {}
+
+    def handler(event: Event) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            order.setdefault(event.partition, []).append(event.offset)
+        time.sleep(0.02)  # a handler waiting on I/O
+        with lock:
+            running -= 1
+
+    with open_store(f"sqlite:///{tmp_path}/keys.db") as store:
+        summary = Consumer(
+            store, adapt(handler), options(kafka_broker, topic, group, concurrency=3)
+        ).run()
+    assert summary.counts["executed"] == 90
+    assert most >= 2  # handlers of different partitions overlapped
+    assert all(offsets == sorted(offsets) for offsets in order.values())  # each in order
+    assert sum(len(o) for o in order.values()) == 90
+    assert sum(committed(kafka_broker, topic, group, 3).values()) == 90
