@@ -64,7 +64,12 @@ def consume(
     ] = None,
     exit_when_idle: Annotated[
         str | None,
-        typer.Option("--exit-when-idle", metavar="DUR", help="Stop after DUR without messages"),
+        typer.Option(
+            "--exit-when-idle",
+            metavar="DUR",
+            help="Stop after DUR without messages (in a group, more than session.timeout.ms: "
+            "a dead member's partitions come free only then)",
+        ),
     ] = None,
     kafka_config: Annotated[
         list[str] | None,

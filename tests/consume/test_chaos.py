@@ -17,6 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from idemctl import open_store
 from tests.backends import unique_schema
 from tests.consume.test_consume import produce, read_all
@@ -123,16 +125,21 @@ def test_killed_consumers_lose_nothing_and_book_nothing_twice(
     assert kills >= 3, f"drained in {drained:.0f}s with only {kills} kills"
 
 
+@pytest.mark.parametrize("backend", ["redis", "sqlite"])
 def test_killed_consumers_with_an_outside_effect_lose_nothing(
-    kafka_broker: KafkaBroker, redis_server: Any, tmp_path: Path
+    kafka_broker: KafkaBroker, request: pytest.FixtureRequest, backend: str, tmp_path: Path
 ) -> None:
-    """The same chaos on Redis with the effect outside the store (a ledger file): no key
-    is lost, and a key is charged twice only when a kill fell between its charge and its
-    completion: at most a batch per kill."""
+    """The same chaos on Redis and SQLite with the effect outside the store (a ledger
+    file): no key is lost, and a key is charged twice only when a kill fell between its
+    charge and its completion: at most a batch per kill."""
     tag = uuid.uuid4().hex[:8]
     topic, group = f"chaos-{tag}", f"chaos-{tag}"
     kafka_broker.create_topic(topic, partitions=PARTITIONS)
-    url = f"redis://127.0.0.1:{redis_server.port}/0?prefix=chaos{tag}:"
+    if backend == "redis":
+        port = request.getfixturevalue("redis_server").port
+        url = f"redis://127.0.0.1:{port}/0?prefix=chaos{tag}:"
+    else:
+        url = f"sqlite:///{tmp_path}/chaos.db"
     rng = random.Random(11)
     count = max(MESSAGES // 4, 1000)
     keys = [f"pay-{i}" for i in range(int(count * 0.7))]
