@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 
 from idemctl import open_store
 from tests.backends import unique_schema
-from tests.consume.test_consume import produce, read_all
+from tests.consume.test_consume import committed, produce, read_all
 from tests.servers import KafkaBroker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +30,55 @@ MESSAGES = int(os.environ.get("IDEMCTL_CHAOS_MESSAGES", "20000"))
 PARTITIONS = 6
 KILL_EVERY = 2.0
 DEADLINE = 420.0
+
+
+def consumers_under_chaos(
+    broker: KafkaBroker, url: str, topic: str, group: str, handler: str, *options: str,
+    cwd: Path, env: dict[str, str], rng: random.Random, done: Callable[[], bool],
+    settle: float = 0.0,
+) -> int:  # fmt: skip
+    """Three `idemctl consume` processes; every KILL_EVERY seconds a random one is
+    SIGKILLed and started again, until ``done()``. After ``settle`` seconds the rest get
+    SIGTERM (drain and exit), each stopped by its PID. Returns the number of kills."""
+    # A killed member holds its partitions until its session times out: keep that short.
+    config = broker.client_config(**{"session.timeout.ms": 2000, "heartbeat.interval.ms": 300})
+    kafka = [x for k, v in config.items() if k != "bootstrap.servers"
+             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
+    command = [
+        sys.executable, "-m", "idemctl", "--store", url, "consume", "--brokers",
+        broker.bootstrap, "--topic", topic, "--group", group, "--handler", handler,
+        "--backoff", "200ms", *options, *kafka,
+    ]  # fmt: skip
+
+    def start() -> subprocess.Popen[bytes]:
+        quiet = subprocess.DEVNULL
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=quiet, stderr=quiet)
+
+    consumers = [start() for _ in range(3)]
+    kills = 0
+    started = time.monotonic()
+    try:
+        while not done():
+            assert time.monotonic() - started < DEADLINE, f"not drained after {DEADLINE}s"
+            time.sleep(KILL_EVERY)
+            victim = rng.randrange(len(consumers))
+            os.kill(consumers[victim].pid, signal.SIGKILL)
+            consumers[victim].wait()
+            kills += 1
+            consumers[victim] = start()
+        print(f"drained in {time.monotonic() - started:.0f}s with {kills} kills")
+        time.sleep(settle)
+    finally:
+        for c in consumers:
+            if c.poll() is None:
+                c.send_signal(signal.SIGTERM)
+        for c in consumers:
+            try:
+                c.wait(30)
+            except subprocess.TimeoutExpired:
+                c.kill()
+                c.wait()
+    return kills
 
 
 def test_killed_consumers_lose_nothing_and_book_nothing_twice(
@@ -66,23 +116,6 @@ def test_killed_consumers_lose_nothing_and_book_nothing_twice(
         .read_text()
         .replace("INSERT INTO ledger ", f"INSERT INTO ledger_{tag} ")
     )
-    # A killed member holds its partitions until its session times out: keep that short.
-    config = kafka_broker.client_config(
-        **{"session.timeout.ms": 2000, "heartbeat.interval.ms": 300}
-    )
-    kafka = [x for k, v in config.items() if k != "bootstrap.servers"
-             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
-    command = [
-        sys.executable, "-m", "idemctl", "--store", url, "consume", "--transactional",
-        "--brokers", kafka_broker.bootstrap, "--topic", topic, "--group", group,
-        "--handler", f"ledger_{tag}:record", "--batch-size", "200", "--backoff", "200ms",
-        "--lease", "5s", *kafka,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
 
     def booked() -> Counter[str]:
         with postgres_server.connect() as conn:
@@ -90,39 +123,21 @@ def test_killed_consumers_lose_nothing_and_book_nothing_twice(
         return Counter({k: n for k, n in rows})
 
     expected = set(keys) - poison
-    consumers = [start() for _ in range(3)]
-    kills = 0
-    started = time.monotonic()
-    try:
-        while set(booked()) != expected:
-            assert time.monotonic() - started < DEADLINE, (
-                f"not drained after {DEADLINE}s: {len(booked())} of {len(expected)} booked"
-            )
-            time.sleep(KILL_EVERY)
-            victim = rng.randrange(len(consumers))
-            os.kill(consumers[victim].pid, signal.SIGKILL)
-            consumers[victim].wait()
-            kills += 1
-            consumers[victim] = start()
-        drained = time.monotonic() - started
-        print(f"drained {MESSAGES} messages in {drained:.0f}s with {kills} kills")
-        dead = read_all(kafka_broker, f"{topic}.dlq", expect=len(poison), timeout=60)
-    finally:
-        for c in consumers:
-            if c.poll() is None:
-                c.send_signal(signal.SIGTERM)
-        for c in consumers:
-            try:
-                c.wait(30)
-            except subprocess.TimeoutExpired:
-                c.kill()
-                c.wait()
+    kills = consumers_under_chaos(
+        kafka_broker, url, topic, group, f"ledger_{tag}:record", "--transactional",
+        "--batch-size", "200", "--lease", "5s", cwd=tmp_path, rng=rng,
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"},
+        # every key booked, and every message (the poison ones too) finished and committed
+        done=lambda: set(booked()) == expected
+        and sum(committed(kafka_broker, topic, group, PARTITIONS).values()) == len(messages),
+    )  # fmt: skip
+    dead = read_all(kafka_broker, f"{topic}.dlq", expect=len(poison), timeout=60)
     rows = booked()
     assert set(rows) == expected  # no key lost
     assert [k for k, n in rows.items() if n != 1] == []  # none booked twice
     dead_keys = {dict(m.headers())["idempotency-key"].decode() for m in dead}
     assert dead_keys == poison  # exactly the poison messages (redelivered copies included)
-    assert kills >= 3, f"drained in {drained:.0f}s with only {kills} kills"
+    assert kills >= 3, f"drained with only {kills} kills"
 
 
 @pytest.mark.parametrize("backend", ["redis", "sqlite"])
@@ -149,50 +164,18 @@ def test_killed_consumers_with_an_outside_effect_lose_nothing(
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
     batch = 20
-    config = kafka_broker.client_config(
-        **{"session.timeout.ms": 2000, "heartbeat.interval.ms": 300}
-    )
-    kafka = [x for k, v in config.items() if k != "bootstrap.servers"
-             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
-    command = [
-        sys.executable, "-m", "idemctl", "--store", url, "consume", "--brokers",
-        kafka_broker.bootstrap, "--topic", topic, "--group", group, "--handler",
-        "payments:charge", "--batch-size", str(batch), "--lease", "3s", "--backoff", "200ms",
-        *kafka,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'examples'}",
-           "IDEMCTL_DEMO_LEDGER": str(ledger)}  # fmt: skip
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
 
     def charged() -> Counter[str]:
         return Counter(line.split()[0] for line in ledger.read_text().splitlines() if line)
 
-    consumers = [start() for _ in range(3)]
-    kills = 0
-    started = time.monotonic()
-    try:
-        while set(charged()) != set(keys):
-            assert time.monotonic() - started < DEADLINE, f"{len(charged())} of {len(keys)}"
-            time.sleep(KILL_EVERY)
-            victim = rng.randrange(len(consumers))
-            os.kill(consumers[victim].pid, signal.SIGKILL)
-            consumers[victim].wait()
-            kills += 1
-            consumers[victim] = start()
-        time.sleep(5)  # let the survivors finish what they hold (leases of 3 s)
-    finally:
-        for c in consumers:
-            if c.poll() is None:
-                c.send_signal(signal.SIGTERM)
-        for c in consumers:
-            try:
-                c.wait(30)
-            except subprocess.TimeoutExpired:
-                c.kill()
-                c.wait()
+    kills = consumers_under_chaos(
+        kafka_broker, url, topic, group, "payments:charge", "--batch-size", str(batch),
+        "--lease", "3s", cwd=tmp_path, rng=rng,
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'examples'}",
+             "IDEMCTL_DEMO_LEDGER": str(ledger)},
+        done=lambda: set(charged()) == set(keys),
+        settle=5.0,  # the survivors finish what they hold (leases of 3 s)
+    )  # fmt: skip
     effects = charged()
     assert set(effects) == set(keys)  # none lost
     twice = [k for k, n in effects.items() if n > 1]
