@@ -118,6 +118,7 @@ def consume(
         transactional=transactional,
     )  # fmt: skip
     sys.path.insert(0, ".")  # handlers next to where idemctl runs, as `python -m` finds them
+    _show_warnings(current)
     run = load_handler(handler)
     with cli_store(ctx, auto_provision=True) as store:
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
@@ -148,6 +149,24 @@ def consume(
     else:
         shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()) or "nothing"
         current.err.print(f"consumed {summary.finished} message(s): {shown}", markup=False)
+
+
+def _show_warnings(current: Any) -> None:
+    """The consumer's own warnings (dead letters, an unreachable store, no partitions) go to
+    stderr even without -v; the Kafka client's retries only with -v."""
+    import logging
+
+    if current.verbose:
+        return  # -v logs everything already
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    handler.setLevel(logging.WARNING)
+    consume_log = logging.getLogger("idemctl.consume")
+    consume_log.addHandler(handler)
+    consume_log.setLevel(logging.WARNING)
+    kafka_log = logging.getLogger("idemctl.consume.kafka")
+    kafka_log.propagate = False
+    kafka_log.addHandler(logging.NullHandler())
 
 
 def _pairs(items: list[str]) -> dict[str, str]:

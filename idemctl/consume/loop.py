@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from idemctl.stores.base import Store
 
 log = logging.getLogger("idemctl.consume")
+kafka_log = logging.getLogger("idemctl.consume.kafka")
+"""librdkafka's own log lines (connection retries and the like)."""
 
 MAX_BACKOFF = 60.0
 _SHARED = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
@@ -70,6 +72,8 @@ class ConsumeOptions:
     """PostgreSQL: claim, the handler's SQL on ``ctx.connection`` and completion commit in
     one transaction, a message at a time (no batched round trips)."""
     poll_timeout: float = 0.5
+    join_warning: float = 30.0
+    """Seconds without partitions after which a warning asks whether the brokers are right."""
 
     def __post_init__(self) -> None:
         if self.on_missing_key not in ("dlq", "offset", "fail"):
@@ -165,19 +169,31 @@ class Consumer:
             "auto.offset.reset": "earliest",
             **o.kafka_config,
         }
-        self._kafka = KafkaConsumer(config, logger=log)
+        self._kafka = KafkaConsumer(config, logger=kafka_log)
         # The dead-letter producer shares the connection settings (SASL, SSL), no more.
         producer_config = {k: v for k, v in config.items() if k.startswith(_SHARED)}
-        self._producer = Producer({**producer_config, "enable.idempotence": True}, logger=log)
+        self._producer = Producer({**producer_config, "enable.idempotence": True}, logger=kafka_log)
         self._kafka.subscribe(
             o.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         lease = self.store.default_lease if o.lease is None else o.lease
         self._heartbeat = _Heartbeat(self.store, lease)
         self._heartbeat.start()
-        idle_since = time.monotonic()
+        idle_since = started = time.monotonic()
+        warned = False
         try:
             while not self._stop.is_set():
+                if (
+                    not warned
+                    and not self._assigned.is_set()
+                    and (time.monotonic() - started >= o.join_warning)
+                ):
+                    warned = True
+                    log.warning(
+                        "no partitions assigned after %.0fs: are the brokers %s reachable, and "
+                        "do the topics %s exist? (-v shows the Kafka client's own log)",
+                        o.join_warning, o.brokers, ", ".join(o.topics),
+                    )  # fmt: skip
                 self._resume_due()
                 messages = self._kafka.consume(num_messages=o.batch_size, timeout=o.poll_timeout)
                 messages = [m for m in messages if not self._error(m)]
