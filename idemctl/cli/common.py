@@ -92,6 +92,7 @@ class Settings:
     verbose: int = 0
     no_color: bool = False
     store_source: str = "--store"
+    _config: Config | None = field(default=None, repr=False)
     _consoles: dict[bool, Console] = field(default_factory=dict, repr=False)
 
     def merge(self, **given: Any) -> None:
@@ -101,12 +102,16 @@ class Settings:
                 setattr(self, name, max(value, self.verbose) if name == "verbose" else value)
                 if name == "store":
                     self.store_source = "--store"
+                if name == "config":
+                    self._config = None
 
     def loaded_config(self) -> Config:
-        """The config file the options name (or ./idemctl.yaml), read and checked."""
+        """The config file the options name (or ./idemctl.yaml), read and checked once."""
         from idemctl.config import find_config, load_config
 
-        return load_config(find_config(self.config))
+        if self._config is None:
+            self._config = load_config(find_config(self.config))
+        return self._config
 
     def store_url(self) -> tuple[str, str]:
         """The store URL and where it came from: flag or env > config file > default."""

@@ -472,21 +472,36 @@ class Consumer:
             case Outcome.BUSY | Outcome.LEASE_LOST:
                 return self.options.backoff, result.outcome.value
             case Outcome.MISMATCH:
-                self._dead_letter(item, "fingerprint mismatch", f"key {item.key!r} was seen "
-                                  "before with another payload")  # fmt: skip
+                self._mismatch(item)
             case Outcome.FAILED:
-                error = result.record.error if result.record else ""
-                self._dead_letter(item, "failed before", error or "")
+                self._failed_before(item, result.record)
             case Outcome.ERROR:
-                error = f"{type(result.error).__name__}: {result.error}"
-                attempt = result.attempt or 1
-                if not result.retriable:
-                    self._dead_letter(item, "permanent failure", error, result.error)
-                elif attempt >= self.options.max_attempts:
-                    self._dead_letter(item, f"failed {attempt} times", error, result.error)
-                else:
-                    return self.options.backoff * 2 ** (attempt - 1), "retried"
+                assert result.error is not None
+                wait = self._failure(item, result.error, result.retriable, result.attempt or 1)
+                return None if wait is None else (wait, "retried")
         return None
+
+    def _mismatch(self, item: _Item) -> None:
+        detail = f"key {item.key!r} was seen before with another payload"
+        self._dead_letter(item, "fingerprint mismatch", detail)
+
+    def _failed_before(self, item: _Item, record: Any) -> None:
+        self._dead_letter(item, "failed before", (record.error if record else None) or "")
+
+    def _failure(
+        self, item: _Item, exc: BaseException, retriable: bool, attempt: int
+    ) -> float | None:
+        """A handler failed on its ``attempt``-th run: seconds before the retry, or None
+        when the message went to the dead-letter topic instead."""
+        error = f"{type(exc).__name__}: {exc}"
+        if not retriable:
+            self._dead_letter(item, "permanent failure", error, exc)
+            return None
+        if attempt >= self.options.max_attempts:
+            self._dead_letter(item, f"failed {attempt} times", error, exc)
+            return None
+        log.info("%s failed (attempt %d), retrying: %s", item.key, attempt, error)
+        return float(self.options.backoff * 2 ** (attempt - 1))
 
     def _event(self, item: _Item) -> Event:
         from idemctl.consume.event import Event
@@ -508,10 +523,9 @@ class Consumer:
         elif isinstance(outcome, Busy):
             return self.options.backoff, "busy"
         elif isinstance(outcome, Mismatch):
-            detail = f"key {item.key!r} was seen before with another payload"
-            self._dead_letter(item, "fingerprint mismatch", detail)
+            self._mismatch(item)
         elif isinstance(outcome, Failed):
-            self._dead_letter(item, "failed before", outcome.record.error or "")
+            self._failed_before(item, outcome.record)
         else:
             assert isinstance(outcome, Acquired)
             result = self._run(item, outcome)
@@ -537,15 +551,7 @@ class Consumer:
             del self._unrun[acquired.key]  # its last run here
         if did.error is None:
             return Completion(acquired.key, acquired.owner, acquired.fencing_token, did.value)
-        error = f"{type(did.error).__name__}: {did.error}"
-        if not did.retriable:
-            self._dead_letter(item, "permanent failure", error, did.error)
-            return None
-        if acquired.attempt >= self.options.max_attempts:
-            self._dead_letter(item, f"failed {acquired.attempt} times", error, did.error)
-            return None
-        log.info("%s failed (attempt %d), retrying: %s", acquired.key, acquired.attempt, error)
-        return float(self.options.backoff * 2 ** (acquired.attempt - 1))
+        return self._failure(item, did.error, did.retriable, acquired.attempt)
 
     def _release(self, acquired: Acquired) -> None:
         try:
