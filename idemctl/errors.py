@@ -113,3 +113,8 @@ class PreviouslyFailed(ProcessingError):
 
 class Permanent(Exception):
     """Raise from a handler (or wrap another exception) to fail the key without retries."""
+
+
+class OutboxError(IdemctlError):
+    """An outbox row that cannot be written: no open transaction to write it in, no
+    outbox where the handler runs, or fields that are not what the table holds."""

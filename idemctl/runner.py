@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -43,6 +43,7 @@ from idemctl.model import (
 from idemctl.model import (
     fingerprint as fingerprint_of,
 )
+from idemctl.outbox.writer import NoOutbox, Outbox
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
@@ -68,6 +69,16 @@ class Context:
     connection: Any = None
     """In PostgreSQL transactional mode: the psycopg connection whose open transaction holds
     the key. Write your effects on it; they commit together with the key, or not at all."""
+    outbox: Outbox = field(default_factory=lambda: NoOutbox(_NO_OUTBOX))
+    """In PostgreSQL transactional mode: ``ctx.outbox.add(aggregatetype, aggregateid, type,
+    payload, headers=None)`` writes an event that commits with the key and the effects;
+    ``idemctl outbox relay`` publishes it. Elsewhere ``add`` raises OutboxError."""
+
+
+_NO_OUTBOX = (
+    "ctx.outbox needs the PostgreSQL store in transactional mode (consume --transactional, "
+    "run(..., transactional=True)): elsewhere its rows could not commit with the key"
+)
 
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("idemctl_context")
@@ -217,8 +228,9 @@ def _run_transactional(
                 return _settled(key, unit.outcome)
             a = unit.outcome
             ctx = Context(
-                key, a.fencing_token, a.attempt, a.takeover, a.owner, store, logger, unit.connection
-            )
+                key, a.fencing_token, a.attempt, a.takeover, a.owner, store, logger,
+                unit.connection, Outbox(unit.connection, getattr(store, "outbox_table", None)),
+            )  # fmt: skip
             try:
                 value = json.loads(canonical_json(_call_in_context(ctx, handler)))
             except Exception as exc:

@@ -45,3 +45,13 @@ CREATE TABLE {schema}.{outbox} (
     last_error    text
 );
 CREATE INDEX {outbox_unpublished} ON {schema}.{outbox} (created_at) WHERE published_at IS NULL;
+
+-- migration 3: the outbox relay's order, back-off and the indexes of replay and purge.
+-- seq orders rows as they were written (created_at is the transaction's start, shared by
+-- all its rows); retry_at holds a failed row back until its next attempt.
+ALTER TABLE {schema}.{outbox} ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY;
+ALTER TABLE {schema}.{outbox} ADD COLUMN retry_at timestamptz;
+DROP INDEX {schema}.{outbox_unpublished};
+CREATE INDEX {outbox_unpublished} ON {schema}.{outbox} (seq) WHERE published_at IS NULL;
+CREATE INDEX {outbox_created} ON {schema}.{outbox} (created_at);
+CREATE INDEX {outbox_published} ON {schema}.{outbox} (published_at) WHERE published_at IS NOT NULL;

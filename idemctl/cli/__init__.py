@@ -1,6 +1,7 @@
 """The ``idemctl`` command: a thin typer layer over the library's calls.
 
-One module per command group (provision, look, repair); what they share is in ``common``.
+One module per command group (provision, look, repair, consume, outbox); what they share
+is in ``common``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import sys
 
 import typer
 
-from idemctl.cli import consume, look, provision, repair  # noqa: F401 - registers the commands
+from idemctl.cli import consume, look, outbox, provision, repair  # noqa: F401 - registers the commands
 from idemctl.cli.common import app, command, emit_json, report_error, settings
 from idemctl.cli.exitcodes import exit_code_for
 from idemctl.errors import IdemctlError

@@ -173,8 +173,11 @@ app.callback()(_root)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
-    """Register a command that takes ``ctx: typer.Context`` first. It gets the global
+def command(
+    name: str | None = None, *, group: typer.Typer = app, **kwargs: Any
+) -> Callable[[F], F]:
+    """Register a command (on ``group``, the root by default) that takes
+    ``ctx: typer.Context`` first. It gets the global
     options too; an idemctl error in it prints one line and exits with its code, and
     Ctrl-C exits 130."""
 
@@ -200,7 +203,7 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
         wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=[*signature.parameters.values(), *_global_options(root=False)]
         )
-        app.command(name, **kwargs)(wrapper)
+        group.command(name, **kwargs)(wrapper)
         return func
 
     return register
@@ -270,6 +273,50 @@ def duration(value: str | None, option: str) -> float:
         return parse_duration(value)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
+# Kafka -------------------------------------------------------------------------------
+
+
+def kafka_settings(
+    ctx: typer.Context, brokers: str | None, flags: list[str] | None
+) -> tuple[str, dict[str, str]]:
+    """The brokers and librdkafka settings: idemctl.yaml's ``kafka:`` (its profile's over its
+    own), then ``--kafka-config`` flags; ``--brokers`` over ``bootstrap.servers``."""
+    current = settings(ctx)
+    kafka = {**current.loaded_config().kafka_for(current.profile), **_pairs(flags or [])}
+    configured = kafka.pop("bootstrap.servers", None)
+    return brokers or configured or "127.0.0.1:9092", kafka
+
+
+def show_warnings(current: Settings, logger: str) -> None:
+    """A long-running command's own warnings (``logger``: dead letters, an unreachable store,
+    failed deliveries) go to stderr even without -v; the Kafka client's (``logger.kafka``)
+    only with -v."""
+    if current.verbose:
+        return  # -v logs everything already
+    own = logging.getLogger(logger)
+    for old in [h for h in own.handlers if getattr(h, "idemctl_warnings", False)]:
+        own.removeHandler(old)  # one per logger, on this run's stderr
+    handler = logging.StreamHandler(sys.stderr)
+    handler.idemctl_warnings = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    handler.setLevel(logging.WARNING)
+    own.addHandler(handler)
+    own.setLevel(logging.WARNING)
+    kafka_log = logging.getLogger(f"{logger}.kafka")
+    kafka_log.propagate = False
+    kafka_log.addHandler(logging.NullHandler())
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--kafka-config")
+        pairs[name.strip()] = value
+    return pairs
 
 
 # Logs --------------------------------------------------------------------------------

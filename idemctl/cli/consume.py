@@ -8,7 +8,16 @@ from typing import Annotated, Any
 
 import typer
 
-from idemctl.cli.common import cli_store, command, duration, emit_json, settings
+from idemctl.cli import render
+from idemctl.cli.common import (
+    cli_store,
+    command,
+    duration,
+    emit_json,
+    kafka_settings,
+    settings,
+    show_warnings,
+)
 from idemctl.errors import ConfigError
 
 
@@ -102,10 +111,7 @@ def consume(
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
 
     current = settings(ctx)
-    # librdkafka settings: idemctl.yaml's kafka: (its profile's over its own), then flags.
-    kafka = {**current.loaded_config().kafka_for(current.profile), **_pairs(kafka_config or [])}
-    configured = kafka.pop("bootstrap.servers", None)
-    brokers = brokers or configured or "127.0.0.1:9092"
+    brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     options = ConsumeOptions(
         brokers=brokers, topics=topic, group=group, key=key, on_missing_key=on_missing_key,
         lease=duration(lease, "--lease"), max_attempts=max_attempts,
@@ -118,11 +124,14 @@ def consume(
         transactional=transactional,
     )  # fmt: skip
     sys.path.insert(0, ".")  # handlers next to where idemctl runs, as `python -m` finds them
-    _show_warnings(current)
+    show_warnings(current, "idemctl.consume")
     run = load_handler(handler)
     with cli_store(ctx, auto_provision=True) as store:
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
-        status = _Status(current.err, live=current.err.is_terminal and not current.json)
+        status = render.LiveStatus(
+            current.err, "consume", _status_fields, lambda summary: summary.finished,
+            live=current.err.is_terminal and not current.json,
+        )  # fmt: skip
         consumer = Consumer(store, run, options, on_progress=status.update)
 
         def stop(signum: int, frame: Any) -> None:
@@ -151,32 +160,14 @@ def consume(
         current.err.print(f"consumed {summary.finished} message(s): {shown}", markup=False)
 
 
-def _show_warnings(current: Any) -> None:
-    """The consumer's own warnings (dead letters, an unreachable store, no partitions) go to
-    stderr even without -v; the Kafka client's retries only with -v."""
-    import logging
-
-    if current.verbose:
-        return  # -v logs everything already
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    handler.setLevel(logging.WARNING)
-    consume_log = logging.getLogger("idemctl.consume")
-    consume_log.addHandler(handler)
-    consume_log.setLevel(logging.WARNING)
-    kafka_log = logging.getLogger("idemctl.consume.kafka")
-    kafka_log.propagate = False
-    kafka_log.addHandler(logging.NullHandler())
-
-
-def _pairs(items: list[str]) -> dict[str, str]:
-    pairs = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--kafka-config")
-        pairs[name.strip()] = value
-    return pairs
+def _status_fields(summary: Any) -> dict[str, int]:
+    counts = summary.counts
+    return {
+        **{name: counts[name] for name in (
+            "executed", "replayed", "retried", "dead_lettered", "busy", "store_unavailable"
+        )},
+        "paused_partitions": summary.paused,
+    }  # fmt: skip
 
 
 def _exception(path: str) -> type[BaseException]:
@@ -251,49 +242,3 @@ def demo(
             err.print("[green]ok:[/] every payment charged exactly once")
     if not report.ok:
         raise typer.Exit(1)
-
-
-class _Status:
-    """Progress while consuming: a live table on a terminal; otherwise a logfmt line on
-    stderr every ``every`` seconds (rate, counts), for log collectors."""
-
-    def __init__(self, err: Any, *, live: bool, every: float = 10.0) -> None:
-        import time
-
-        self.err, self.live, self.every = err, live, every
-        self.started = self.last = time.monotonic()
-        self._live: Any = None
-
-    def __enter__(self) -> _Status:
-        if self.live:
-            from rich.live import Live
-
-            self._live = Live(console=self.err, refresh_per_second=4, transient=False)
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
-
-    def update(self, summary: Any) -> None:
-        import time
-
-        now = time.monotonic()
-        rate = summary.finished / max(now - self.started, 1e-9)
-        counts = summary.counts
-        if self._live is not None:
-            from rich.table import Table
-
-            table = Table.grid(padding=(0, 2))
-            for name in ("executed", "replayed", "retried", "dead_lettered", "busy",
-                         "store_unavailable"):  # fmt: skip
-                table.add_row(name.replace("_", " "), str(counts[name]))
-            table.add_row("paused partitions", str(summary.paused))
-            table.add_row("rate", f"{rate:,.0f} msg/s")
-            self._live.update(table)
-        elif now - self.last >= self.every:
-            self.last = now
-            fields = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-            self.err.print(f"consume finished={summary.finished} rate={rate:.0f}/s {fields}",
-                           markup=False, highlight=False)  # fmt: skip

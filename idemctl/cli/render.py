@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -175,3 +177,54 @@ def key_list(keys: list[str], shown: int = 20) -> str:
     """Up to ``shown`` keys, then how many more."""
     head = ", ".join(keys[:shown])
     return head + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
+
+
+class LiveStatus:
+    """Progress of a long-running command: a live table on a terminal; otherwise a logfmt
+    line on stderr every ``every`` seconds, for log collectors. ``fields`` gives the counts
+    to show from the summary it is updated with, ``done`` what the rate counts."""
+
+    def __init__(
+        self,
+        err: Any,
+        name: str,
+        fields: Callable[[Any], dict[str, int]],
+        done: Callable[[Any], int],
+        *,
+        live: bool,
+        every: float = 10.0,
+    ) -> None:
+        self.err, self.name, self.fields, self.done = err, name, fields, done
+        self.live, self.every = live, every
+        self.started = self.last = time.monotonic()
+        self._live: Any = None
+
+    def __enter__(self) -> LiveStatus:
+        if self.live:
+            from rich.live import Live
+
+            self._live = Live(console=self.err, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def update(self, summary: Any) -> None:
+        now = time.monotonic()
+        done = self.done(summary)
+        rate = done / max(now - self.started, 1e-9)
+        fields = self.fields(summary)
+        if self._live is not None:
+            table = Table.grid(padding=(0, 2))
+            for name, value in fields.items():
+                table.add_row(name.replace("_", " "), str(value))
+            table.add_row("rate", f"{rate:,.0f}/s")
+            self._live.update(table)
+        elif now - self.last >= self.every:
+            self.last = now
+            shown = " ".join(f"{k}={v}" for k, v in fields.items())
+            self.err.print(
+                f"{self.name} done={done} rate={rate:.0f}/s {shown}", markup=False, highlight=False
+            )

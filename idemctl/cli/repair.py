@@ -82,7 +82,7 @@ def unlock(
             return
         if len(found) > 1:
             confirm(ctx, f"Free {len(found)} stale lease(s) on {store.url}?", yes)
-        with _progress(ctx, "unlocking", len(found)) as advance:
+        with progress_bar(ctx, "unlocking", len(found)) as advance:
             freed = store.unlock_stale(older, progress=advance)
         _report(ctx, "unlock", store.url, freed)
         skipped = len(set(found) - set(freed))
@@ -134,13 +134,15 @@ def purge(
             return
         if found > 1:
             confirm(ctx, f"Delete {found} record(s) past retention on {store.url}?", yes)
-        with _progress(ctx, "purging", found) as advance:
+        with progress_bar(ctx, "purging", found) as advance:
             purged = store.purge(older, progress=advance)
         _report(ctx, "purge", store.url, None, count=purged)
 
 
 @contextmanager
-def _progress(ctx: typer.Context, what: str, total: int) -> Iterator[Callable[[int], None]]:
+def progress_bar(
+    ctx: typer.Context, what: str, total: int, noun: str = "key(s)"
+) -> Iterator[Callable[[int], None]]:
     """A progress bar on stderr (on a terminal only); yields what advances it. Interrupted,
     it says how far it got: each batch is atomic, so nothing is left half-changed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -163,7 +165,7 @@ def _progress(ctx: typer.Context, what: str, total: int) -> Iterator[Callable[[i
             yield advance
         except KeyboardInterrupt:
             current.err.print(
-                f"{what} stopped after {done} of {total} key(s); each batch was done whole "
+                f"{what} stopped after {done} of {total} {noun}; each batch was done whole "
                 "or not at all: run the command again for the rest"
             )
             raise

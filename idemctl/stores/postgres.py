@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -178,6 +178,8 @@ class PostgresStore(BaseStore):
                     "keys_expires",
                     "keys_owner_in_progress",
                     "outbox_unpublished",
+                    "outbox_created",
+                    "outbox_published",
                 )
             },
         }
@@ -260,6 +262,11 @@ class PostgresStore(BaseStore):
 
     # Plumbing --------------------------------------------------------------------------------
 
+    def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A pooled connection in autocommit mode (``with conn.transaction():`` for more than
+        one statement); driver errors inside the block become idemctl's errors."""
+        return self._connection()
+
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection; driver errors become idemctl's (the password never shows)."""
@@ -297,6 +304,11 @@ class PostgresStore(BaseStore):
             raise NotProvisioned(
                 f"PostgreSQL at {self.url} has no idemctl schema {self.schema!r}: "
                 "run 'idemctl init'"
+            ) from exc
+        except pg_errors.UndefinedColumn as exc:
+            raise NotProvisioned(
+                f"PostgreSQL at {self.url} has an older idemctl schema {self.schema!r}: "
+                "run 'idemctl init' to upgrade it"
             ) from exc
         except pg_errors.QueryCanceled as exc:
             raise StoreUnavailable(

@@ -1,0 +1,396 @@
+"""The transactional outbox: relay, status, replay, purge (``idemctl outbox ...``)."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from idemctl.cli import render
+from idemctl.cli.common import (
+    app,
+    cli_store,
+    command,
+    confirm,
+    duration,
+    emit_json,
+    kafka_settings,
+    settings,
+    show_warnings,
+    usage_error,
+)
+from idemctl.cli.repair import DryRunOption, YesOption, progress_bar
+from idemctl.durations import format_duration
+
+if TYPE_CHECKING:
+    from idemctl.outbox.relay import RelaySummary
+    from idemctl.outbox.table import OutboxRow, OutboxStatus
+
+outbox_app = typer.Typer(
+    name="outbox",
+    help="The transactional outbox: publish its rows to Kafka, replay them, look, purge.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+app.add_typer(outbox_app)
+
+TEMPLATE_DEFAULT = "outbox.event.{aggregatetype}"
+BrokersOption = Annotated[
+    str | None,
+    typer.Option(
+        "--brokers",
+        envvar="IDEMCTL_BROKERS",
+        help="HOST:PORT[,...]  [default: kafka: bootstrap.servers in idemctl.yaml, "
+        "else 127.0.0.1:9092]",
+    ),
+]
+TemplateOption = Annotated[
+    str,
+    typer.Option(
+        "--topic-template",
+        help="Topic per row, from {aggregatetype}, {aggregateid} and {type}",
+    ),
+]
+KafkaConfigOption = Annotated[
+    list[str] | None,
+    typer.Option("--kafka-config", metavar="KEY=VALUE", help="librdkafka setting (repeatable)"),
+]
+BatchOption = Annotated[
+    int, typer.Option("--batch-size", min=1, help="Rows per transaction and acknowledgement wait")
+]
+DeliveryTimeoutOption = Annotated[
+    str,
+    typer.Option(
+        "--delivery-timeout",
+        metavar="DUR",
+        help="Time the broker has to acknowledge a message before its delivery counts as failed",
+    ),
+]
+
+
+@command(group=outbox_app)
+def relay(
+    ctx: typer.Context,
+    brokers: BrokersOption = None,
+    topic_template: TemplateOption = TEMPLATE_DEFAULT,
+    batch_size: BatchOption = 100,
+    poll_interval: Annotated[
+        str,
+        typer.Option("--poll-interval", metavar="DUR", help="Wait between looks at an idle table"),
+    ] = "1s",
+    backoff: Annotated[
+        str,
+        typer.Option(
+            "--backoff", metavar="DUR", help="Retry delay after a failed delivery, doubling"
+        ),
+    ] = "1s",
+    delivery_timeout: DeliveryTimeoutOption = "30s",
+    exit_when_idle: Annotated[
+        str | None,
+        typer.Option("--exit-when-idle", metavar="DUR", help="Stop after DUR with no row due"),
+    ] = None,
+    kafka_config: KafkaConfigOption = None,
+) -> None:
+    """Publish committed outbox rows to Kafka, marking each published once acknowledged.
+
+    Rows are taken with FOR UPDATE SKIP LOCKED, so several relays may run side by side.
+    Each message is keyed by aggregateid and carries the row's id and type as headers.
+    A failed delivery is counted on its row and retried after a back-off. SIGTERM or
+    Ctrl-C finishes the batch in hand and exits 0.
+    """
+    from idemctl.outbox.relay import Relay, RelayOptions
+
+    current = settings(ctx)
+    brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
+    options = RelayOptions(
+        brokers=brokers, topic_template=topic_template, batch_size=batch_size,
+        poll_interval=duration(poll_interval, "--poll-interval"),
+        backoff=duration(backoff, "--backoff"),
+        delivery_timeout=duration(delivery_timeout, "--delivery-timeout") or 30.0,
+        exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
+        kafka_config=kafka,
+    )  # fmt: skip
+    show_warnings(current, "idemctl.outbox")
+    status = render.LiveStatus(
+        current.err, "outbox relay", _relay_fields, lambda summary: summary.published,
+        live=current.err.is_terminal and not current.json,
+    )  # fmt: skip
+    with cli_store(ctx) as store:
+        the_relay = Relay(store, options, on_progress=status.update)
+        the_relay.table.check()
+
+        def stop(signum: int, frame: Any) -> None:
+            current.err.print(f"{signal.Signals(signum).name}: finishing the batch in hand")
+            the_relay.stop()
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            with status:
+                summary = the_relay.run()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+    if current.json:
+        emit_json({"store": store.url, **_relay_fields(summary), "batches": summary.batches})
+    else:
+        current.err.print(
+            f"relayed {summary.published} event(s) in {summary.batches} batch(es); "
+            f"{summary.failed} delivery failure(s)",
+            markup=False,
+        )
+
+
+def _relay_fields(summary: RelaySummary) -> dict[str, int]:
+    return {
+        "published": summary.published,
+        "failed": summary.failed,
+        "store_unavailable": summary.store_unavailable,
+    }
+
+
+@command(group=outbox_app)
+def status(ctx: typer.Context) -> None:
+    """Unpublished rows, the oldest one's age and rows failing, per aggregate type."""
+    from idemctl.outbox.table import OutboxTable
+
+    current = settings(ctx)
+    with cli_store(ctx) as store:
+        found = OutboxTable(store).status()
+    if current.json:
+        emit_json(_status_json(found, store.url))
+        return
+    current.out.print(_status_table(found))
+
+
+def _status_json(found: OutboxStatus, url: str) -> dict[str, Any]:
+    return {
+        "store": url,
+        "at": found.now.isoformat(),
+        "total": found.total.to_json(found.now),
+        "types": [t.to_json(found.now) for t in found.types],
+    }
+
+
+def _status_table(found: OutboxStatus) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="Outbox", title_justify="left")
+    for name, justify in (
+        ("aggregate type", "left"), ("unpublished", "right"), ("oldest unpublished", "right"),
+        ("failing", "right"), ("published", "right"), ("last published", "left"),
+        ("last error", "left"),
+    ):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    rows = [*found.types, found.total] if len(found.types) != 1 else found.types
+    for t in rows:
+        oldest = t.oldest_unpublished
+        table.add_row(
+            "all" if t.aggregatetype == "*" else t.aggregatetype,
+            str(t.unpublished),
+            "-" if oldest is None else format_duration((found.now - oldest).total_seconds()),
+            f"[red]{t.failing}[/]" if t.failing else "0",
+            str(t.published),
+            render.when(t.last_published, found.now),
+            "-" if t.last_error is None else escape(t.last_error),
+            style="bold" if t.aggregatetype == "*" else None,
+        )
+    return table
+
+
+@command(group=outbox_app)
+def replay(
+    ctx: typer.Context,
+    ids: Annotated[
+        list[str] | None, typer.Option("--id", metavar="ID", help="A row's id (repeatable)")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since", metavar="TIME", help="Rows written at or after TIME (ISO 8601, or DUR ago)"
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until", metavar="TIME", help="Rows written before TIME (ISO 8601, or DUR ago)"
+        ),
+    ] = None,
+    aggregate_type: Annotated[
+        str | None, typer.Option("--aggregate-type", metavar="T", help="Rows of this type")
+    ] = None,
+    aggregate_id: Annotated[
+        str | None, typer.Option("--aggregate-id", metavar="A", help="Rows of this aggregate")
+    ] = None,
+    to_topic: Annotated[
+        str | None,
+        typer.Option("--to-topic", help="Send every row here instead of its own topic"),
+    ] = None,
+    brokers: BrokersOption = None,
+    topic_template: TemplateOption = TEMPLATE_DEFAULT,
+    batch_size: BatchOption = 100,
+    delivery_timeout: DeliveryTimeoutOption = "30s",
+    kafka_config: KafkaConfigOption = None,
+    dry_run: DryRunOption = False,
+    yes: YesOption = False,
+) -> None:
+    """Publish chosen rows again, published or not, with their original ids.
+
+    Choose rows by --id, a --since/--until window on when they were written, --aggregate-type
+    and --aggregate-id (all given must hold). Consumers that deduplicate on the id header
+    see each event once. Rows replayed to their own topics that were still unpublished are
+    marked published. Times without a zone are UTC.
+    """
+    from idemctl.outbox.replay import Replay
+    from idemctl.outbox.table import Selection
+
+    current = settings(ctx)
+    selection = Selection(
+        ids=tuple(_row_id(i) for i in ids or ()),
+        since=_moment(since, "--since"),
+        until=_moment(until, "--until"),
+        aggregatetype=aggregate_type,
+        aggregateid=aggregate_id,
+    )
+    if not selection:
+        raise usage_error(
+            ctx, "--id", "choose rows: --id, --since, --until, --aggregate-type or --aggregate-id"
+        )
+    brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
+    show_warnings(current, "idemctl.outbox")
+    with cli_store(ctx) as store:
+        chosen = Replay(
+            store, selection, topic_template=topic_template, to_topic=to_topic,
+            batch_size=batch_size,
+        )  # fmt: skip
+        chosen.table.check()
+        if dry_run:
+            _list_rows(ctx, chosen.rows(), chosen.topic_of)
+            return
+        total = chosen.count()
+        if total == 0:
+            _replay_report(ctx, store.url, 0, 0, [], 0)
+            return
+        if total > 1:
+            where = to_topic or f"their topics ({topic_template})"
+            confirm(ctx, f"Publish {total} outbox row(s) again to {where}?", yes)
+        with progress_bar(ctx, "replaying", total, "row(s)") as advance:
+            report = chosen.send(
+                brokers, kafka, delivery_timeout=duration(delivery_timeout, "--delivery-timeout"),
+                progress=advance,
+            )  # fmt: skip
+    _replay_report(ctx, store.url, total, report.sent, report.failed, report.marked)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def _replay_report(
+    ctx: typer.Context,
+    url: str,
+    selected: int,
+    sent: int,
+    failed: list[tuple[uuid.UUID, str]],
+    marked: int,
+) -> None:
+    current = settings(ctx)
+    if current.json:
+        emit_json(
+            {"store": url, "selected": selected, "sent": sent, "marked_published": marked,
+             "failed": [{"id": str(i), "error": e} for i, e in failed]}
+        )  # fmt: skip
+        return
+    current.out.print(
+        f"replayed {sent} of {selected} row(s) with their original ids"
+        + (f"; {marked} were unpublished and are marked published now" if marked else ""),
+        markup=False,
+    )
+    for row_id, error in failed[:20]:
+        current.err.print(f"not delivered: {row_id}: {error}", markup=False)
+    if len(failed) > 20:
+        current.err.print(f"... and {len(failed) - 20} more not delivered", markup=False)
+
+
+def _list_rows(ctx: typer.Context, rows: list[OutboxRow], topic_of: Any) -> None:
+    """What a dry run would send: a table, or NDJSON with each row's topic."""
+    from rich.table import Table
+
+    current = settings(ctx)
+    if current.json:
+        for row in rows:
+            emit_json({**row.to_json(), "topic": topic_of(row)})
+        return
+    table = Table(title_justify="left")
+    for name in ("id", "created", "published", "aggregate type", "aggregate id", "type", "topic"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row.id), render.stamp(row.created_at),
+            "-" if row.published_at is None else render.stamp(row.published_at),
+            row.aggregatetype, row.aggregateid, row.type, topic_of(row),
+        )  # fmt: skip
+    current.out.print(table)
+    current.err.print(f"dry run: {len(rows)} row(s) would be published again", markup=False)
+
+
+@command(group=outbox_app)
+def purge(
+    ctx: typer.Context,
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than", metavar="DUR", help="Rows published at least DUR ago (0s: all)"
+        ),
+    ],
+    dry_run: DryRunOption = False,
+    yes: YesOption = False,
+) -> None:
+    """Delete published rows past retention; unpublished rows are never touched."""
+    from idemctl.outbox.table import OutboxTable
+
+    current = settings(ctx)
+    age = duration(older_than, "--older-than")
+    with cli_store(ctx) as store:
+        table = OutboxTable(store)
+        table.check()
+        found = table.purge(age, dry_run=True)
+        if not dry_run and found:
+            if found > 1:
+                confirm(ctx, f"Delete {found} published outbox row(s) on {store.url}?", yes)
+            with progress_bar(ctx, "purging", found, "row(s)") as advance:
+                found = table.purge(age, progress=advance)
+    if current.json:
+        emit_json({"action": "outbox purge", "store": store.url, "dry_run": dry_run,
+                   "count": found})  # fmt: skip
+    elif dry_run:
+        current.err.print(f"dry run: {found} published row(s) would be purged", markup=False)
+    else:
+        current.out.print(f"purged {found} published outbox row(s) on {store.url}", markup=False)
+
+
+def _row_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a row id (a UUID)", param_hint="--id") from None
+
+
+def _moment(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time (UTC without a zone), or a duration meaning that long ago."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        from idemctl.durations import parse_duration
+
+        try:
+            return datetime.now(UTC) - timedelta(seconds=parse_duration(text))
+        except ValueError:
+            raise typer.BadParameter(
+                f"{text!r} is neither a time (2026-11-22T10:00:00Z) nor a duration ago (2h)",
+                param_hint=option,
+            ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment

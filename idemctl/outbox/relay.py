@@ -1,0 +1,247 @@
+"""The relay: publishes committed outbox rows to Kafka, marking each published only once
+the broker has acknowledged it.
+
+Each round, in one PostgreSQL transaction: lock up to ``batch_size`` due rows with
+``FOR UPDATE SKIP LOCKED`` (other relays skip them), produce them with an idempotent
+producer, wait for every acknowledgement, then mark the acknowledged rows published and
+count a failed attempt (with its error and a back-off) on the others, and commit. A relay
+that dies before the commit leaves its rows unpublished, so another publishes them again:
+an event may appear twice, always with the same ``id`` header, and is never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import string
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from idemctl.errors import ConfigError, StoreUnavailable
+from idemctl.model import canonical_json
+from idemctl.outbox.table import OutboxRow, OutboxTable
+
+if TYPE_CHECKING:
+    from idemctl.stores.base import Store
+
+log = logging.getLogger("idemctl.outbox")
+kafka_log = logging.getLogger("idemctl.outbox.kafka")
+"""librdkafka's own log lines (connection retries and the like)."""
+
+DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
+"""Debezium's outbox event router names topics the same way."""
+TEMPLATE_FIELDS = ("aggregatetype", "aggregateid", "type")
+MAX_STORE_BACKOFF = 30.0
+
+
+class TopicTemplate:
+    """``outbox.event.{aggregatetype}``: a topic per row from its fields."""
+
+    def __init__(self, template: str) -> None:
+        try:
+            names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        except ValueError as exc:
+            raise ConfigError(f"topic template {template!r}: {exc}") from None
+        for name in names:
+            if name not in TEMPLATE_FIELDS:
+                raise ConfigError(
+                    f"topic template {template!r}: unknown field {{{name}}} "
+                    f"(use {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)})"
+                )
+        if not template.strip():
+            raise ConfigError("the topic template is empty")
+        self.template = template
+
+    def __call__(self, row: OutboxRow) -> str:
+        return self.template.format(
+            aggregatetype=row.aggregatetype, aggregateid=row.aggregateid, type=row.type
+        )
+
+
+def message(row: OutboxRow) -> dict[str, Any]:
+    """The Kafka message of a row, the same from the relay and from replay: keyed by
+    ``aggregateid``, the payload as JSON (none: a tombstone), the row's ``id`` and ``type``
+    and its own headers."""
+    return {
+        "key": row.aggregateid.encode(),
+        "value": None if row.payload is None else canonical_json(row.payload),
+        "headers": [("id", str(row.id)), ("type", row.type), *row.headers.items()],
+    }
+
+
+def new_producer(
+    brokers: str, kafka_config: dict[str, str], delivery_timeout: float
+) -> Any:  # confluent_kafka.Producer
+    """An idempotent producer: the broker drops its own retries' duplicates and keeps each
+    partition's order; a message not acknowledged within ``delivery_timeout`` fails."""
+    from confluent_kafka import Producer
+
+    return Producer(
+        {
+            "bootstrap.servers": brokers,
+            "message.timeout.ms": round(delivery_timeout * 1000),
+            **kafka_config,
+            "enable.idempotence": True,
+        },
+        logger=kafka_log,
+    )
+
+
+def publish(
+    producer: Any,
+    rows: Sequence[OutboxRow],
+    topic_of: Callable[[OutboxRow], str],
+    timeout: float,
+) -> dict[uuid.UUID, str | None]:
+    """Produce ``rows`` and wait for the broker: each row's id maps to None when it was
+    acknowledged, else to why not."""
+    from confluent_kafka import KafkaException
+
+    results: dict[uuid.UUID, str | None] = {}
+
+    def reported(row_id: uuid.UUID) -> Callable[[Any, Any], None]:
+        def done(err: Any, msg: Any) -> None:
+            results[row_id] = None if err is None else err.str()
+
+        return done
+
+    for row in rows:
+        for _ in range(2):
+            try:
+                producer.produce(topic_of(row), on_delivery=reported(row.id), **message(row))
+                break
+            except BufferError:
+                producer.poll(1.0)  # the local queue is full: let deliveries drain it
+            except (KafkaException, ValueError, TypeError) as exc:
+                results[row.id] = f"could not produce: {exc}"
+                break
+        else:
+            results[row.id] = "could not produce: the producer's queue stayed full"
+    deadline = time.monotonic() + timeout
+    while len(results) < len(rows) and time.monotonic() < deadline:
+        producer.flush(min(1.0, max(deadline - time.monotonic(), 0.0)))
+    for row in rows:
+        results.setdefault(row.id, f"no acknowledgement within {timeout:g}s")
+    return results
+
+
+@dataclass
+class RelayOptions:
+    brokers: str
+    topic_template: str = DEFAULT_TOPIC_TEMPLATE
+    batch_size: int = 100
+    """Rows per transaction and per wait for acknowledgements."""
+    poll_interval: float = 1.0
+    """Seconds between looks at the table while it has nothing due."""
+    backoff: float = 1.0
+    """Seconds before a failed row's first retry; doubled with each failure after."""
+    max_backoff: float = 300.0
+    delivery_timeout: float = 30.0
+    """Seconds the broker has to acknowledge a message before its delivery counts as failed
+    (librdkafka's message.timeout.ms); the batch's rows stay locked meanwhile."""
+    exit_when_idle: float | None = None
+    """Stop after this many seconds without a row due (for scripted runs)."""
+    kafka_config: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError("--batch-size must be at least 1")
+        if self.delivery_timeout <= 0:
+            raise ConfigError("the delivery timeout must be more than 0")
+        self.topic_of = TopicTemplate(self.topic_template)
+
+
+@dataclass
+class RelaySummary:
+    published: int = 0
+    failed: int = 0
+    """Failed deliveries (each counted on its row, which is retried after a back-off)."""
+    batches: int = 0
+    store_unavailable: int = 0
+    last_error: str | None = None
+
+
+class Relay:
+    """Publishes the outbox of a PostgreSQL store until stopped."""
+
+    def __init__(
+        self,
+        store: Store,
+        options: RelayOptions,
+        *,
+        on_progress: Callable[[RelaySummary], None] | None = None,
+    ) -> None:
+        self.table = OutboxTable(store)
+        self.options = options
+        self.summary = RelaySummary()
+        self._on_progress = on_progress
+        self._stop = threading.Event()
+        self._producer: Any = None
+
+    def stop(self) -> None:
+        """Finish the batch in hand (its acknowledgements and marks), then return (signal-safe)."""
+        self._stop.set()
+
+    def run(self) -> RelaySummary:
+        o = self.options
+        self._producer = new_producer(o.brokers, o.kafka_config, o.delivery_timeout)
+        idle_since = time.monotonic()
+        store_failures = 0
+        while not self._stop.is_set():
+            try:
+                taken = self.relay_once()
+                store_failures = 0
+            except StoreUnavailable as exc:
+                # Fail closed: nothing was marked, so whatever was produced goes out again.
+                store_failures += 1
+                self.summary.store_unavailable += 1
+                self.summary.last_error = str(exc)
+                log.warning("store unavailable, will retry: %s", exc)
+                self._progress()
+                self._stop.wait(min(o.poll_interval * 2**store_failures, MAX_STORE_BACKOFF))
+                continue
+            self._progress()
+            now = time.monotonic()
+            if taken:
+                idle_since = now
+            elif o.exit_when_idle is not None and now - idle_since >= o.exit_when_idle:
+                break
+            if taken < o.batch_size:
+                self._stop.wait(o.poll_interval)
+        return self.summary
+
+    def relay_once(self) -> int:
+        """One round: take due rows, publish them, mark them; returns how many were taken."""
+        o = self.options
+        with self.table.store.connection() as conn, conn.transaction():
+            # The rows are ours until the commit; marking them must not fail on a brief
+            # table lock elsewhere (that would publish the batch twice): wait, up to the
+            # statement timeout.
+            conn.execute("SET LOCAL lock_timeout = 0")
+            rows = self.table.take(conn, o.batch_size)
+            if not rows:
+                return 0
+            results = publish(self._producer, rows, o.topic_of, o.delivery_timeout + 5.0)
+            acked = [row.id for row in rows if results[row.id] is None]
+            failed = [(row, error) for row in rows if (error := results[row.id]) is not None]
+            self.table.mark_published(conn, acked)
+            self.table.mark_failed(
+                conn, [(row.id, error) for row, error in failed], o.backoff, o.max_backoff
+            )
+        self.summary.batches += 1
+        self.summary.published += len(acked)
+        self.summary.failed += len(failed)
+        for row, error in failed:
+            self.summary.last_error = error
+            log.warning(
+                "outbox row %s (%s %s) not delivered to %s, attempt %d: %s",
+                row.id, row.aggregatetype, row.type, o.topic_of(row), row.attempts + 1, error,
+            )  # fmt: skip
+        return len(rows)
+
+    def _progress(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress(self.summary)

@@ -1,0 +1,290 @@
+"""The outbox table's reads and changes, on the PostgreSQL store's connections: what the
+relay takes and marks, what replay selects, what status counts and purge deletes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from idemctl.errors import ConfigError
+from idemctl.model import JSON
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from idemctl.stores.base import Store
+    from idemctl.stores.postgres import PostgresStore
+
+BATCH = 500
+"""Rows per purge statement: each is atomic and holds its locks briefly."""
+
+_COLUMNS = (
+    "id, aggregatetype, aggregateid, type, payload, headers, created_at, published_at, "
+    "attempts, last_error, seq"
+)
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    id: uuid.UUID
+    aggregatetype: str
+    aggregateid: str
+    type: str
+    payload: JSON
+    headers: dict[str, str]
+    created_at: datetime
+    published_at: datetime | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    seq: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id), "aggregatetype": self.aggregatetype,
+            "aggregateid": self.aggregateid, "type": self.type, "payload": self.payload,
+            "headers": self.headers, "created_at": self.created_at.isoformat(),
+            "published_at": None if self.published_at is None else self.published_at.isoformat(),
+            "attempts": self.attempts, "last_error": self.last_error,
+        }  # fmt: skip
+
+
+def _row(values: Sequence[Any]) -> OutboxRow:
+    published = values[7]
+    return OutboxRow(
+        values[0], values[1], values[2], values[3], values[4], dict(values[5] or {}),
+        values[6].astimezone(UTC), None if published is None else published.astimezone(UTC),
+        values[8], values[9], values[10],
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which rows to replay; every given condition must hold. ``since``/``until`` bound
+    ``created_at`` (since inclusive, until exclusive)."""
+
+    ids: tuple[uuid.UUID, ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    aggregatetype: str | None = None
+    aggregateid: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.ids) or any(
+            v is not None for v in (self.since, self.until, self.aggregatetype, self.aggregateid)
+        )
+
+    def where(self) -> tuple[str, dict[str, Any]]:
+        conditions, params = [], {}
+        for column, value, test in (
+            ("id", list(self.ids) or None, "id = ANY(%(id)s)"),
+            ("since", self.since, "created_at >= %(since)s"),
+            ("until", self.until, "created_at < %(until)s"),
+            ("aggregatetype", self.aggregatetype, "aggregatetype = %(aggregatetype)s"),
+            ("aggregateid", self.aggregateid, "aggregateid = %(aggregateid)s"),
+        ):
+            if value is not None:
+                conditions.append(test)
+                params[column] = value
+        return " AND ".join(conditions) or "true", params
+
+
+@dataclass
+class TypeStatus:
+    aggregatetype: str
+    unpublished: int = 0
+    failing: int = 0
+    """Unpublished rows whose delivery failed at least once."""
+    published: int = 0
+    oldest_unpublished: datetime | None = None
+    last_published: datetime | None = None
+    last_error: str | None = None
+
+    def to_json(self, now: datetime) -> dict[str, Any]:
+        oldest = self.oldest_unpublished
+        return {
+            "aggregatetype": self.aggregatetype, "unpublished": self.unpublished,
+            "failing": self.failing, "published": self.published,
+            "oldest_unpublished_age": None if oldest is None else (now - oldest).total_seconds(),
+            "last_published": None if self.last_published is None
+            else self.last_published.isoformat(),
+            "last_error": self.last_error,
+        }  # fmt: skip
+
+
+@dataclass
+class OutboxStatus:
+    now: datetime
+    types: list[TypeStatus] = field(default_factory=list)
+
+    @property
+    def total(self) -> TypeStatus:
+        total = TypeStatus("*")
+        for t in self.types:
+            total.unpublished += t.unpublished
+            total.failing += t.failing
+            total.published += t.published
+            for name, pick in (("oldest_unpublished", min), ("last_published", max)):
+                mine, theirs = getattr(total, name), getattr(t, name)
+                if theirs is not None:
+                    setattr(total, name, theirs if mine is None else pick(mine, theirs))
+        return total
+
+
+class OutboxTable:
+    """The outbox table of a PostgreSQL store (its schema and prefix)."""
+
+    def __init__(self, store: Store) -> None:
+        from idemctl.stores.postgres import PostgresStore
+
+        if not isinstance(store, PostgresStore):
+            raise ConfigError(f"the outbox lives in a PostgreSQL store, not {store.url}")
+        self.store: PostgresStore = store
+        self.name = store.outbox_table
+
+    def check(self) -> None:
+        """Raise NotProvisioned (run 'idemctl init') unless the table is at the current
+        schema, StoreUnavailable when the server cannot be reached."""
+        with self.store.connection() as conn:
+            conn.execute(f"SELECT seq, retry_at FROM {self.name} LIMIT 0")
+
+    # The relay -------------------------------------------------------------------------------
+
+    def take(self, conn: psycopg.Connection[Any], limit: int) -> list[OutboxRow]:
+        """Lock up to ``limit`` rows due for publishing, oldest first, skipping rows other
+        relays hold: call inside a transaction, which keeps them until it ends."""
+        rows = conn.execute(
+            f"SELECT {_COLUMNS} FROM {self.name} WHERE published_at IS NULL "
+            "AND (retry_at IS NULL OR retry_at <= now()) ORDER BY seq LIMIT %s "
+            "FOR UPDATE SKIP LOCKED",
+            (limit,),
+        ).fetchall()
+        return [_row(r) for r in rows]
+
+    def mark_published(self, conn: psycopg.Connection[Any], ids: Sequence[uuid.UUID]) -> None:
+        if ids:
+            conn.execute(
+                f"UPDATE {self.name} SET published_at = now(), retry_at = NULL WHERE id = ANY(%s)",
+                (list(ids),),
+            )
+
+    def mark_failed(
+        self,
+        conn: psycopg.Connection[Any],
+        failures: Sequence[tuple[uuid.UUID, str]],
+        backoff: float,
+        max_backoff: float,
+    ) -> None:
+        """Count a failed delivery and hold the row back: ``backoff`` seconds after its
+        first failure, doubling with each one after, at most ``max_backoff``."""
+        if failures:
+            conn.execute(
+                f"""
+UPDATE {self.name} o SET attempts = o.attempts + 1, last_error = f.error,
+    retry_at = now() + least(%(backoff)s * power(2, o.attempts), %(max)s) * interval '1 second'
+FROM unnest(%(ids)s::uuid[], %(errors)s::text[]) AS f(id, error)
+WHERE o.id = f.id""",
+                {
+                    "ids": [i for i, _ in failures],
+                    "errors": [e for _, e in failures],
+                    "backoff": backoff,
+                    "max": max_backoff,
+                },
+            )
+
+    # Replay ----------------------------------------------------------------------------------
+
+    def count(self, selection: Selection) -> int:
+        where, params = selection.where()
+        with self.store.connection() as conn:
+            row = conn.execute(f"SELECT count(*) FROM {self.name} WHERE {where}", params).fetchone()
+        return int(row[0]) if row else 0
+
+    def select(self, selection: Selection, page: int = BATCH) -> Iterator[list[OutboxRow]]:
+        """The selected rows in the order they were written, a page at a time."""
+        where, params = selection.where()
+        after = 0
+        while True:
+            with self.store.connection() as conn:
+                rows = conn.execute(
+                    f"SELECT {_COLUMNS} FROM {self.name} WHERE {where} AND seq > %(after)s "
+                    "ORDER BY seq LIMIT %(page)s",
+                    {**params, "after": after, "page": page},
+                ).fetchall()
+            if not rows:
+                return
+            found = [_row(r) for r in rows]
+            yield found
+            after = found[-1].seq
+
+    def mark_replayed(self, ids: Sequence[uuid.UUID]) -> int:
+        """Mark rows replayed to their own topics published, unless they are published or a
+        relay holds them (it publishes them itself); returns how many were marked."""
+        if not ids:
+            return 0
+        with self.store.connection() as conn:
+            cursor = conn.execute(
+                f"UPDATE {self.name} SET published_at = now(), retry_at = NULL WHERE id IN "
+                f"(SELECT id FROM {self.name} WHERE id = ANY(%s) AND published_at IS NULL "
+                "FOR UPDATE SKIP LOCKED)",
+                (list(ids),),
+            )
+            return cursor.rowcount
+
+    # Status and purge ---------------------------------------------------------------------------
+
+    def status(self) -> OutboxStatus:
+        """Counts per aggregate type (reads the whole table)."""
+        with self.store.connection() as conn:
+            rows = conn.execute(
+                f"""
+SELECT aggregatetype,
+       count(*) FILTER (WHERE published_at IS NULL),
+       count(*) FILTER (WHERE published_at IS NULL AND attempts > 0),
+       count(*) FILTER (WHERE published_at IS NOT NULL),
+       min(created_at) FILTER (WHERE published_at IS NULL),
+       max(published_at),
+       (array_agg(last_error ORDER BY seq DESC)
+            FILTER (WHERE published_at IS NULL AND last_error IS NOT NULL))[1],
+       now()
+FROM {self.name} GROUP BY aggregatetype ORDER BY aggregatetype"""
+            ).fetchall()
+            now = rows[0][7] if rows else conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        return OutboxStatus(
+            now.astimezone(UTC),
+            [TypeStatus(r[0], r[1], r[2], r[3], _utc(r[4]), _utc(r[5]), r[6]) for r in rows],
+        )
+
+    def purge(
+        self,
+        older_than: float,
+        *,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete rows published at least ``older_than`` seconds ago, in atomic batches;
+        unpublished rows are never touched. Returns how many (would have) gone."""
+        due = "published_at IS NOT NULL AND published_at <= now() - %(age)s * interval '1 second'"
+        params = {"age": older_than, "batch": BATCH}
+        with self.store.connection() as conn:
+            if dry_run:
+                row = conn.execute(f"SELECT count(*) FROM {self.name} WHERE {due}", params)
+                return int(row.fetchone()[0])  # type: ignore[index]
+            total = 0
+            while True:
+                deleted = conn.execute(
+                    f"DELETE FROM {self.name} WHERE id IN (SELECT id FROM {self.name} "
+                    f"WHERE {due} ORDER BY published_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED)",
+                    params,
+                ).rowcount
+                total += deleted
+                if progress is not None and deleted:
+                    progress(deleted)
+                if deleted < BATCH:
+                    return total
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)

@@ -1,0 +1,120 @@
+"""Writing outbox rows: in the same transaction as the effect they announce.
+
+Inside a transactional handler, ``ctx.outbox.add(...)``. Anywhere else, on a psycopg
+connection with a transaction open::
+
+    with conn.transaction():
+        conn.execute("UPDATE accounts SET ...")
+        idemctl.outbox.add(conn, "account", account_id, "AccountDebited", {"cents": 500})
+
+The row commits with the update or not at all; ``idemctl outbox relay`` publishes it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from idemctl.errors import InvalidPayload, OutboxError
+from idemctl.model import JSON, canonical_json
+
+DEFAULT_SCHEMA = "idem"
+
+
+def outbox_table(schema: str = DEFAULT_SCHEMA, prefix: str = "") -> str:
+    """The quoted name of the outbox table (as ``postgresql://...?schema=&prefix=`` names it)."""
+    from idemctl.stores.postgres import quote_ident
+
+    return f"{quote_ident(schema)}.{quote_ident(prefix + 'outbox')}"
+
+
+class Outbox:
+    """Adds outbox rows on one connection, inside the transaction open on it."""
+
+    def __init__(self, connection: Any, table: str | None = None) -> None:
+        self.connection = connection
+        self.table = table or outbox_table()
+        self._insert = (
+            f"INSERT INTO {self.table} (id, aggregatetype, aggregateid, type, payload, headers) "
+            "VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb)"
+        )
+
+    def add(
+        self,
+        aggregatetype: str,
+        aggregateid: str | int | uuid.UUID,
+        type: str,
+        payload: JSON,
+        headers: Mapping[str, str] | None = None,
+    ) -> uuid.UUID:
+        """Write one event; returns its id (the ``id`` header the relay sends with it).
+
+        ``aggregatetype`` picks the topic (``outbox.event.{aggregatetype}`` by default),
+        ``aggregateid`` is the Kafka message key (so one aggregate's events share a
+        partition), ``payload`` the message value as JSON, ``headers`` extra Kafka headers.
+        """
+        fields = {"aggregatetype": aggregatetype, "aggregateid": aggregateid, "type": type}
+        for name, value in fields.items():
+            if not isinstance(value, str | int | uuid.UUID) or isinstance(value, bool):
+                raise OutboxError(f"outbox {name} must be text, not {value!r}")
+            if not str(value):
+                raise OutboxError(f"outbox {name} must not be empty")
+        extra = dict(headers or {})
+        for name, value in extra.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise OutboxError(f"outbox headers map text to text, not {name!r}: {value!r}")
+            if name in ("id", "type"):
+                raise OutboxError(f"outbox header {name!r} is set by the relay itself")
+        try:
+            body = canonical_json(payload).decode()
+        except InvalidPayload as exc:
+            raise OutboxError(f"outbox payload is not JSON: {exc}") from None
+        self._require_transaction()
+        row_id = uuid.uuid4()
+        self.connection.execute(
+            self._insert,
+            (row_id, aggregatetype, str(aggregateid), type, body, json.dumps(extra)),
+        )
+        return row_id
+
+    def _require_transaction(self) -> None:
+        # An autocommit connection outside a transaction would commit the row on its own,
+        # whatever became of the effect: the very dual write the outbox is there to avoid.
+        conn = self.connection
+        if conn is None:
+            raise OutboxError("no connection to write outbox rows on")
+        if getattr(conn, "autocommit", False) and conn.info.transaction_status.name == "IDLE":
+            raise OutboxError(
+                "outbox rows must be written inside a transaction: use "
+                "'with conn.transaction():' (or a connection with autocommit off)"
+            )
+
+
+class NoOutbox(Outbox):
+    """What ``ctx.outbox`` is where rows could not commit with the key: it says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(None)
+        self.reason = reason
+
+    def add(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+        raise OutboxError(self.reason)
+
+
+def add(
+    connection: Any,
+    aggregatetype: str,
+    aggregateid: str | int | uuid.UUID,
+    type: str,
+    payload: JSON,
+    headers: Mapping[str, str] | None = None,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    prefix: str = "",
+) -> uuid.UUID:
+    """``Outbox(connection).add(...)`` for a table in ``schema`` with ``prefix``."""
+    return Outbox(connection, outbox_table(schema, prefix)).add(
+        aggregatetype, aggregateid, type, payload, headers
+    )
