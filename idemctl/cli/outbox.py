@@ -35,7 +35,7 @@ outbox_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )
-app.add_typer(outbox_app)
+app.add_typer(outbox_app, name="outbox")
 
 TEMPLATE_DEFAULT = "outbox.event.{aggregatetype}"
 BrokersOption = Annotated[
@@ -362,8 +362,16 @@ def purge(
             with progress_bar(ctx, "purging", found, "row(s)") as advance:
                 found = table.purge(age, progress=advance)
     if current.json:
-        emit_json({"action": "outbox purge", "store": store.url, "dry_run": dry_run,
-                   "count": found})  # fmt: skip
+        emit_json(
+            {
+                "action": "outbox purge",
+                "store": store.url,
+                "dry_run": dry_run,
+                "count": found,
+                "keys": None,
+                "record": None,
+            }
+        )  # action.schema.json
     elif dry_run:
         current.err.print(f"dry run: {found} published row(s) would be purged", markup=False)
     else:

@@ -103,13 +103,14 @@ class TypeStatus:
     last_error: str | None = None
 
     def to_json(self, now: datetime) -> dict[str, Any]:
-        oldest = self.oldest_unpublished
+        oldest, last = self.oldest_unpublished, self.last_published
         return {
             "aggregatetype": self.aggregatetype, "unpublished": self.unpublished,
             "failing": self.failing, "published": self.published,
-            "oldest_unpublished_age": None if oldest is None else (now - oldest).total_seconds(),
-            "last_published": None if self.last_published is None
-            else self.last_published.isoformat(),
+            "oldest_unpublished_at": None if oldest is None else oldest.isoformat(),
+            "oldest_unpublished_age_seconds": None if oldest is None
+            else (now - oldest).total_seconds(),
+            "last_published_at": None if last is None else last.isoformat(),
             "last_error": self.last_error,
         }  # fmt: skip
 

@@ -73,6 +73,31 @@ def test_readme_postgres_transactional_example_runs(
     assert rows == [("o-1001", 2500)]  # the handler's effect, once, though it was called twice
 
 
+def test_readme_outbox_example_runs(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    import psycopg
+
+    schema = f"readme_{uuid.uuid4().hex[:8]}"
+    database = postgres_server.url().split("?")[0]
+    monkeypatch.setenv("IDEMCTL_STORE", postgres_server.url(schema=schema))
+    monkeypatch.setenv("APP_DATABASE", database)
+    block = readme_block("The transactional outbox: events that commit with their effects")
+    namespace: dict[str, Any] = {}
+    exec(compile(block.replace('schema="idem"', f'schema="{schema}"'), "README.md", "exec"),
+         namespace)  # fmt: skip
+    with psycopg.connect(database) as conn:
+        orders = conn.execute("SELECT id, cents FROM orders").fetchall()
+        events = conn.execute(
+            f'SELECT id, aggregatetype, aggregateid, type, payload FROM "{schema}".outbox'
+        ).fetchall()
+        conn.execute("DROP TABLE orders")
+    assert orders == [("o-1001", 2500)]
+    assert events == [
+        (namespace["event_id"], "order", "o-1001", "OrderPlaced", {"id": "o-1001", "cents": 2500})
+    ]
+
+
 def test_readme_exit_code_table_is_the_code_table() -> None:
     from idemctl.cli.exitcodes import MEANINGS
 
@@ -94,5 +119,10 @@ def test_readme_shows_every_command_and_global_option() -> None:
         assert f"`idemctl {name}" in readme, f"the README's command table lacks {name}"
         example = re.compile(rf"^\$ .*idemctl .*\b{name}\b", re.M)
         assert example.search(readme) or name == "version", f"no example of {name}"
+    for group in app.registered_groups:
+        for sub in group.typer_instance.registered_commands:
+            name = f"{group.name} {sub.name or sub.callback.__name__}"  # type: ignore[union-attr]
+            assert f"`idemctl {name}" in readme, f"the README's command table lacks {name}"
+            assert re.search(rf"^\$ .*idemctl .*\b{name}\b", readme, re.M), f"no example of {name}"
     for option in ("--store", "--config", "--profile", "--json", "-v", "--no-color"):
         assert f"`{option}" in readme
