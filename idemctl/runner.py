@@ -25,6 +25,7 @@ from idemctl.errors import (
     InvalidPayload,
     KeyBusy,
     LeaseLost,
+    OutboxError,
     Permanent,
     PreviouslyFailed,
     StoreError,
@@ -51,6 +52,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("idemctl.runner")
 
 MAX_ERROR_CHARS = 4000
+NEVER_RETRIED: tuple[type[BaseException], ...] = (Permanent, OutboxError)
+"""Failures that would come back the same on every retry: the key fails for good. An
+OutboxError is a handler writing events where they cannot commit with the key, or events
+that cannot be stored."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +254,7 @@ def _run_transactional(
         assert failure is not None
     # The handler's transaction is gone with all it wrote; record the failure on its own,
     # so attempts are counted and a permanent failure is not run again.
-    retriable = not isinstance(failure, (Permanent, InvalidPayload, *permanent))
+    retriable = not isinstance(failure, (*NEVER_RETRIED, InvalidPayload, *permanent))
     outcome = store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
         return RunResult(Outcome.ERROR, key, error=failure, retriable=retriable)
@@ -300,7 +305,7 @@ def invoke(
         with beat:
             value = _call_in_context(ctx, handler)
     except Exception as exc:
-        error, retriable = exc, not isinstance(exc, (Permanent, *permanent))
+        error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
     except BaseException:
         # Interrupted (Ctrl-C, SystemExit): free the key for the next delivery at once.
         try:

@@ -234,11 +234,14 @@ class Relay:
         self.summary.batches += 1
         self.summary.published += len(acked)
         self.summary.failed += len(failed)
-        for row, error in failed:
+        if failed:
+            row, error = failed[-1]
             self.summary.last_error = error
             log.warning(
-                "outbox row %s (%s %s) not delivered to %s, attempt %d: %s",
-                row.id, row.aggregatetype, row.type, o.topic_of(row), row.attempts + 1, error,
+                "%d of %d outbox row(s) not delivered, each retried after its back-off "
+                "(from %gs, doubling); the last: %s (%s %s) to %s, attempt %d: %s",
+                len(failed), len(rows), o.backoff, row.id, row.aggregatetype, row.type,
+                o.topic_of(row), row.attempts + 1, error,
             )  # fmt: skip
         return len(rows)
 
