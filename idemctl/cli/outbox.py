@@ -175,8 +175,8 @@ def _status_json(found: OutboxStatus, url: str) -> dict[str, Any]:
 
 
 def _status_table(found: OutboxStatus) -> Any:
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="Outbox", title_justify="left")
     for name, justify in (
@@ -189,13 +189,13 @@ def _status_table(found: OutboxStatus) -> Any:
     for t in rows:
         oldest = t.oldest_unpublished
         table.add_row(
-            "all" if t.aggregatetype == "*" else t.aggregatetype,
+            "all" if t.aggregatetype == "*" else Text(t.aggregatetype),
             str(t.unpublished),
             "-" if oldest is None else format_duration((found.now - oldest).total_seconds()),
             f"[red]{t.failing}[/]" if t.failing else "0",
             str(t.published),
             render.when(t.last_published, found.now),
-            "-" if t.last_error is None else escape(t.last_error),
+            "-" if t.last_error is None else Text(t.last_error),
             style="bold" if t.aggregatetype == "*" else None,
         )
     return table
@@ -316,6 +316,7 @@ def _replay_report(
 def _list_rows(ctx: typer.Context, rows: list[OutboxRow], topic_of: Any) -> None:
     """What a dry run would send: a table, or NDJSON with each row's topic."""
     from rich.table import Table
+    from rich.text import Text
 
     current = settings(ctx)
     if current.json:
@@ -329,7 +330,7 @@ def _list_rows(ctx: typer.Context, rows: list[OutboxRow], topic_of: Any) -> None
         table.add_row(
             str(row.id), render.stamp(row.created_at),
             "-" if row.published_at is None else render.stamp(row.published_at),
-            row.aggregatetype, row.aggregateid, row.type, topic_of(row),
+            *map(Text, (row.aggregatetype, row.aggregateid, row.type, topic_of(row))),
         )  # fmt: skip
     current.out.print(table)
     current.err.print(f"dry run: {len(rows)} row(s) would be published again", markup=False)

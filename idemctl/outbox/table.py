@@ -101,6 +101,8 @@ class TypeStatus:
     oldest_unpublished: datetime | None = None
     last_published: datetime | None = None
     last_error: str | None = None
+    last_error_seq: int = field(default=0, repr=False)
+    """Where the row of ``last_error`` stands in write order: the total shows the newest."""
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         oldest, last = self.oldest_unpublished, self.last_published
@@ -127,6 +129,8 @@ class OutboxStatus:
             total.unpublished += t.unpublished
             total.failing += t.failing
             total.published += t.published
+            if t.last_error is not None and t.last_error_seq > total.last_error_seq:
+                total.last_error, total.last_error_seq = t.last_error, t.last_error_seq
             for name, pick in (("oldest_unpublished", min), ("last_published", max)):
                 mine, theirs = getattr(total, name), getattr(t, name)
                 if theirs is not None:
@@ -179,12 +183,14 @@ class OutboxTable:
         max_backoff: float,
     ) -> None:
         """Count a failed delivery and hold the row back: ``backoff`` seconds after its
-        first failure, doubling with each one after, at most ``max_backoff``."""
+        first failure, doubling with each one after, at most ``max_backoff``; counted from
+        now, not from the transaction's start (the wait for the broker came in between)."""
         if failures:
             conn.execute(
                 f"""
 UPDATE {self.name} o SET attempts = o.attempts + 1, last_error = f.error,
-    retry_at = now() + least(%(backoff)s * power(2, o.attempts), %(max)s) * interval '1 second'
+    retry_at = clock_timestamp()
+        + least(%(backoff)s * power(2, o.attempts), %(max)s) * interval '1 second'
 FROM unnest(%(ids)s::uuid[], %(errors)s::text[]) AS f(id, error)
 WHERE o.id = f.id""",
                 {
@@ -249,13 +255,14 @@ SELECT aggregatetype,
        max(published_at),
        (array_agg(last_error ORDER BY seq DESC)
             FILTER (WHERE published_at IS NULL AND last_error IS NOT NULL))[1],
-       now()
+       now(),
+       coalesce(max(seq) FILTER (WHERE published_at IS NULL AND last_error IS NOT NULL), 0)
 FROM {self.name} GROUP BY aggregatetype ORDER BY aggregatetype"""
             ).fetchall()
             now = rows[0][7] if rows else conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
         return OutboxStatus(
             now.astimezone(UTC),
-            [TypeStatus(r[0], r[1], r[2], r[3], _utc(r[4]), _utc(r[5]), r[6]) for r in rows],
+            [TypeStatus(r[0], r[1], r[2], r[3], _utc(r[4]), _utc(r[5]), r[6], r[8]) for r in rows],
         )
 
     def purge(

@@ -67,6 +67,10 @@ class Outbox:
                 raise OutboxError(f"outbox headers map text to text, not {name!r}: {value!r}")
             if name in ("id", "type"):
                 raise OutboxError(f"outbox header {name!r} is set by the relay itself")
+        if _has_nul([*fields.values(), extra, payload]):
+            # PostgreSQL's text and jsonb cannot hold one; failing here keeps the caller's
+            # transaction usable.
+            raise OutboxError("outbox fields, headers and payload must not contain NUL (\\x00)")
         try:
             body = canonical_json(payload).decode()
         except InvalidPayload as exc:
@@ -90,6 +94,16 @@ class Outbox:
                 "outbox rows must be written inside a transaction: use "
                 "'with conn.transaction():' (or a connection with autocommit off)"
             )
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 class NoOutbox(Outbox):
