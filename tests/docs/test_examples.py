@@ -126,3 +126,54 @@ def test_readme_shows_every_command_and_global_option() -> None:
             assert re.search(rf"^\$ .*idemctl .*\b{name}\b", readme, re.M), f"no example of {name}"
     for option in ("--store", "--config", "--profile", "--json", "-v", "--no-color"):
         assert f"`{option}" in readme
+
+
+def test_orders_example_commits_the_order_and_its_events_together(postgres_server: Any) -> None:
+    """examples/orders.py as `consume --transactional` runs it: the order row, the key and
+    two outbox events commit together; a duplicate adds nothing; a malformed order fails
+    for good and leaves nothing. In a database of its own: the example's table is `orders`."""
+    import json
+    import uuid
+
+    from idemctl import open_store, run
+    from idemctl.consume import Event, adapt
+
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import orders  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    db = f"orders_{uuid.uuid4().hex[:8]}"
+    with postgres_server.connect() as admin:
+        admin.execute(f'CREATE DATABASE "{db}"')
+    try:
+        with postgres_server.connect(db) as conn:
+            conn.execute("CREATE TABLE orders (id text PRIMARY KEY, customer text, cents bigint)")
+            store = open_store(postgres_server.url(db))
+            store.provision()
+            handler = adapt(orders.place)
+
+            def deliver(key: str, order: dict[str, Any]) -> Any:
+                event = Event("orders", 0, 0, None, json.dumps(order).encode(), (), None)
+                return run(store, key, lambda ctx: handler(event, ctx), transactional=True)
+
+            try:
+                first = deliver("o-1", {"id": "o-1", "customer": "ada", "cents": 2500})
+                again = deliver("o-1", {"id": "o-1", "customer": "ada", "cents": 2500})
+                bad = deliver("o-2", {"customer": "bob"})
+            finally:
+                store.close()
+            placed = conn.execute("SELECT id, cents FROM orders").fetchall()
+            events = conn.execute(
+                "SELECT id, aggregateid, type, payload, headers FROM idem.outbox ORDER BY seq"
+            ).fetchall()
+    finally:
+        with postgres_server.connect() as admin:
+            admin.execute(f'DROP DATABASE "{db}" WITH (FORCE)')
+    assert (first.outcome, again.outcome, bad.outcome) == ("executed", "replayed", "error")
+    assert not bad.retriable
+    assert placed == [("o-1", 2500)]
+    assert [(e[1], e[2]) for e in events] == [("o-1", "OrderPlaced"), ("o-1", "PaymentRequested")]
+    assert events[0][3] == {"id": "o-1", "customer": "ada", "cents": 2500}
+    assert events[1][4] == {"causation-id": str(events[0][0])}
+    assert first.result == {"placed": "o-1", "event": str(events[0][0])}
