@@ -277,6 +277,20 @@ def duration(value: str | None, option: str) -> float:
 
 # Kafka -------------------------------------------------------------------------------
 
+BrokersOption = Annotated[
+    str | None,
+    typer.Option(
+        "--brokers",
+        envvar="IDEMCTL_BROKERS",
+        help="HOST:PORT[,...]  [default: kafka: bootstrap.servers in idemctl.yaml, "
+        "else 127.0.0.1:9092]",
+    ),
+]
+KafkaConfigOption = Annotated[
+    list[str] | None,
+    typer.Option("--kafka-config", metavar="KEY=VALUE", help="librdkafka setting (repeatable)"),
+]
+
 
 def kafka_settings(
     ctx: typer.Context, brokers: str | None, flags: list[str] | None
@@ -287,6 +301,24 @@ def kafka_settings(
     kafka = {**current.loaded_config().kafka_for(current.profile), **_pairs(flags or [])}
     configured = kafka.pop("bootstrap.servers", None)
     return brokers or configured or "127.0.0.1:9092", kafka
+
+
+@contextmanager
+def stop_on_signals(err: Console, stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and Ctrl-C call ``stop`` (finish the work in hand, then return) inside the
+    block, instead of interrupting it; the previous handlers come back after it."""
+    import signal
+
+    def handle(signum: int, frame: object) -> None:
+        err.print(f"{signal.Signals(signum).name}: finishing the batch in hand")
+        stop()
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def show_warnings(current: Settings, logger: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from typing import Annotated, Any
 
@@ -10,6 +9,8 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    BrokersOption,
+    KafkaConfigOption,
     cli_store,
     command,
     duration,
@@ -17,6 +18,7 @@ from idemctl.cli.common import (
     kafka_settings,
     settings,
     show_warnings,
+    stop_on_signals,
 )
 from idemctl.errors import ConfigError
 
@@ -30,15 +32,7 @@ def consume(
     ],
     topic: Annotated[list[str], typer.Option("--topic", help="Topic to read (repeatable)")],
     group: Annotated[str, typer.Option("--group", help="Consumer group id")],
-    brokers: Annotated[
-        str | None,
-        typer.Option(
-            "--brokers",
-            envvar="IDEMCTL_BROKERS",
-            help="HOST:PORT[,...]  [default: kafka: bootstrap.servers in idemctl.yaml, "
-            "else 127.0.0.1:9092]",
-        ),
-    ] = None,
+    brokers: BrokersOption = None,
     key: Annotated[
         str,
         typer.Option(
@@ -80,10 +74,7 @@ def consume(
             "a dead member's partitions come free only then)",
         ),
     ] = None,
-    kafka_config: Annotated[
-        list[str] | None,
-        typer.Option("--kafka-config", metavar="KEY=VALUE", help="librdkafka setting (repeatable)"),
-    ] = None,
+    kafka_config: KafkaConfigOption = None,
     metrics_port: Annotated[
         int | None,
         typer.Option("--metrics-port", help="Serve Prometheus metrics at :PORT/metrics"),
@@ -134,22 +125,15 @@ def consume(
         )  # fmt: skip
         consumer = Consumer(store, run, options, on_progress=status.update)
 
-        def stop(signum: int, frame: Any) -> None:
-            current.err.print(f"{signal.Signals(signum).name}: finishing the batch in hand")
-            consumer.stop()
-
-        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
         metrics = None
         if metrics_port is not None:
             from idemctl.consume.metrics import serve
 
             metrics = serve(lambda: consumer.summary, metrics_host, metrics_port)
         try:
-            with status:
+            with stop_on_signals(current.err, consumer.stop), status:
                 summary = consumer.run()
         finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
             if metrics is not None:
                 metrics.shutdown()
     counts = dict(sorted(summary.counts.items()))

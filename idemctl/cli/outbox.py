@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
@@ -11,6 +10,8 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    BrokersOption,
+    KafkaConfigOption,
     app,
     cli_store,
     command,
@@ -20,6 +21,7 @@ from idemctl.cli.common import (
     kafka_settings,
     settings,
     show_warnings,
+    stop_on_signals,
     usage_error,
 )
 from idemctl.cli.repair import DryRunOption, YesOption, progress_bar
@@ -38,25 +40,12 @@ outbox_app = typer.Typer(
 app.add_typer(outbox_app, name="outbox")
 
 TEMPLATE_DEFAULT = "outbox.event.{aggregatetype}"
-BrokersOption = Annotated[
-    str | None,
-    typer.Option(
-        "--brokers",
-        envvar="IDEMCTL_BROKERS",
-        help="HOST:PORT[,...]  [default: kafka: bootstrap.servers in idemctl.yaml, "
-        "else 127.0.0.1:9092]",
-    ),
-]
 TemplateOption = Annotated[
     str,
     typer.Option(
         "--topic-template",
         help="Topic per row, from {aggregatetype}, {aggregateid} and {type}",
     ),
-]
-KafkaConfigOption = Annotated[
-    list[str] | None,
-    typer.Option("--kafka-config", metavar="KEY=VALUE", help="librdkafka setting (repeatable)"),
 ]
 BatchOption = Annotated[
     int, typer.Option("--batch-size", min=1, help="Rows per transaction and acknowledgement wait")
@@ -121,18 +110,8 @@ def relay(
     with cli_store(ctx) as store:
         the_relay = Relay(store, options, on_progress=status.update)
         the_relay.table.check()
-
-        def stop(signum: int, frame: Any) -> None:
-            current.err.print(f"{signal.Signals(signum).name}: finishing the batch in hand")
-            the_relay.stop()
-
-        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            with status:
-                summary = the_relay.run()
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+        with stop_on_signals(current.err, the_relay.stop), status:
+            summary = the_relay.run()
     if current.json:
         emit_json({"store": store.url, **_relay_fields(summary), "batches": summary.batches})
     else:
