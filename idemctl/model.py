@@ -37,6 +37,8 @@ class Record:
     owner: str | None
     fencing_token: int
     attempts: int
+    """Claims that ran (or may have run) the handler: a release that says it never ran
+    takes its claim's back, so it can be 0 while a key waits to be claimed again."""
     created_at: datetime
     updated_at: datetime
     lease_expires_at: datetime | None = None

@@ -5,7 +5,7 @@
 --   fp          payload fingerprint
 --   owner       owner token of the attempt holding the lease ('' when nobody holds it)
 --   token       fencing token: grows on every claim and takeover, never reused while the hash exists
---   attempts    how many times the key was claimed
+--   attempts    how many claims ran the handler (release.lua may take one back)
 --   lease       ms since the epoch when the lease ends (in_progress only)
 --   created updated completed expires    ms since the epoch; expires = end of retention
 --   result      JSON text of the handler's result

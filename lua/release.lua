@@ -1,16 +1,21 @@
 -- release.lua: give keys up unfinished, claimable again at once.
 -- KEYS[i]        a record's hash
--- per key:       owner token, fencing token (no shared values)
+-- ARGV[1]        1 when the handler never ran: the claim's attempt is taken back; else 0
+-- per key:       owner token, fencing token
 -- Reply, per key: {'ok', status, fp, ...} (the record in FIELDS order) or {'lost', ...}.
--- Attempts and the fencing token stay, so the next claim gets token + 1 and the released
--- owner stays fenced out.
+-- The fencing token stays, so the next claim gets token + 1 and the released owner stays
+-- fenced out; so do the attempts, unless ARGV[1] takes the claim's back.
 local now = now_ms()
 
-return each(0, 2, function(key, owner, token)
+local unrun = tonumber(ARGV[1])
+
+return each(1, 2, function(key, owner, token)
   local rec = get_record(key)
   if not holds(rec, owner, token, now) then
     return reply('lost', rec)
   end
-  write(key, rec, 'owner', '', 'lease', int(now), 'updated', int(now))
+  local attempts = math.max(tonumber(rec.attempts) - unrun, 0)
+  write(key, rec, 'owner', '', 'lease', int(now), 'updated', int(now),
+        'attempts', int(attempts))
   return reply('ok', rec)
 end)

@@ -16,7 +16,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, StoreUnavailable
@@ -135,9 +135,6 @@ class Consumer:
             if options.concurrency > 1
             else None
         )
-        self._unrun: Counter[str] = Counter()
-        """Claims this process gave back without running the handler (a message behind a
-        stopped one): the store counts them as attempts, --max-attempts counts runs."""
         self._paused: dict[tuple[str, int], float] = {}
         self._resume_at: dict[tuple[str, int], int] = {}
         """The offset a held partition was sought back to: anything else fetched for it
@@ -403,7 +400,6 @@ class Consumer:
                         held = claimed.get(id(later))
                         if isinstance(held, Acquired):
                             self._release(held)
-                            self._unrun[held.key] += 1
                     return done, (item, *wait)
             return done, ()
 
@@ -535,7 +531,6 @@ class Consumer:
     def _run(self, item: _Item, acquired: Acquired) -> Completion | float | None:
         """The handler's completion; seconds to wait before a retry; or None when the
         message was dead-lettered."""
-        acquired = replace(acquired, attempt=acquired.attempt - self._unrun[acquired.key])
         event = self._event(item)
 
         def call(ctx: Context) -> Any:
@@ -547,15 +542,17 @@ class Consumer:
         )  # fmt: skip
         if did.lease_lost is not None:
             return self.options.backoff
-        if did.error is None or not did.retriable or acquired.attempt >= self.options.max_attempts:
-            del self._unrun[acquired.key]  # its last run here
         if did.error is None:
             return Completion(acquired.key, acquired.owner, acquired.fencing_token, did.value)
         return self._failure(item, did.error, did.retriable, acquired.attempt)
 
     def _release(self, acquired: Acquired) -> None:
+        """Give back a claim whose handler did not run: its attempt is not counted, so
+        --max-attempts counts runs."""
         try:
-            self.store.release(acquired.key, acquired.owner, acquired.fencing_token)
+            self.store.release(
+                acquired.key, acquired.owner, acquired.fencing_token, handler_ran=False
+            )
         except IdemctlError as exc:  # its lease runs out by itself
             log.debug("release %s: %s", acquired.key, exc)
 

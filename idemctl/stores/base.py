@@ -86,7 +86,9 @@ class Store(Protocol):
     def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime: ...
-    def release(self, key: str, owner: str, fencing_token: int) -> Record: ...
+    def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record: ...
     def claim_many(
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]: ...
@@ -322,9 +324,11 @@ def failed(record: Record, now: datetime, error: str, retriable: bool, retention
     )
 
 
-def released(record: Record, now: datetime) -> Record:
-    """Claimable again at once; attempts and the fencing counter stay."""
-    return replace(record, owner=None, lease_expires_at=now, updated_at=now)
+def released(record: Record, now: datetime, handler_ran: bool = True) -> Record:
+    """Claimable again at once; the fencing counter stays, and so do the attempts unless
+    the handler never ran (the claim's attempt is taken back)."""
+    attempts = record.attempts if handler_ran else max(record.attempts - 1, 0)
+    return replace(record, owner=None, lease_expires_at=now, updated_at=now, attempts=attempts)
 
 
 # Stores built on row transactions -------------------------------------------------------
@@ -486,10 +490,13 @@ class RowStore(BaseStore):
             tx.put(replace(held, lease_expires_at=expires, updated_at=now))
         return expires
 
-    def release(self, key: str, owner: str, fencing_token: int) -> Record:
+    def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record:
         with self._transaction() as tx:
             now = self.now()
-            record = released(check_holder(tx.get(key), key, owner, fencing_token, now), now)
+            held = check_holder(tx.get(key), key, owner, fencing_token, now)
+            record = released(held, now, handler_ran)
             tx.put(record)
         return record
 

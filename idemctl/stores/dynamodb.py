@@ -449,11 +449,20 @@ class DynamoDBStore(BaseStore):
         assert record.lease_expires_at is not None
         return record.lease_expires_at
 
-    def release(self, key: str, owner: str, fencing_token: int) -> Record:
+    def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record:
         now = self._now()
         values = {":now": _n(now)}
         update = "SET #lease = :now, #up = :now, #by = :owner REMOVE #ow"
-        return self._held(key, owner, fencing_token, update, values, retried="in_progress")
+        if handler_ran:
+            return self._held(key, owner, fencing_token, update, values, retried="in_progress")
+        # Taking the attempt back is not idempotent, so a request botocore repeats after a
+        # lost answer must not count as this owner's: it then reports LeaseLost, and the key
+        # is released all the same.
+        values[":one"] = _n(1)
+        update = "SET #lease = :now, #up = :now, #by = :owner, #att = #att - :one REMOVE #ow"
+        return self._held(key, owner, fencing_token, update, values)
 
     # Admin --------------------------------------------------------------------------------------
 

@@ -400,7 +400,8 @@ WHERE k.key = %(key)s AND k.owner = %(owner)s
   AND k.fencing_token = %(token)s
 RETURNING {_prefixed(COLUMNS, "k.")}""",
             "release": f"""
-UPDATE {t} k SET owner = NULL, lease_expires_at = now(), updated_at = now()
+UPDATE {t} k SET owner = NULL, lease_expires_at = now(), updated_at = now(),
+    attempts = greatest(k.attempts - %(unrun)s, 0)
 WHERE k.key = %(key)s AND k.owner = %(owner)s
   AND k.fencing_token = %(token)s
 RETURNING {_prefixed(COLUMNS, "k.")}""",
@@ -584,8 +585,11 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         assert record.lease_expires_at is not None
         return record.lease_expires_at
 
-    def release(self, key: str, owner: str, fencing_token: int) -> Record:
-        return self._held("release", key, fencing_token, {"owner": owner})
+    def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record:
+        params = {"owner": owner, "unrun": int(not handler_ran)}
+        return self._held("release", key, fencing_token, params)
 
     # Transactional mode ---------------------------------------------------------------------------
 

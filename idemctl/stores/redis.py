@@ -446,8 +446,11 @@ class RedisStore(BaseStore):
         assert expires is not None
         return expires
 
-    def release(self, key: str, owner: str, fencing_token: int) -> Record:
-        return self._held(key, fencing_token, self._one("release", (), key, owner, fencing_token))
+    def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record:
+        reply = self._one("release", (int(not handler_ran),), key, owner, fencing_token)
+        return self._held(key, fencing_token, reply)
 
     def _held(self, key: str, fencing_token: int, reply: Sequence[Any]) -> Record:
         code, fields = _parse(reply)

@@ -158,6 +158,29 @@ def test_release_keeps_fencing_and_attempts(store: Store) -> None:
         store.complete("order-1", first.owner, first.fencing_token, "zombie")
 
 
+def test_release_of_an_unrun_claim_takes_its_attempt_back(store: Store) -> None:
+    """A claim given back before its handler ran (a message behind a stopped one) is not an
+    attempt: retries count handler runs. The fencing counter still moves on."""
+    first = acquire(store, "order-1")
+    record = store.release("order-1", first.owner, first.fencing_token, handler_ran=False)
+    assert (record.owner, record.attempts, record.fencing_token) == (None, 0, 1)
+    stored = store.get("order-1")
+    assert stored is not None and stored.attempts == 0 and stored.status is Status.IN_PROGRESS
+    second = acquire(store, "order-1")
+    assert (second.attempt, second.fencing_token) == (1, 2)
+    store.fail("order-1", second.owner, second.fencing_token, "boom", retriable=True)
+    third = acquire(store, "order-1")
+    store.release("order-1", third.owner, third.fencing_token, handler_ran=False)
+    fourth = acquire(store, "order-1")
+    assert [a.attempt for a in (second, third, fourth)] == [1, 2, 2]
+    assert fourth.fencing_token == 4
+    with pytest.raises(LeaseLost):  # the released owner is fenced out, as by any release
+        store.complete("order-1", third.owner, third.fencing_token, "zombie")
+    with pytest.raises(LeaseLost):  # and a release is the holder's alone
+        store.release("order-1", third.owner, third.fencing_token, handler_ran=False)
+    assert store.complete("order-1", fourth.owner, fourth.fencing_token, "ok").attempts == 2
+
+
 def test_retriable_failure_is_claimed_again(store: Store) -> None:
     a = acquire(store, "order-1")
     store.fail("order-1", a.owner, a.fencing_token, "gateway timeout", retriable=True)
