@@ -835,10 +835,17 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
             row = conn.execute("SELECT current_setting('server_version'), now()").fetchone()
             latency = (time.perf_counter() - started) * 1000
             version_on = self.schema_version_on(conn)
+            latest = max(migrations(self.names))
+            outbox = None
+            if version_on == latest:  # the unpublished rows only: the partial index has them
+                outbox = conn.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE attempts > 0), "
+                    "extract(epoch FROM now() - min(created_at)) "
+                    f"FROM {self.outbox_table} WHERE published_at IS NULL"
+                ).fetchone()
         assert row is not None
         server_version, server_now = row
         skew = (server_now - datetime.now(UTC)).total_seconds()
-        latest = max(migrations(self.names))
         findings.append(
             Finding(
                 "connection", True, f"PostgreSQL {server_version} at {self.url}, {latency:.1f} ms"
@@ -851,11 +858,35 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
                 None if version_on == latest else "run 'idemctl init'",
             )
         )  # fmt: skip
+        if outbox is not None:
+            findings.append(_outbox_finding(*outbox))
         findings.append(server_clock_finding(skew))
         return findings
 
     def close(self) -> None:
         self._pool.close()
+
+
+OUTBOX_LAG = 300.0
+"""Seconds an outbox row may wait for the relay before doctor calls it a problem."""
+
+
+def _outbox_finding(unpublished: int, failing: int, oldest: Any) -> Finding:
+    if not unpublished:
+        return Finding("outbox", True, "no outbox row waits to be published")
+    from idemctl.durations import format_duration
+
+    waiting = float(oldest or 0)
+    detail = (
+        f"{unpublished} outbox row(s) unpublished, the oldest for {format_duration(waiting)}; "
+        f"{failing} with failed deliveries"
+    )
+    if failing:
+        fix = "'idemctl outbox status' shows the errors: can the relay reach the brokers?"
+        return Finding("outbox", False, detail, fix)
+    if waiting > OUTBOX_LAG:
+        return Finding("outbox", False, detail, "is a relay running? 'idemctl outbox relay'")
+    return Finding("outbox", True, detail)
 
 
 def _now(conn: psycopg.Connection[Any]) -> datetime:

@@ -1041,3 +1041,42 @@ def test_replay_library_selects_and_counts(pg: Pg) -> None:
     assert [own.topic_of(r) for r in own.rows()] == [f"Made.a-{i}" for i in range(4)]
     with pytest.raises(ConfigError):
         Replay(pg.store, Selection(aggregatetype="order"), topic_template="{nope}")
+
+
+def test_doctor_reports_the_outbox_backlog(pg: Pg) -> None:
+    """doctor looks at the unpublished rows: none or fresh ones are fine; a failing delivery
+    or a row left waiting longer than OUTBOX_LAG is a problem with its fix (exit 1)."""
+
+    def outbox_finding() -> tuple[int, dict[str, Any]]:
+        result = on(pg.url, "doctor", "--json")
+        doc = json_doc(result, "doctor.schema.json")
+        return result.exit_code, next(f for f in doc["findings"] if f["name"] == "outbox")
+
+    code, finding = outbox_finding()
+    assert (code, finding["ok"], finding["detail"]) == (
+        0,
+        True,
+        "no outbox row waits to be published",
+    )
+
+    fresh = pg.write_many(3, "order")
+    code, finding = outbox_finding()
+    assert (code, finding["ok"]) == (0, True)
+    assert finding["detail"].startswith("3 outbox row(s) unpublished")
+
+    pg.set(fresh[:1], attempts=2, last_error="broker down")
+    code, finding = outbox_finding()
+    assert (code, finding["ok"]) == (1, False)
+    assert "1 with failed deliveries" in finding["detail"]
+    assert "idemctl outbox status" in finding["fix"]
+
+    pg.set(fresh[:1], attempts=0, last_error=None)
+    pg.set(fresh, created_at=pg.now() - timedelta(minutes=10))
+    code, finding = outbox_finding()
+    assert (code, finding["ok"]) == (1, False)
+    assert "the oldest for 10m" in finding["detail"]
+    assert "idemctl outbox relay" in finding["fix"]
+
+    pg.set(fresh, published_at=pg.now())
+    code, finding = outbox_finding()
+    assert (code, finding["ok"]) == (0, True)
