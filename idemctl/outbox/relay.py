@@ -187,7 +187,6 @@ class Relay:
 
     def run(self) -> RelaySummary:
         o = self.options
-        self._producer = new_producer(o.brokers, o.kafka_config, o.delivery_timeout)
         idle_since = time.monotonic()
         store_failures = 0
         while not self._stop.is_set():
@@ -224,6 +223,8 @@ class Relay:
             rows = self.table.take(conn, o.batch_size)
             if not rows:
                 return 0
+            if self._producer is None:
+                self._producer = new_producer(o.brokers, o.kafka_config, o.delivery_timeout)
             results = publish(self._producer, rows, o.topic_of, o.delivery_timeout + 5.0)
             acked = [row.id for row in rows if results[row.id] is None]
             failed = [(row, error) for row in rows if (error := results[row.id]) is not None]
