@@ -52,11 +52,9 @@ class OutboxRow:
 
 
 def _row(values: Sequence[Any]) -> OutboxRow:
-    published = values[7]
     return OutboxRow(
         values[0], values[1], values[2], values[3], values[4], dict(values[5] or {}),
-        values[6].astimezone(UTC), None if published is None else published.astimezone(UTC),
-        values[8], values[9], values[10],
+        values[6].astimezone(UTC), _utc(values[7]), values[8], values[9], values[10],
     )  # fmt: skip
 
 
