@@ -292,6 +292,15 @@ KafkaConfigOption = Annotated[
 ]
 
 
+MetricsPortOption = Annotated[
+    int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics at :PORT/metrics")
+]
+MetricsHostOption = Annotated[
+    str, typer.Option("--metrics-host", help="Address the metrics server listens on")
+]
+METRICS_HOST = "0.0.0.0"  # noqa: S104 - Prometheus scrapes from elsewhere
+
+
 def kafka_settings(
     ctx: typer.Context, brokers: str | None, flags: list[str] | None
 ) -> tuple[str, dict[str, str]]:

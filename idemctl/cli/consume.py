@@ -9,8 +9,11 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    METRICS_HOST,
     BrokersOption,
     KafkaConfigOption,
+    MetricsHostOption,
+    MetricsPortOption,
     cli_store,
     command,
     duration,
@@ -75,13 +78,8 @@ def consume(
         ),
     ] = None,
     kafka_config: KafkaConfigOption = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option("--metrics-port", help="Serve Prometheus metrics at :PORT/metrics"),
-    ] = None,
-    metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help="Address the metrics server listens on")
-    ] = "0.0.0.0",  # noqa: S104 - Prometheus scrapes from elsewhere
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = METRICS_HOST,
     transactional: Annotated[
         bool,
         typer.Option(
@@ -125,17 +123,15 @@ def consume(
         )  # fmt: skip
         consumer = Consumer(store, run, options, on_progress=status.update)
 
-        metrics = None
-        if metrics_port is not None:
-            from idemctl.consume.metrics import serve
+        from idemctl.consume.metrics import render as metrics
+        from idemctl.metrics import serving
 
-            metrics = serve(lambda: consumer.summary, metrics_host, metrics_port)
-        try:
-            with stop_on_signals(current.err, consumer.stop), status:
-                summary = consumer.run()
-        finally:
-            if metrics is not None:
-                metrics.shutdown()
+        with (
+            serving(lambda: metrics(consumer.summary), metrics_host, metrics_port),
+            stop_on_signals(current.err, consumer.stop),
+            status,
+        ):
+            summary = consumer.run()
     counts = dict(sorted(summary.counts.items()))
     if current.json:
         emit_json({"store": store.url, "topics": topic, "group": group, "counts": counts})

@@ -10,8 +10,11 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    METRICS_HOST,
     BrokersOption,
     KafkaConfigOption,
+    MetricsHostOption,
+    MetricsPortOption,
     app,
     cli_store,
     command,
@@ -82,6 +85,8 @@ def relay(
         typer.Option("--exit-when-idle", metavar="DUR", help="Stop after DUR with no row due"),
     ] = None,
     kafka_config: KafkaConfigOption = None,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = METRICS_HOST,
 ) -> None:
     """Publish committed outbox rows to Kafka, marking each published once acknowledged.
 
@@ -90,7 +95,9 @@ def relay(
     A failed delivery is counted on its row and retried after a back-off. SIGTERM or
     Ctrl-C finishes the batch in hand and exits 0.
     """
+    from idemctl.metrics import serving
     from idemctl.outbox.relay import Relay, RelayOptions
+    from idemctl.outbox.relay import metrics_text as metrics
 
     current = settings(ctx)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
@@ -110,7 +117,11 @@ def relay(
     with cli_store(ctx) as store:
         the_relay = Relay(store, options, on_progress=status.update)
         the_relay.table.check()
-        with stop_on_signals(current.err, the_relay.stop), status:
+        with (
+            serving(lambda: metrics(the_relay.summary), metrics_host, metrics_port),
+            stop_on_signals(current.err, the_relay.stop),
+            status,
+        ):
             summary = the_relay.run()
     if current.json:
         emit_json({"store": store.url, **_relay_fields(summary), "batches": summary.batches})

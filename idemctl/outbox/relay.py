@@ -164,6 +164,28 @@ class RelaySummary:
     last_error: str | None = None
 
 
+def metrics_text(summary: RelaySummary) -> str:
+    """The relay's counters for ``--metrics-port``."""
+    from idemctl.metrics import family
+
+    lines = [
+        *family(
+            "idemctl_outbox_events_total", "counter",
+            "Outbox rows the relay published, and deliveries that failed (retried later).",
+            {'outcome="published"': summary.published, 'outcome="failed"': summary.failed},
+        ),
+        *family(
+            "idemctl_outbox_batches_total", "counter", "Batches committed.",
+            {"": summary.batches},
+        ),
+        *family(
+            "idemctl_outbox_store_unavailable_total", "counter",
+            "Rounds that found the database unreachable.", {"": summary.store_unavailable},
+        ),
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 class Relay:
     """Publishes the outbox of a PostgreSQL store until stopped."""
 
