@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -219,13 +221,41 @@ class SQLiteStore(RowStore):
     def _prepare(self) -> None:
         if self._ready:
             return
-        if self.auto_provision:
-            if self._schema_version() is None:
-                self.provision()
-        elif not self._exists():
-            # Opening it would create an empty file: looking must not change anything.
-            raise NotProvisioned(f"there is no SQLite database at {self.path}: run 'idemctl init'")
-        self._ready = True
+        if not self.auto_provision:
+            if not self._exists():
+                # Opening it would create an empty file: looking must not change anything.
+                raise NotProvisioned(
+                    f"there is no SQLite database at {self.path}: run 'idemctl init'"
+                )
+            self._ready = True
+            return
+        # Processes that create one database at once can meet the file while another turns
+        # it to WAL (busy at once, whatever the timeout), or keep a view of its schema from
+        # before the tables: start over on a new connection until the tables show.
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                if self._schema_version() is None:
+                    self.provision()
+                with self._lock:
+                    self._conn.execute("SELECT 1 FROM idem_keys LIMIT 0")
+                self._ready = True
+                return
+            except (StoreError, sqlite3.OperationalError) as exc:
+                self._ready = False
+                retry = isinstance(exc, NotProvisioned) or any(
+                    word in str(exc) for word in ("locked", "busy", "no such table")
+                )
+                if not retry or time.monotonic() > deadline:
+                    raise self._translate(exc) if isinstance(exc, sqlite3.Error) else exc from None
+                self._reconnect()
+                time.sleep(random.uniform(0.01, 0.05))
+
+    def _reconnect(self) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
 
     @contextmanager
     def _transaction(self, write: bool = True) -> Iterator[_SQLiteTx]:
