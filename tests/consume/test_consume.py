@@ -324,8 +324,9 @@ def test_store_outage_fails_closed_and_loses_nothing(
         server.start()
         url = f"redis://127.0.0.1:{server.port}/0?socket_timeout=1s&socket_connect_timeout=1s"
         with open_store(url) as store:
+            # A short lease: the key whose completion the outage cut off is Busy until then.
             consumer = Consumer(
-                store, adapt(handler), options(kafka_broker, topic, group, batch_size=20)
+                store, adapt(handler), options(kafka_broker, topic, group, batch_size=20, lease=3.0)
             )
             worker = threading.Thread(target=consumer.run, daemon=True)
             worker.start()
