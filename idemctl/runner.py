@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -58,6 +58,13 @@ OutboxError is a handler writing events where they cannot commit with the key, o
 that cannot be stored."""
 
 
+NO_OUTBOX = NoOutbox(
+    "ctx.outbox needs the PostgreSQL store in transactional mode (consume --transactional, "
+    "run(..., transactional=True)): elsewhere its rows could not commit with the key"
+)
+"""``ctx.outbox`` outside transactional mode: one for every context, it only says why."""
+
+
 @dataclass(frozen=True)
 class Context:
     """What a handler may know about the attempt running it."""
@@ -74,16 +81,10 @@ class Context:
     connection: Any = None
     """In PostgreSQL transactional mode: the psycopg connection whose open transaction holds
     the key. Write your effects on it; they commit together with the key, or not at all."""
-    outbox: Outbox = field(default_factory=lambda: NoOutbox(_NO_OUTBOX))
+    outbox: Outbox = NO_OUTBOX
     """In PostgreSQL transactional mode: ``ctx.outbox.add(aggregatetype, aggregateid, type,
     payload, headers=None)`` writes an event that commits with the key and the effects;
     ``idemctl outbox relay`` publishes it. Elsewhere ``add`` raises OutboxError."""
-
-
-_NO_OUTBOX = (
-    "ctx.outbox needs the PostgreSQL store in transactional mode (consume --transactional, "
-    "run(..., transactional=True)): elsewhere its rows could not commit with the key"
-)
 
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("idemctl_context")

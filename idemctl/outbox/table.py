@@ -274,22 +274,13 @@ FROM {self.name} GROUP BY aggregatetype ORDER BY aggregatetype"""
         unpublished rows are never touched. Returns how many (would have) gone."""
         due = "published_at IS NOT NULL AND published_at <= now() - %(age)s * interval '1 second'"
         params = {"age": older_than, "batch": BATCH}
-        with self.store.connection() as conn:
-            if dry_run:
+        if dry_run:
+            with self.store.connection() as conn:
                 row = conn.execute(f"SELECT count(*) FROM {self.name} WHERE {due}", params)
                 return int(row.fetchone()[0])  # type: ignore[index]
-            total = 0
-            while True:
-                deleted = conn.execute(
-                    f"DELETE FROM {self.name} WHERE id IN (SELECT id FROM {self.name} "
-                    f"WHERE {due} ORDER BY published_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED)",
-                    params,
-                ).rowcount
-                total += deleted
-                if progress is not None and deleted:
-                    progress(deleted)
-                if deleted < BATCH:
-                    return total
+        return self.store.delete_in_batches(
+            self.name, "id", due, params, progress, order="ORDER BY published_at"
+        )
 
 
 def _utc(value: datetime | None) -> datetime | None:

@@ -109,9 +109,8 @@ def _has_nul(value: Any) -> bool:
 class NoOutbox(Outbox):
     """What ``ctx.outbox`` is where rows could not commit with the key: it says why."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(None)
-        self.reason = reason
+    def __init__(self, reason: str) -> None:  # no table: nothing is ever written
+        self.connection, self.table, self.reason = None, "", reason
 
     def add(self, *args: Any, **kwargs: Any) -> uuid.UUID:
         raise OutboxError(self.reason)

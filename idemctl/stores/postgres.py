@@ -766,20 +766,33 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         args = {"older": older_than, "batch": BATCH}
         if dry_run:
             return int(self._fetch(f"SELECT count(*) FROM {t} WHERE {over}", args)[0][0])
-        purged = 0
-        while True:  # a batch a transaction: a long purge never holds many row locks
+        return self.delete_in_batches(t, "key", over, args, progress)
+
+    def delete_in_batches(
+        self,
+        table: str,
+        column: str,
+        where: str,
+        params: dict[str, Any],
+        progress: Progress | None = None,
+        order: str = "",
+    ) -> int:
+        """Delete the rows of ``table`` that ``where`` picks, ``params["batch"]`` at a time,
+        each batch its own statement and transaction (a long purge never holds many row
+        locks), skipping rows others hold; ``column`` is the key. Returns how many went."""
+        deleted_total = 0
+        while True:
             with self._connection() as conn:
                 deleted = conn.execute(
-                    f"""DELETE FROM {t} WHERE key IN (
-                            SELECT key FROM {t} WHERE {over}
-                            LIMIT %(batch)s FOR UPDATE SKIP LOCKED)""",
-                    args,
+                    f"DELETE FROM {table} WHERE {column} IN (SELECT {column} FROM {table} "
+                    f"WHERE {where} {order} LIMIT %(batch)s FOR UPDATE SKIP LOCKED)",
+                    params,
                 ).rowcount
-            purged += deleted
+            deleted_total += deleted
             if deleted and progress is not None:
                 progress(deleted)
-            if deleted < BATCH:
-                return purged
+            if deleted < params["batch"]:
+                return deleted_total
 
     # Provisioning and health ---------------------------------------------------------------------
 
