@@ -67,6 +67,8 @@ COLUMNS = (
     "created_at, updated_at, completed_at, expires_at, result, error, retriable"
 )
 # libpq options a URL may carry through to the connection.
+ADMIN_LOCK_WAIT = 3.0
+"""Seconds unlock and forget wait for a key's row that another transaction holds."""
 _LIBPQ = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "target_session_attrs")
 
 
@@ -407,7 +409,7 @@ WHERE k.key = %(key)s AND k.owner = %(owner)s
 RETURNING {_prefixed(COLUMNS, "k.")}""",
             "get": f"SELECT {_prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = %(key)s AND {live}",
             "get_any": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s",
-            "lock": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s FOR UPDATE NOWAIT",
+            "lock": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s FOR UPDATE",
         }
 
     # The protocol ------------------------------------------------------------------------------
@@ -704,9 +706,14 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[tuple[psycopg.Connection[Any], Record, datetime]]:
-        """The key's row, locked in a transaction; KeyNotFound when absent or past retention."""
+        """The key's row, locked in a transaction; KeyNotFound when absent or past retention.
+
+        Another admin command's lock on the row lasts milliseconds and is waited out; a
+        handler's transaction (transactional mode) can hold it for a whole lease, so the
+        wait ends after ADMIN_LOCK_WAIT with an error that says to try again."""
         try:
             with self._connection() as conn, conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = {round(ADMIN_LOCK_WAIT * 1000)}")
                 row = conn.execute(self._sql["lock"], {"key": key}).fetchone()
                 now = _now(conn)
                 if row is None or _record(row).retention_over(now):
@@ -714,7 +721,8 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
                 yield conn, _record(row), now
         except _LockTimeout:
             raise StoreError(
-                f"key {key!r} is locked by a transaction in progress; try again"
+                f"key {key!r} is locked by a transaction in progress (waited "
+                f"{ADMIN_LOCK_WAIT:g}s); try again"
             ) from None
 
     def unlock(self, key: str, force: bool = False) -> Record:

@@ -533,6 +533,46 @@ def test_a_concurrent_duplicate_is_busy_at_once(store: PostgresStore) -> None:
     assert isinstance(replay, Completed) and replay.record.result == {"by": "holder"}
 
 
+def test_unlock_and_forget_wait_out_a_brief_lock_and_give_up_on_a_long_one(
+    store: PostgresStore, db: Any
+) -> None:
+    from idemctl.stores.postgres import ADMIN_LOCK_WAIT
+
+    for key in ("brief", "long"):
+        claimed = store.claim(key, None, LONG)
+        assert isinstance(claimed, Acquired)
+    table = sql.SQL(store.keys_table)
+
+    def hold(key: str, locked: threading.Event, release: threading.Event, most: float) -> None:
+        with db.transaction():
+            db.execute(sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(table), (key,))
+            locked.set()
+            release.wait(most)
+
+    # Two operators on one key, or an admin command's own transaction: waited out.
+    locked, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=hold, args=("brief", locked, release, 0.5))
+    holder.start()
+    assert locked.wait(HANG)
+    record = bounded(lambda: store.unlock("brief", force=True))
+    holder.join(HANG)
+    assert record.owner is None
+    # A handler's transaction that outlasts the wait: a clear error, and nothing changed.
+    locked, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=hold, args=("long", locked, release, HANG))
+    holder.start()
+    try:
+        assert locked.wait(HANG)
+        for call in (lambda: store.unlock("long", force=True), lambda: store.forget("long", True)):
+            with pytest.raises(StoreError, match=rf"in progress \(waited {ADMIN_LOCK_WAIT:g}s\)"):
+                bounded(call)
+    finally:
+        release.set()
+        holder.join(HANG)
+    after = store.get("long")
+    assert after is not None and after.owner is not None
+
+
 def test_a_batch_with_one_key_held_by_a_transaction_is_busy_only_there(
     store: PostgresStore,
 ) -> None:
