@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -74,6 +75,12 @@ from idemctl.stores.base import (
     server_clock_finding,
     stats_of,
 )
+
+_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - hiredis comes with idemctl[redis]
+    _pack = None
 
 SCRIPT_NAMES = ("claim", "complete", "fail", "extend", "release", "unlock", "forget", "purge")
 SCAN_COUNT = 500
@@ -165,6 +172,60 @@ def _record(key: str, v: Sequence[str]) -> Record:
     )
 
 
+class _Connections:
+    """The script calls' own connections to one server, outside redis-py's pool.
+
+    redis-py's client takes a connection from its pool around every command and polls its
+    socket for a stale reply before each use: on a small machine that is a third of a
+    script call's client time. Here a caller pops a connection off a free list and puts it
+    back; one whose command did not finish (a network error, a timeout, an interrupt) is
+    disconnected instead of polled, so it can never hold a stale reply, and reconnects on
+    its next use. The pool's settings (address, TLS, timeouts, retry) make every connection.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._pid = os.getpid()
+        self._free: list[Any] = []
+        self._all: list[Any] = []
+
+    def evalsha(self, args: list[Any]) -> Any:
+        return self.execute(("EVALSHA", *args))
+
+    def execute(self, args: tuple[Any, ...]) -> Any:
+        if self._pid != os.getpid():  # a forked child must not share its parent's sockets
+            self._pid, self._free, self._all = os.getpid(), [], []
+        try:
+            conn = self._free.pop()
+        except IndexError:
+            conn = self._pool.make_connection()
+            self._all.append(conn)
+        try:
+            return conn.retry.call_with_retry(
+                lambda: _send(conn, args), lambda _error: conn.disconnect()
+            )
+        except ResponseError:
+            raise  # a whole error reply was read: the connection is fine
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self._free.append(conn)
+
+    def close(self) -> None:
+        for conn in self._all:
+            conn.disconnect()
+        self._free.clear()
+        self._all.clear()
+
+
+def _send(conn: Any, args: tuple[Any, ...]) -> Any:
+    # hiredis packs str, bytes and numbers as they are; redis-py's packer first copies
+    # every argument through a generator.
+    conn.send_packed_command([_pack(args)] if _pack is not None else conn.pack_command(*args))
+    return conn.read_response()
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
@@ -188,6 +249,7 @@ class RedisStore(BaseStore):
         self._client = client
         self.prefix = prefix
         self.cluster = isinstance(client, RedisCluster)
+        self._direct = None if self.cluster else _Connections(client.connection_pool)
         if durable and self.cluster:
             raise ConfigError(
                 "durable=1 is not available on redis+cluster: WAIT only covers writes sent on "
@@ -256,7 +318,10 @@ class RedisStore(BaseStore):
 
     def _load(self) -> None:
         for script in self.scripts.values():
-            self._client.script_load(script.source)
+            if self._direct is not None:  # on the connection the scripts then run on
+                self._direct.execute(("SCRIPT", "LOAD", script.source))
+            else:
+                self._client.script_load(script.source)
 
     def _groups(self, keys: Sequence[str]) -> list[list[int]]:
         """Which items go in one script call: a script may only touch keys of one slot on a
@@ -280,51 +345,65 @@ class RedisStore(BaseStore):
     ) -> list[Any]:
         """Run script ``name`` over ``items`` (key, per-key values): one reply per item.
 
-        One EVALSHA per group of keys (see _groups), all in one pipelined round trip (one per
-        node on a cluster), or a plain EVALSHA when there is one group and nothing to confirm.
+        On one server, a plain EVALSHA over the store's own connections (see _Connections).
+        Otherwise one EVALSHA per group of keys (see _groups), all in one pipelined round trip
+        (one per node on a cluster), followed by what confirms them under durable=1.
         Every script is safe to repeat with the same arguments, so the calls a server that
         lost its scripts refused are simply sent again after loading them."""
         sha = self.scripts[name].sha
+        confirm = durable and self.durable
+        try:
+            if self._direct is not None and not confirm and len(items) <= MAX_CALL_KEYS:
+                command = [sha, len(items)]
+                command += [self._rkey(key) for key, _ in items]
+                command += shared
+                for _, args in items:
+                    command += args
+                for _ in range(2):
+                    try:
+                        return list(self._direct.evalsha(command))
+                    except NoScriptError:
+                        self._load()
+            else:
+                return self._pipelined(sha, shared, items, confirm)
+        except (RedisError, RedisClusterException) as exc:
+            raise _translate(exc, self.url) from exc
+        raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    def _pipelined(
+        self, sha: str, shared: Sequence[Any], items: Sequence[tuple[str, Sequence[Any]]],
+        confirm: bool,
+    ) -> list[Any]:  # fmt: skip
         calls = []
         for group in self._groups([key for key, _ in items]):
             keys = [self._rkey(items[i][0]) for i in group]
             args = [*shared, *(a for i in group for a in items[i][1])]
             calls.append((group, [sha, len(keys), *keys, *args]))
-        confirm = durable and self.durable
         replies: list[Any] = [None] * len(items)
-        try:
-            for _ in range(2):
-                if len(calls) == 1 and not confirm:
-                    try:
-                        results: list[Any] = [self._client.evalsha(*calls[0][1])]
-                    except NoScriptError as exc:
-                        results = [exc]
+        for _ in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for _, command in calls:
+                # The cluster pipeline refuses .evalsha() by name, but routes the
+                # command by its first key like any other.
+                pipe.execute_command("EVALSHA", *command)
+            confirmations = self._add_confirmation(pipe) if confirm else 0
+            results = pipe.execute(raise_on_error=False)
+            if confirmations:
+                self._check_confirmation(results[-confirmations:])
+                del results[-confirmations:]
+            lost = []
+            for (group, command), result in zip(calls, results, strict=True):
+                if isinstance(result, NoScriptError):
+                    lost.append((group, command))
+                elif isinstance(result, Exception):
+                    raise result
                 else:
-                    pipe = self._client.pipeline(transaction=False)
-                    for _, command in calls:
-                        # The cluster pipeline refuses .evalsha() by name, but routes the
-                        # command by its first key like any other.
-                        pipe.execute_command("EVALSHA", *command)
-                    confirmations = self._add_confirmation(pipe) if confirm else 0
-                    results = pipe.execute(raise_on_error=False)
-                    if confirmations:
-                        self._check_confirmation(results[-confirmations:])
-                        del results[-confirmations:]
-                lost = []
-                for (group, command), result in zip(calls, results, strict=True):
-                    if isinstance(result, NoScriptError):
-                        lost.append((group, command))
-                    elif isinstance(result, Exception):
-                        raise result
-                    else:
-                        for i, reply in zip(group, result, strict=True):
-                            replies[i] = reply
-                if not lost:
-                    return replies
-                self._load()
-                calls = lost
-        except (RedisError, RedisClusterException) as exc:
-            raise _translate(exc, self.url) from exc
+                    for i, reply in zip(group, result, strict=True):
+                        replies[i] = reply
+            if not lost:
+                return replies
+            self._load()
+            calls = lost
         raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
 
     def _one(
@@ -728,6 +807,8 @@ class RedisStore(BaseStore):
         ]  # fmt: skip
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
         self._client.close()
 
 

@@ -356,6 +356,84 @@ def test_same_store_works_after_a_server_restart(tmp_path: Path, prefix: str) ->
         server.stop()
 
 
+# The store's own connections ----------------------------------------------------------------
+
+
+def _named_clients(raw: Any, name: str) -> int:
+    return sum(1 for c in raw.client_list() if c["name"] == name)
+
+
+def test_script_calls_use_one_connection_per_caller(
+    redis_server: RedisServer, raw: Any, prefix: str
+) -> None:
+    name = f"conns-{prefix.strip(':')}"
+    store = open_store(redis_url(redis_server, prefix, f"client_name={name}"))
+    try:
+        for i in range(50):
+            a = acquire(store, f"k{i}")
+            store.complete(f"k{i}", a.owner, a.fencing_token, i)
+        store.claim_many([ClaimRequest(f"k{i}") for i in range(50)])
+        assert _named_clients(raw, name) == 1
+        # Callers at the same time each get one of their own, and give it back.
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(lambda i: store.claim(f"t{i}"), range(400)))
+        assert all(isinstance(o, Acquired) for o in outcomes)
+        assert 1 <= _named_clients(raw, name) <= 4
+    finally:
+        store.close()
+    deadline = time.monotonic() + HANG  # the server notices closed sockets on its next loop
+    while _named_clients(raw, name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _named_clients(raw, name) == 0
+
+
+def test_an_interrupted_call_leaves_no_reply_behind_for_the_next(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import idemctl.stores.redis as redis_store
+
+    a = acquire(store, "done")
+    store.complete("done", a.owner, a.fencing_token, "result")
+    send = redis_store._send
+
+    def interrupted(conn: Any, args: tuple[Any, ...]) -> Any:
+        conn.send_packed_command([redis_store._pack(args)])  # the server runs it and replies
+        raise KeyboardInterrupt  # ... which nobody reads
+
+    monkeypatch.setattr(redis_store, "_send", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.claim("new")
+    monkeypatch.setattr(redis_store, "_send", send)
+    # The next call reads its own reply ("completed"), not the unread "acquired" of "new".
+    outcome = store.claim("done")
+    assert isinstance(outcome, Completed) and outcome.record.result == "result"
+    assert isinstance(store.claim("new"), Busy)  # the interrupted claim did run
+
+
+def test_a_forked_child_gets_connections_of_its_own(
+    redis_server: RedisServer, raw: Any, prefix: str
+) -> None:
+    import os
+
+    name = f"fork-{prefix.strip(':')}"
+    store = open_store(redis_url(redis_server, prefix, f"client_name={name}"))
+    try:
+        acquire(store, "parent")
+        pid = os.fork()
+        if pid == 0:  # the child: a claim on the parent's socket would leave 1 connection
+            code = 1
+            try:
+                outcome = store.claim("child")
+                code = 0 if isinstance(outcome, Acquired) and _named_clients(raw, name) == 2 else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert isinstance(store.claim("parent"), Busy)  # the parent's connection still works
+    finally:
+        store.close()
+
+
 # A server that dies -------------------------------------------------------------------------
 
 
