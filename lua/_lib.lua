@@ -1,10 +1,11 @@
 -- _lib.lua: helpers prepended to every script below when it is loaded; not a script itself.
 --
--- A record is one hash. Fields (all strings; '' where the value is absent):
+-- A record is one string key holding a JSON object of text fields ('' or absent where the
+-- value is absent); GET shows it as it is:
 --   status      in_progress | completed | failed
 --   fp          payload fingerprint
 --   owner       owner token of the attempt holding the lease ('' when nobody holds it)
---   token       fencing token: grows on every claim and takeover, never reused while the hash exists
+--   token       fencing token: grows on every claim and takeover, never reused while the key exists
 --   attempts    how many claims ran the handler (release.lua may take one back)
 --   lease       ms since the epoch when the lease ends (in_progress only)
 --   created updated completed expires    ms since the epoch; expires = end of retention
@@ -12,16 +13,14 @@
 --   error retriable                      the last error, and '1' if a later claim may run it again
 --   how         acquired | takeover: how the current owner got the key (replayed to a retried claim)
 --   done_by     owner token that completed or failed it (a retried complete/fail is recognised)
+-- One string rather than a hash: a GET and a SET ... PX cost the server about a third less
+-- than HMGET, HSET and PEXPIRE, and every transition reads and writes the whole record.
 -- Time is the server's: TIME, read once per call.
 --
 -- Every script works on a batch: KEYS[1..n] are records, ARGV holds the values shared by the
 -- batch first, then the same number of values for each key, in KEYS order. The reply has
 -- one entry per key. A single operation is a batch of one; on a cluster a batch holds keys
 -- of one slot.
-
--- The order of the fields in every reply: {code, status, fp, owner, ..., done_by}.
-local FIELDS = {'status', 'fp', 'owner', 'token', 'attempts', 'lease', 'created', 'updated',
-  'completed', 'expires', 'result', 'error', 'retriable', 'how', 'done_by'}
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -37,28 +36,37 @@ local function num(v)
   return tonumber(v)
 end
 
--- The record as a table of strings ('' for absent fields), or nil when there is none.
+-- Fields a record lacks read as ''.
+local ABSENT = {__index = function() return '' end}
+-- Each record table's JSON text as stored, so a reply needs no second encoding.
+local TEXT = {}
+
+-- The record as a table of strings, or nil when there is none.
 local function get_record(key)
-  local values = redis.call('HMGET', key, unpack(FIELDS))
-  if not values[1] then return nil end
-  local rec = {}
-  for i, f in ipairs(FIELDS) do rec[f] = values[i] or '' end
+  local text = redis.call('GET', key)
+  if not text then return nil end
+  local rec = setmetatable(cjson.decode(text), ABSENT)
+  TEXT[rec] = text
   return rec
 end
 
--- HSET field/value pairs, keeping rec in step so the reply needs no second read.
-local function write(key, rec, ...)
+-- Set field/value pairs in rec and store it, with a TTL of ttl ms (nil: keep the TTL).
+local function write(key, rec, ttl, ...)
   local args = {...}
   for i = 1, #args, 2 do rec[args[i]] = args[i + 1] end
-  redis.call('HSET', key, unpack(args))
+  local text = cjson.encode(rec)
+  TEXT[rec] = text
+  if ttl then
+    redis.call('SET', key, text, 'PX', ttl)
+  else
+    redis.call('SET', key, text, 'KEEPTTL')
+  end
 end
 
--- The reply of every script: the code, then the record's fields in FIELDS order.
+-- The reply of every script but claim's acquired: the code, then the record's JSON text.
 local function reply(code, rec)
-  local out = {code}
-  if rec == nil then return out end
-  for i, f in ipairs(FIELDS) do out[i + 1] = rec[f] or '' end
-  return out
+  if rec == nil then return {code} end
+  return {code, TEXT[rec]}
 end
 
 local function retention_over(rec, now)

@@ -1,5 +1,5 @@
 -- claim.lua: claim keys for one attempt each, taking over expired or released leases.
--- KEYS[i]        a record's hash
+-- KEYS[i]        a record's key
 -- ARGV[1]        lease, ms
 -- ARGV[2]        retention, ms: an in-progress record lives lease + retention, so an
 --                abandoned key keeps its fencing counter and attempts as long as a finished one
@@ -8,7 +8,7 @@
 -- Reply, per key: {code, token, attempts, lease} when acquired, where code is
 --   acquired   new key, past retention, or a retriable failure: this attempt holds it
 --   takeover   an expired or released in-progress key: this attempt holds it, token + 1
--- else {code, status, fp, owner, ...} (the record in _lib.lua's FIELDS order), code one of
+-- else {code, record} (the record's JSON text), code one of
 --   completed | failed | busy | mismatch   not acquired; the record says why
 -- A retried call (same owner token) gets its first reply again; the same key twice in one
 -- batch is busy the second time.
@@ -24,15 +24,11 @@ return each(2, 2, function(key, fp, owner)
   if rec == nil or retention_over(rec, now) then
     -- New, or as if never seen; the fencing counter still goes on past retention.
     local token = 1
-    if rec ~= nil then
-      token = tonumber(rec.token) + 1
-      redis.call('DEL', key)
-    end
+    if rec ~= nil then token = tonumber(rec.token) + 1 end
     rec = {}
-    write(key, rec, 'status', 'in_progress', 'fp', fp, 'owner', owner, 'token', int(token),
-      'attempts', '1', 'lease', int(now + lease), 'created', int(now), 'updated', int(now),
-      'how', 'acquired')
-    redis.call('PEXPIRE', key, lease + retention)
+    write(key, rec, lease + retention, 'status', 'in_progress', 'fp', fp, 'owner', owner,
+      'token', int(token), 'attempts', '1', 'lease', int(now + lease), 'created', int(now),
+      'updated', int(now), 'how', 'acquired')
     return acquired('acquired', rec)
   end
   if rec.status == 'in_progress' and rec.owner == owner then
@@ -54,10 +50,9 @@ return each(2, 2, function(key, fp, owner)
   if rec.status == 'in_progress' then how = 'takeover' end
   local fingerprint = rec.fp
   if fingerprint == '' then fingerprint = fp end
-  write(key, rec, 'status', 'in_progress', 'fp', fingerprint, 'owner', owner,
+  write(key, rec, lease + retention, 'status', 'in_progress', 'fp', fingerprint, 'owner', owner,
     'token', int(tonumber(rec.token) + 1), 'attempts', int(tonumber(rec.attempts) + 1),
     'lease', int(now + lease), 'updated', int(now), 'completed', '', 'expires', '',
     'how', how, 'done_by', '')
-  redis.call('PEXPIRE', key, lease + retention)
   return acquired(how, rec)
 end)

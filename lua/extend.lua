@@ -1,9 +1,9 @@
 -- extend.lua: extend the leases of the attempts that hold the keys (the heartbeat).
--- KEYS[i]        a record's hash
+-- KEYS[i]        a record's key
 -- ARGV[1]        new lease from now, ms
 -- ARGV[2]        retention, ms (an in-progress record's TTL is lease + retention)
 -- then per key:  owner token, fencing token
--- Reply, per key: {'ok', status, fp, ...} (the record in FIELDS order) or {'lost', ...}.
+-- Reply, per key: {'ok', record} (the record's JSON text) or {'lost', record}.
 local lease, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 
@@ -12,7 +12,6 @@ return each(2, 2, function(key, owner, token)
   if not holds(rec, owner, token, now) then
     return reply('lost', rec)
   end
-  write(key, rec, 'lease', int(now + lease), 'updated', int(now))
-  redis.call('PEXPIRE', key, lease + retention)
+  write(key, rec, lease + retention, 'lease', int(now + lease), 'updated', int(now))
   return reply('ok', rec)
 end)

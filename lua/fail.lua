@@ -1,9 +1,9 @@
 -- fail.lua: record that the attempts holding the keys failed.
--- KEYS[i]        a record's hash
+-- KEYS[i]        a record's key
 -- ARGV[1]        retention, ms: each record's TTL from now
 -- then per key:  owner token, fencing token, error text, '1' if a later claim may run the
 --                key again ('0': failed for good)
--- Reply, per key: {'ok', status, fp, ...} or {'lost', ...}, as complete.lua. A retried fail is 'ok'.
+-- Reply, per key: {'ok', record} or {'lost', record}, as complete.lua. A retried fail is 'ok'.
 local retention = tonumber(ARGV[1])
 local now = now_ms()
 
@@ -15,8 +15,7 @@ return each(1, 4, function(key, owner, token, err, retriable)
   if not holds(rec, owner, token, now) then
     return reply('lost', rec)
   end
-  write(key, rec, 'status', 'failed', 'owner', '', 'lease', '', 'updated', int(now),
+  write(key, rec, retention, 'status', 'failed', 'owner', '', 'lease', '', 'updated', int(now),
     'expires', int(now + retention), 'error', err, 'retriable', retriable, 'done_by', owner)
-  redis.call('PEXPIRE', key, retention)
   return reply('ok', rec)
 end)

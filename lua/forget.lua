@@ -1,7 +1,7 @@
 -- forget.lua: delete keys so their next delivery runs again.
--- KEYS[i]        a record's hash
+-- KEYS[i]        a record's key
 -- ARGV[1]        '1' to forget in-progress keys too
--- Reply, per key: {code, status, fp, ...} with the record as it was (FIELDS order); code is
+-- Reply, per key: {code, record} with the record as it was (its JSON text); code is
 --   ok | missing | in_progress (refused: an attempt may still be working on it)
 local force = ARGV[1]
 local now = now_ms()

@@ -1,6 +1,6 @@
 -- purge.lua: delete records whose retention ended at least ARGV[1] ms ago.
 -- Records expire by TTL, so this finds work only where a TTL was removed or lengthened by hand.
--- KEYS[i]        a record's hash
+-- KEYS[i]        a record's key
 -- ARGV[1]        ms since the end of retention
 -- Reply, per key: 1 if deleted, 0 if kept.
 local older = tonumber(ARGV[1])

@@ -1,8 +1,8 @@
 -- release.lua: give keys up unfinished, claimable again at once.
--- KEYS[i]        a record's hash
+-- KEYS[i]        a record's key
 -- ARGV[1]        1 when the handler never ran: the claim's attempt is taken back; else 0
 -- per key:       owner token, fencing token
--- Reply, per key: {'ok', status, fp, ...} (the record in FIELDS order) or {'lost', ...}.
+-- Reply, per key: {'ok', record} (the record's JSON text) or {'lost', record}.
 -- The fencing token stays, so the next claim gets token + 1 and the released owner stays
 -- fenced out; so do the attempts, unless ARGV[1] takes the claim's back.
 local now = now_ms()
@@ -15,7 +15,7 @@ return each(1, 2, function(key, owner, token)
     return reply('lost', rec)
   end
   local attempts = math.max(tonumber(rec.attempts) - unrun, 0)
-  write(key, rec, 'owner', '', 'lease', int(now), 'updated', int(now),
+  write(key, rec, nil, 'owner', '', 'lease', int(now), 'updated', int(now),
         'attempts', int(attempts))
   return reply('ok', rec)
 end)

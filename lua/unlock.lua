@@ -1,8 +1,8 @@
 -- unlock.lua: an operator frees keys' leases; the fencing counter stays.
--- KEYS[i]        a record's hash
+-- KEYS[i]        a record's key
 -- ARGV[1]        'one': unlock each key (ARGV[2] = '1' to force a live lease)
 --                'stale': unlock a key only if its lease ended at least ARGV[2] ms ago
--- Reply, per key: {code, status, fp, ...} (the record in FIELDS order); code is
+-- Reply, per key: {code, record} (the record's JSON text); code is
 --   ok                the lease is freed (or was already free, for 'one')
 --   missing           no record (or past retention)
 --   not_in_progress   completed or failed: there is no lease
@@ -28,7 +28,7 @@ return each(2, 0, function(key)
     return reply('live', rec)
   end
   if rec.owner ~= '' then
-    write(key, rec, 'owner', '', 'lease', int(now), 'updated', int(now))
+    write(key, rec, nil, 'owner', '', 'lease', int(now), 'updated', int(now))
   end
   return reply('ok', rec)
 end)

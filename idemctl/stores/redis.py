@@ -1,8 +1,9 @@
 """``redis://``, ``rediss://`` (TLS) and ``redis+cluster://``: the fastest store.
 
-Every state change is one Lua script from ``lua/`` over one hash per key, judged by the
-server's clock. Keys are ``PREFIX{KEY}``: the hash tag keeps each record on one slot, so
-the same scripts run on Redis Cluster. Batches are one pipelined round trip.
+Every state change is one Lua script from ``lua/`` over one string per key (the record as
+JSON), judged by the server's clock. Keys are ``PREFIX{KEY}``: the hash tag keeps each
+record on one slot, so the same scripts run on Redis Cluster. A batch is one script call
+(one per slot on a cluster, in one pipelined round trip).
 """
 
 from __future__ import annotations
@@ -98,15 +99,7 @@ class Script:
     sha: str
 
 
-def _lib() -> tuple[str, tuple[str, ...]]:
-    """``_lib.lua`` and the order of the record fields in every script's reply, read from it."""
-    lib = read_resource("lua", "_lib.lua")
-    match = re.search(r"local FIELDS = \{(.*?)\}", lib, re.S)
-    assert match, "lua/_lib.lua defines no FIELDS"
-    return lib, tuple(re.findall(r"'(\w+)'", match.group(1)))
-
-
-LIB, FIELDS = _lib()
+LIB = read_resource("lua", "_lib.lua")
 
 
 def load_scripts() -> dict[str, Script]:
@@ -127,48 +120,46 @@ def _ms(value: str, _at: Any = datetime.fromtimestamp) -> datetime | None:
     return _at(int(value) / 1000, UTC) if value else None
 
 
-def _values(raw: Sequence[Any]) -> list[str]:
-    """Field values in FIELDS order, '' where absent. Clients made by from_url decode
-    replies; one handed in may not, which shows in any value that is present."""
-    if any(isinstance(v, bytes) for v in raw):
-        return ["" if v is None else _text(v) for v in raw]
-    return [v or "" for v in raw]
+def _fields(text: str | bytes | None) -> dict[str, str] | None:
+    """A record's fields from its JSON text (see lua/_lib.lua), or None when there is none or
+    the key holds something else: a key of another program under the prefix is not ours."""
+    if text is None:
+        return None
+    try:
+        fields = json.loads(text)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) and fields.get("status") else None
 
 
-def _parse(reply: Sequence[Any]) -> tuple[str, list[str] | None]:
-    """A script's reply: its code, and the record's values (None when there is no record)."""
+def _parse(reply: Sequence[Any]) -> tuple[str, dict[str, str] | None]:
+    """A script's reply: its code, and the record's fields (None when there is no record)."""
     code = reply[0]
-    if isinstance(code, bytes):
-        return code.decode(), ["" if v is None else _text(v) for v in reply[1:]] or None
-    return code, [v or "" for v in reply[1:]] or None
+    return (code.decode() if isinstance(code, bytes) else code), (
+        json.loads(reply[1]) if len(reply) > 1 else None
+    )
 
 
-(_STATUS, _FP, _OWNER, _TOKEN, _ATTEMPTS, _LEASE, _CREATED, _UPDATED, _COMPLETED, _EXPIRES,
- _RESULT, _ERROR, _RETRIABLE) = range(13)  # fmt: skip
-assert FIELDS[:13] == (
-    "status", "fp", "owner", "token", "attempts", "lease", "created", "updated", "completed",
-    "expires", "result", "error", "retriable",
-)  # fmt: skip
-
-
-def _record(key: str, v: Sequence[str]) -> Record:
-    created = _ms(v[_CREATED])
+def _record(key: str, f: dict[str, str]) -> Record:
+    get = f.get
+    created = _ms(f["created"])
     assert created is not None
+    result = get("result")
     return Record(
         key=key,
-        status=Status(v[_STATUS]),
-        fingerprint=v[_FP] or None,
-        owner=v[_OWNER] or None,
-        fencing_token=int(v[_TOKEN]),
-        attempts=int(v[_ATTEMPTS]),
-        lease_expires_at=_ms(v[_LEASE]),
+        status=Status(f["status"]),
+        fingerprint=get("fp") or None,
+        owner=get("owner") or None,
+        fencing_token=int(f["token"]),
+        attempts=int(f["attempts"]),
+        lease_expires_at=_ms(get("lease", "")),
         created_at=created,
-        updated_at=_ms(v[_UPDATED]) or created,
-        completed_at=_ms(v[_COMPLETED]),
-        expires_at=_ms(v[_EXPIRES]),
-        result=json.loads(v[_RESULT]) if v[_RESULT] else None,
-        error=v[_ERROR] or None,
-        retriable=v[_RETRIABLE] == "1",
+        updated_at=_ms(get("updated", "")) or created,
+        completed_at=_ms(get("completed", "")),
+        expires_at=_ms(get("expires", "")),
+        result=json.loads(result) if result else None,
+        error=get("error") or None,
+        retriable=get("retriable") == "1",
     )
 
 
@@ -548,9 +539,9 @@ class RedisStore(BaseStore):
 
     def get(self, key: str) -> Record | None:
         with self._guard():
-            fields = _values(self._client.hmget(self._rkey(key), FIELDS))
+            fields = _fields(self._client.get(self._rkey(key)))
             now = self._now()
-        if not fields[_STATUS]:
+        if fields is None:
             return None
         record = _record(key, fields)
         return None if record.retention_over(now) else record
@@ -566,15 +557,19 @@ class RedisStore(BaseStore):
         # On a cluster, each primary is scanned through its own connection: the keys it
         # returns live there, so their records are read there in one pipeline too.
         client = self._client if node is None else node.redis_connection
-        cursor, rkeys = client.scan(cursor, match=match, count=SCAN_COUNT)
+        cursor, rkeys = client.scan(cursor, match=match, count=SCAN_COUNT, _type="string")
         rkeys = [_text(k) for k in rkeys]
-        pipe = client.pipeline(transaction=False)
-        for rkey in rkeys:
-            pipe.hmget(rkey, FIELDS)
         records = []
-        for rkey, raw in zip(rkeys, pipe.execute() if rkeys else [], strict=True):
-            fields = _values(raw)
-            if fields[_STATUS]:  # gone since SCAN saw it, or not ours
+        if node is None:
+            texts = client.mget(rkeys) if rkeys else []
+        else:  # a cluster node refuses MGET across slots, even its own
+            pipe = client.pipeline(transaction=False)
+            for rkey in rkeys:
+                pipe.get(rkey)
+            texts = pipe.execute()
+        for rkey, text in zip(rkeys, texts, strict=True):
+            fields = _fields(text)
+            if fields is not None:  # gone since SCAN saw it, or not ours
                 records.append(_record(self._key_of(rkey), fields))
         return int(cursor), records
 
@@ -605,28 +600,30 @@ class RedisStore(BaseStore):
     ) -> Page:
         """Pages in SCAN order, sorted by key within each SCAN batch. A cursor is the
         position of a batch and the last key taken from it: SCAN cannot stop mid-batch,
-        so the next page scans that batch again and goes on after that key."""
+        so the next page scans that batch again and goes on after that key. A full page
+        gets a cursor only if a record after it matches: SCAN goes on until it finds one
+        or ends."""
         if stale_only and status not in (None, Status.IN_PROGRESS):
             return Page([], None)
         with self._guard():
             query = scan_query(self._now(), status, stale_only, older_than)
         position, after = _parse_cursor(cursor)
         found: list[Record] = []
-        for at, following, records in self._iterate(prefix, position):
+        for at, _following, records in self._iterate(prefix, position):
             batch = sorted(
                 (r for r in records if query.matches(r) and (after is None or r.key > after)),
                 key=lambda r: r.key,
             )
             after = None
+            if found and len(found) == limit:  # full: the next page starts at the next match
+                if batch:
+                    return Page(found, f"{at}/")
+                continue
             room = limit - len(found)
             if len(batch) > room:
                 found += batch[:room]
                 return Page(found, f"{at}/{found[-1].key}" if found else at)
             found += batch
-            if following is None:
-                return Page(found, None)
-            if len(found) == limit:
-                return Page(found, following + "/")
         return Page(found, None)
 
     def stats(self) -> Stats:
@@ -813,16 +810,17 @@ class RedisStore(BaseStore):
 
 
 def _outcome(request: ClaimRequest, owner: str, reply: Sequence[Any]) -> ClaimOutcome:
-    code, fields = _parse(reply)
-    assert fields is not None
+    code = _text(reply[0])
     if code in ("acquired", "takeover"):
-        token, attempts, lease = fields
-        lease_expires_at = _ms(lease)
+        token, attempts, lease = reply[1:]
+        lease_expires_at = _ms(_text(lease))
         assert lease_expires_at is not None
         return Acquired(
             request.key, owner, int(token), int(attempts), lease_expires_at,
             takeover=code == "takeover",
         )  # fmt: skip
+    fields = _parse(reply)[1]
+    assert fields is not None
     record = _record(request.key, fields)
     if code == "completed":
         return Completed(record)

@@ -8,6 +8,7 @@ Every store gets a prefix of its own, so tests never see each other's keys.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import traceback
@@ -107,12 +108,14 @@ def scan_all(store: Store, **filters: Any) -> list[str]:
 # The record's shape -------------------------------------------------------------------------
 
 
-def test_each_record_is_one_hash_under_its_hash_tag(store: Store, raw: Any, prefix: str) -> None:
+def test_each_record_is_one_json_string_under_its_hash_tag(
+    store: Store, raw: Any, prefix: str
+) -> None:
     a = acquire(store, "order-1", fp=fingerprint({"amount": 10}))
     assert raw.keys(f"{prefix}*") == [f"{prefix}{{order-1}}"]
     rkey = f"{prefix}{{order-1}}"
-    assert raw.type(rkey) == "hash"
-    fields = raw.hgetall(rkey)
+    assert raw.type(rkey) == "string"
+    fields = json.loads(raw.get(rkey))
     assert fields["status"] == "in_progress"
     assert fields["owner"] == a.owner
     assert fields["token"] == "1"
@@ -121,7 +124,52 @@ def test_each_record_is_one_hash_under_its_hash_tag(store: Store, raw: Any, pref
     assert key_slot(rkey.encode()) == key_slot(b"order-1")
     store.complete("order-1", a.owner, a.fencing_token, {"charge": "ch_1"})
     assert raw.keys(f"{prefix}*") == [rkey]
-    assert raw.hget(rkey, "status") == "completed"
+    fields = json.loads(raw.get(rkey))
+    assert fields["status"] == "completed"
+    assert json.loads(fields["result"]) == {"charge": "ch_1"}
+
+
+def test_a_full_page_gets_a_cursor_only_when_more_records_follow(
+    store: Store, raw: Any, prefix: str
+) -> None:
+    # Other programs' keys make SCAN take many batches, most with none of ours.
+    other = unique_prefix()
+    pipe = raw.pipeline(transaction=False)
+    for i in range(5000):
+        pipe.set(f"{other}{i}", "x", ex=300)
+    pipe.execute()
+    try:
+        for n in range(4):
+            a = acquire(store, f"e{n}")
+            store.complete(f"e{n}", a.owner, a.fencing_token, n)
+        whole = store.scan(limit=4)
+        assert len(whole.records) == 4 and whole.cursor is None
+        keys: list[str] = []
+        cursor = None
+        for _ in range(4):
+            page = store.scan(limit=3, cursor=cursor)
+            keys += [r.key for r in page.records]
+            cursor = page.cursor
+            if cursor is None:
+                break
+        assert sorted(keys) == ["e0", "e1", "e2", "e3"]
+        assert cursor is None
+    finally:
+        for chunk in range(0, 5000, 1000):
+            raw.delete(*(f"{other}{i}" for i in range(chunk, chunk + 1000)))
+
+
+def test_keys_under_the_prefix_that_are_not_records_are_left_out(
+    store: Store, raw: Any, prefix: str
+) -> None:
+    a = acquire(store, "mine")
+    store.complete("mine", a.owner, a.fencing_token, 1)
+    raw.hset(f"{prefix}{{a-hash}}", "status", "completed")
+    raw.set(f"{prefix}{{not-json}}", "plain text")
+    raw.set(f"{prefix}{{other-json}}", json.dumps({"name": "x"}))
+    assert scan_all(store) == ["mine"]
+    assert store.stats().total == 1
+    assert store.get("not-json") is None and store.get("other-json") is None
 
 
 def test_scan_prefix_is_literal_not_a_glob(store: Store) -> None:
@@ -240,7 +288,7 @@ def test_fencing_counter_never_goes_backwards(store: Store, raw: Any, prefix: st
 
     def token_now() -> int:
         assert raw.pttl(rkey) > 0  # the record exists, with a TTL
-        token = int(raw.hget(rkey, "token"))
+        token = int(json.loads(raw.get(rkey))["token"])
         record = store.get("k")
         assert record is not None and record.fencing_token == token
         assert not seen or token >= seen[-1], (seen, token)
