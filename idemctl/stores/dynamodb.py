@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -44,6 +46,8 @@ from idemctl.model import (
     Acquired,
     Busy,
     ClaimOutcome,
+    ClaimRequest,
+    Completion,
     Finding,
     Page,
     Provisioning,
@@ -70,6 +74,9 @@ from idemctl.stores.base import (
 )
 
 ITEMS_PER_BATCH = 100
+DEFAULT_CONCURRENCY = 16
+"""Requests of one claim_many or complete_many in flight at once (URL option concurrency=)."""
+T = TypeVar("T")
 
 NAMES = {
     "#k": "key", "#st": "status", "#fp": "fingerprint", "#ow": "owner", "#tok": "fencing_token",
@@ -171,15 +178,22 @@ class DynamoDBStore(BaseStore):
         connect_timeout: float = 2.0,
         read_timeout: float = 5.0,
         max_attempts: int = 3,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         super().__init__(url, lease=lease, retention=retention)
         self.table = table
+        if concurrency < 1:
+            raise ConfigError(f"store URL option concurrency={concurrency}: use 1 or more")
+        self.concurrency = concurrency
+        self._workers: ThreadPoolExecutor | None = None
+        self._workers_lock = threading.Lock()
         # Throttling and transient errors are retried by botocore's own standard mode; every
         # request here is conditional, and a retried one is recognised (done_by, owner).
         config = Config(
             retries={"max_attempts": max_attempts, "mode": "standard"},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            max_pool_connections=max(10, concurrency),  # a batch's requests at once
         )
         try:
             self.client: Any = boto3.client(
@@ -201,6 +215,9 @@ class DynamoDBStore(BaseStore):
         attempts = options.text("max_attempts", "3") or "3"
         if not attempts.isdigit() or int(attempts) < 1:
             raise ConfigError(f"store URL option max_attempts={attempts!r}: use a whole number")
+        concurrency = options.text("concurrency", str(DEFAULT_CONCURRENCY)) or ""
+        if not concurrency.isdigit() or int(concurrency) < 1:
+            raise ConfigError(f"store URL option concurrency={concurrency!r}: use 1 or more")
         settings: dict[str, Any] = {
             "region": options.text("region"),
             "endpoint_url": options.text("endpoint_url"),
@@ -209,6 +226,7 @@ class DynamoDBStore(BaseStore):
             "connect_timeout": options.duration("connect_timeout", 2.0),
             "read_timeout": options.duration("read_timeout", 5.0),
             "max_attempts": int(attempts),
+            "concurrency": int(concurrency),
         }
         options.finish()
         return cls(table, url=url, **settings)
@@ -391,6 +409,49 @@ class DynamoDBStore(BaseStore):
                 f"the key is now {record.status.value} with fencing token {record.fencing_token}",
                 record,
             ) from None
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]:
+        def claim(i: int) -> ClaimOutcome:
+            return self.claim(requests[i].key, requests[i].fingerprint, lease)
+
+        return self._each([r.key for r in requests], claim)
+
+    def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        def complete(i: int) -> bool:
+            c = completions[i]
+            try:
+                self.complete(c.key, c.owner, c.fencing_token, c.result, retention)
+            except LeaseLost:
+                return False
+            return True
+
+        return self._each([c.key for c in completions], complete)
+
+    def _each(self, keys: list[str], call: Callable[[int], T]) -> list[T]:
+        """call(i) for every item of a batch: DynamoDB has no conditional write of many
+        items that can succeed one by one, so the requests go out side by side (at most
+        ``concurrency`` at once), a key's first item before any later one of the same key,
+        which then sees its effect as the single forms would. Every request is waited for;
+        then the first error, if any, is raised."""
+        first: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        leading = list(first.values())
+        if len(leading) <= 1 or self.concurrency == 1:
+            return [call(i) for i in range(len(keys))]
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = ThreadPoolExecutor(self.concurrency, "idemctl-dynamodb")
+        futures = {i: self._workers.submit(call, i) for i in leading}
+        errors = [f.exception() for f in futures.values()]  # waits for every one
+        if error := next((e for e in errors if e is not None), None):
+            raise error
+        results = {i: f.result() for i, f in futures.items()}
+        return [results[i] if i in results else call(i) for i in range(len(keys))]
 
     def complete(
         self,
@@ -709,4 +770,6 @@ class DynamoDBStore(BaseStore):
         )  # fmt: skip
 
     def close(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown(wait=True)
         self.client.close()

@@ -23,7 +23,16 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from idemctl import Acquired, Busy, Completed, LeaseLost, Status, fingerprint
+from idemctl import (
+    Acquired,
+    Busy,
+    ClaimRequest,
+    Completed,
+    Completion,
+    LeaseLost,
+    Status,
+    fingerprint,
+)
 from idemctl.errors import ConfigError, NotProvisioned, StoreUnavailable
 from idemctl.runner import Outcome, run
 from idemctl.stores import open_store
@@ -252,6 +261,75 @@ def test_requests_per_message(store: DynamoDBStore, url: str) -> None:
     finally:
         other.close()
     assert runs == ["order-1"]
+
+
+def test_a_batch_sends_its_requests_side_by_side(moto_server: MotoServer, table: str) -> None:
+    """claim_many and complete_many have up to ``concurrency`` requests in flight at once, a
+    key's later items after its first, and give the single forms' answers in order."""
+    store = open_ddb(moto_server.url(table, concurrency=8))
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def sending(**_: Any) -> None:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+
+    def answered(**_: Any) -> None:
+        with lock:
+            in_flight[0] -= 1
+
+    store.client.meta.events.register("before-send.dynamodb", sending)
+    store.client.meta.events.register("after-call.dynamodb", answered)
+    store.client.meta.events.register("after-call-error.dynamodb", answered)
+    try:
+        store.provision()
+        done = acquire(store, "k-done")
+        store.complete("k-done", done.owner, done.fencing_token, "old")
+        most[0] = 0
+        keys = [f"k-{i}" for i in range(60)]
+        outcomes = store.claim_many([ClaimRequest(k) for k in [*keys, "k-done", "k-0"]], lease=LONG)
+        assert all(isinstance(o, Acquired) for o in outcomes[:60])
+        assert isinstance(outcomes[60], Completed)
+        assert isinstance(outcomes[61], Busy)  # the same key again, after its first claim
+        assert 1 < most[0] <= 8
+        acquired = [o for o in outcomes[:60] if isinstance(o, Acquired)]
+        lost = Completion("k-1", "not-the-owner", 99, None)
+        done_flags = store.complete_many(
+            [*(Completion(a.key, a.owner, a.fencing_token, a.key) for a in acquired), lost]
+        )
+        assert done_flags == [True] * 60 + [False]
+        for key in keys:
+            record = store.get(key)
+            assert record is not None and record.status is Status.COMPLETED
+            assert record.result == key
+    finally:
+        store.close()
+
+
+def test_a_failed_request_in_a_batch_fails_the_batch_after_the_others_finish(
+    store: DynamoDBStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim = store.claim
+
+    def claim_or_fail(key: str, *args: Any) -> Any:
+        if key == "k-bad":
+            raise StoreUnavailable("this one request failed")
+        return claim(key, *args)
+
+    monkeypatch.setattr(store, "claim", claim_or_fail)
+    keys = ["k-a", "k-bad", "k-b", "k-c"]
+    with pytest.raises(StoreUnavailable, match="this one request failed"):
+        store.claim_many([ClaimRequest(k) for k in keys], lease=LONG)
+    # Every other request was answered before the error was raised: none is still in flight.
+    monkeypatch.setattr(store, "claim", claim)
+    assert all(store.get(k) is not None for k in ("k-a", "k-b", "k-c"))
+
+
+def test_concurrency_must_be_a_whole_number_of_one_or_more(moto_server: MotoServer) -> None:
+    for bad in ("0", "many", "-2"):
+        with pytest.raises(ConfigError, match="concurrency"):
+            open_store(moto_server.url("t", concurrency=bad))
 
 
 # Provisioning ----------------------------------------------------------------------------------
