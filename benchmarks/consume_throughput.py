@@ -1,41 +1,56 @@
-"""Consume throughput: `idemctl consume`'s loop with a no-op handler on each store, against
-a bare confluent-kafka at-least-once loop (poll, read the key header, store_offsets) on the
-same broker, the same messages, in the same run. Prints messages per second and the ratio
-to the bare loop; the broker (tansu) and redis-server are started here on free loopback
-ports and stopped by PID.
+"""Consume throughput: `idemctl consume`'s loop with a no-op handler on each store, one
+message at a time and batched, against a bare confluent-kafka at-least-once loop (poll, read
+the key header, store_offsets) on the same broker, the same messages, in the same run.
 
-    .venv/bin/python benchmarks/consume_throughput.py --messages 20000
+    .venv/bin/python benchmarks/consume_throughput.py [--messages 20000] [--batch 500]
+        [--single-messages 2000] [--stores redis,sqlite,postgres,dynamodb] [--json]
+
+It starts tansu, redis-server, a throwaway PostgreSQL cluster and a moto server on free
+loopback ports, as the stores chosen need them, and stops each by its PID. A store whose
+server or package is missing is left out with a note. See benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmarks._common import HOST, free_port, stop_process
+from _common import HOST, BenchError, free_port, stdout_console, stop_on_sigterm, stop_process
+
+STORES = ("redis", "sqlite", "postgres", "dynamodb")
+CONSUMER = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
+            "auto.offset.reset": "earliest"}  # fmt: skip
+FAKE_AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}  # fmt: skip
 
 
-def start(cmd: list[str], ready: Callable[[], bool], name: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
+def start(cmd: list[str], ready: Callable[[], bool], name: str, **popen: Any) -> Any:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
+    deadline = time.monotonic() + 30
     while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_process(proc)
-            raise SystemExit(f"{name} did not start")
+            raise BenchError(f"{name} did not start")
         time.sleep(0.05)
     return proc
 
 
-def redis() -> tuple[subprocess.Popen[bytes], int]:
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
     import redis as redis_py
 
     port = free_port()
@@ -47,7 +62,30 @@ def redis() -> tuple[subprocess.Popen[bytes], int]:
             return False
 
     cmd = ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
-    return start(cmd, ready, "redis-server"), port
+    proc = start(cmd, ready, "redis-server")
+    try:
+        yield f"redis://{HOST}:{port}/0"
+    finally:
+        stop_process(proc)
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    port = free_port()
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{port}/moto-api/", timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    cmd = [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)]
+    proc = start(cmd, ready, "moto server", env={**os.environ, **FAKE_AWS})
+    try:
+        yield f"http://{HOST}:{port}"
+    finally:
+        stop_process(proc)
 
 
 def produce(bootstrap: str, topic: str, n: int) -> None:
@@ -63,10 +101,6 @@ def produce(bootstrap: str, topic: str, n: int) -> None:
         if i % 10000 == 0:
             p.poll(0)
     p.flush(60)
-
-
-CONSUMER = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
-            "auto.offset.reset": "earliest"}  # fmt: skip
 
 
 def bare(bootstrap: str, topic: str, n: int, batch: int) -> float:
@@ -92,6 +126,8 @@ def bare(bootstrap: str, topic: str, n: int, batch: int) -> float:
 
 
 def idemctl_loop(bootstrap: str, topic: str, n: int, batch: int, url: str) -> float:
+    """Messages per second of the consume loop with a no-op handler, after its first batch;
+    every message must come out processed once."""
     from idemctl import open_store
     from idemctl.consume import ConsumeOptions, Consumer, adapt
 
@@ -99,44 +135,118 @@ def idemctl_loop(bootstrap: str, topic: str, n: int, batch: int, url: str) -> fl
     options = ConsumeOptions(bootstrap, [topic], f"idem-{uuid.uuid4().hex}", batch_size=batch,
                              max_messages=n, kafka_config=CONSUMER)  # fmt: skip
     with open_store(url) as store:
+        store.provision()
 
         def mark(summary: Any) -> None:
             marks.append((summary.finished, time.perf_counter()))
 
-        Consumer(store, adapt(lambda event: None), options, on_progress=mark).run()
+        summary = Consumer(store, adapt(lambda event: None), options, on_progress=mark).run()
+    if summary.counts["executed"] != n:  # every key is new: each handler runs once
+        raise BenchError(f"{url.partition('?')[0]}: {summary.counts} for {n} new messages")
     (first, t0), (last, t1) = marks[0], marks[-1]
     return (last - first) / (t1 - t0)
 
 
-def main() -> None:
+@dataclass
+class Row:
+    contender: str
+    messages: int
+    batch: int
+    rate: float
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=20000)
-    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--messages", type=int, default=20000, help="messages on the topic")
+    parser.add_argument("--batch", type=int, default=500, help="messages per poll batch")
+    parser.add_argument("--single-messages", type=int, default=2000,
+                        help="messages each one-at-a-time run consumes")  # fmt: skip
+    parser.add_argument("--stores", default=",".join(STORES), help="a subset of these")
+    parser.add_argument("--json", action="store_true", help="the rates as JSON after the table")
     args = parser.parse_args()
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    if unknown := sorted(set(stores) - set(STORES)):
+        parser.error(f"--stores: unknown {', '.join(unknown)}; choose from {', '.join(STORES)}")
+    stop_on_sigterm()
     from idemctl.demo import local_broker  # tansu on a free port, stopped by its PID
 
-    server, port = redis()
-    try:
-        with local_broker() as bootstrap, tempfile.TemporaryDirectory() as tmp:
-            topic = f"bench-{uuid.uuid4().hex[:8]}"
-            produce(bootstrap, topic, args.messages)
-            rates: dict[str, float] = {
-                "bare confluent-kafka loop": bare(bootstrap, topic, args.messages, args.batch)
-            }
-            contenders: dict[str, str] = {
-                "idemctl, Redis, batched": f"redis://{HOST}:{port}/0?prefix=b{uuid.uuid4().hex[:6]}:",
-                "idemctl, SQLite, batched": f"sqlite:///{tmp}/bench.db",
-            }
-            for name, url in contenders.items():
-                rates[name] = idemctl_loop(bootstrap, topic, args.messages, args.batch, url)
-    finally:
-        stop_process(server)
-    base = rates["bare confluent-kafka loop"]
-    print(f"{args.messages} messages, batches of {args.batch}, 3 partitions, no-op handler")
-    print(f"{'contender':<28} {'msg/s':>10} {'x bare':>8}")
-    for name, rate in rates.items():
-        print(f"{name:<28} {rate:>10.0f} {rate / base:>8.2f}")
+    rows: list[Row] = []
+    notes: list[str] = []
+    with contextlib.ExitStack() as servers, tempfile.TemporaryDirectory() as tmp:
+        bootstrap = servers.enter_context(local_broker())
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        produce(bootstrap, topic, args.messages)
+        rows.append(Row("bare confluent-kafka loop", args.messages, args.batch,
+                        bare(bootstrap, topic, args.messages, args.batch)))  # fmt: skip
+        for store in stores:
+            try:
+                base = servers.enter_context(_server_for(store))
+            except (BenchError, ImportError, OSError) as exc:
+                notes.append(f"{store} left out: {exc}")
+                continue
+            single = min(args.single_messages, args.messages)
+            for label, n, batch in (("batched", args.messages, args.batch), ("single", single, 1)):
+                url = _store_url(store, base, tmp)
+                rate = idemctl_loop(bootstrap, topic, n, batch, url)
+                rows.append(Row(f"idemctl, {store}, {label}", n, batch, rate))
+    _print(rows, notes, args.json)
+    return 0
+
+
+@contextlib.contextmanager
+def _server_for(store: str) -> Iterator[str]:
+    """What a store's URLs are made from: a server's address, or nothing for SQLite."""
+    if store == "redis":
+        with redis_server() as url:
+            yield url
+    elif store == "postgres":
+        from postgres_claims import own_postgres_server
+
+        with own_postgres_server(fsync=True) as (url, _pid):
+            yield url
+    elif store == "dynamodb":
+        import moto  # noqa: F401 - the server below is moto's
+
+        os.environ.update(FAKE_AWS)  # boto3 signs every request, and moto accepts any key
+        with moto_server() as endpoint:
+            yield endpoint
+    else:
+        yield ""
+
+
+def _store_url(store: str, base: str, tmp: str) -> str:
+    """A store of its own for every run, so each run's keys are all new."""
+    name = f"b{uuid.uuid4().hex[:8]}"
+    if store == "redis":
+        return f"{base}?prefix={name}:"
+    if store == "postgres":
+        return f"{base}?schema={name}"
+    if store == "dynamodb":
+        return f"dynamodb://{name}?region=us-east-1&endpoint_url={base}"
+    return f"sqlite:///{tmp}/{name}.db"
+
+
+def _print(rows: list[Row], notes: list[str], as_json: bool) -> None:
+    from rich.table import Table
+
+    base = rows[0].rate
+    table = Table(title="Consume throughput, no-op handler, 3 partitions")
+    for column in ("contender", "messages", "batch", "msg/s", "x bare loop"):
+        table.add_column(column, justify="left" if column == "contender" else "right")
+    for row in rows:
+        table.add_row(row.contender, f"{row.messages:,}", str(row.batch), f"{row.rate:,.0f}",
+                      f"{row.rate / base:.3f}")  # fmt: skip
+    console = stdout_console()
+    console.print(table)
+    for note in notes:
+        console.print(note, markup=False)
+    if as_json:
+        print(json.dumps([{**vars(r), "ratio": r.rate / base} for r in rows], indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

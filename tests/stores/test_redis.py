@@ -411,11 +411,16 @@ def _named_clients(raw: Any, name: str) -> int:
     return sum(1 for c in raw.client_list() if c["name"] == name)
 
 
+def _named_store(server: RedisServer, prefix: str, tag: str) -> tuple[Store, str]:
+    """A store whose connections carry a client name of their own, to count them."""
+    name = f"{tag}-{prefix.strip(':')}"
+    return open_store(redis_url(server, prefix, f"client_name={name}")), name
+
+
 def test_script_calls_use_one_connection_per_caller(
     redis_server: RedisServer, raw: Any, prefix: str
 ) -> None:
-    name = f"conns-{prefix.strip(':')}"
-    store = open_store(redis_url(redis_server, prefix, f"client_name={name}"))
+    store, name = _named_store(redis_server, prefix, "conns")
     try:
         for i in range(50):
             a = acquire(store, f"k{i}")
@@ -463,8 +468,7 @@ def test_a_forked_child_gets_connections_of_its_own(
 ) -> None:
     import os
 
-    name = f"fork-{prefix.strip(':')}"
-    store = open_store(redis_url(redis_server, prefix, f"client_name={name}"))
+    store, name = _named_store(redis_server, prefix, "fork")
     try:
         acquire(store, "parent")
         pid = os.fork()
