@@ -66,9 +66,9 @@ COLUMNS = (
     "key, status::text, fingerprint, owner, fencing_token, attempts, lease_expires_at, "
     "created_at, updated_at, completed_at, expires_at, result, error, retriable"
 )
-# libpq options a URL may carry through to the connection.
 ADMIN_LOCK_WAIT = 3.0
 """Seconds unlock and forget wait for a key's row that another transaction holds."""
+# libpq options a URL may carry through to the connection.
 _LIBPQ = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "target_session_attrs")
 
 

@@ -575,9 +575,9 @@ class RedisStore(BaseStore):
 
     def _iterate(
         self, prefix: str | None = None, start: str | None = None
-    ) -> Iterator[tuple[str, str | None, list[Record]]]:
-        """Every record under ``prefix``, a SCAN batch at a time, with the positions
-        ("node:cursor") the batch started at and the one after it (None at the end)."""
+    ) -> Iterator[tuple[str, list[Record]]]:
+        """Every record under ``prefix``, a SCAN batch at a time, with the position
+        ("node:cursor") the batch started at."""
         match = _glob_escape(self.prefix) + "{" + _glob_escape(prefix or "") + "*"
         nodes = self._nodes()
         node_index, cursor = (0, 0) if not start else (int(p) for p in start.split(":"))
@@ -587,7 +587,7 @@ class RedisStore(BaseStore):
                 cursor, records = self._scan_batch(nodes[node_index], cursor, match)
                 if cursor == 0:
                     node_index += 1
-                yield at, (f"{node_index}:{cursor}" if node_index < len(nodes) else None), records
+                yield at, records
 
     def scan(
         self,
@@ -609,7 +609,7 @@ class RedisStore(BaseStore):
             query = scan_query(self._now(), status, stale_only, older_than)
         position, after = _parse_cursor(cursor)
         found: list[Record] = []
-        for at, _following, records in self._iterate(prefix, position):
+        for at, records in self._iterate(prefix, position):
             batch = sorted(
                 (r for r in records if query.matches(r) and (after is None or r.key > after)),
                 key=lambda r: r.key,
@@ -629,7 +629,7 @@ class RedisStore(BaseStore):
     def stats(self) -> Stats:
         with self._guard():
             now = self._now()
-        return stats_of([r for _, _, records in self._iterate() for r in records], now)
+        return stats_of([r for _, records in self._iterate() for r in records], now)
 
     def unlock(self, key: str, force: bool = False) -> Record:
         validate_key(key)
@@ -653,7 +653,7 @@ class RedisStore(BaseStore):
         """The records matching ``query`` at the server's time, a SCAN batch at a time."""
         with self._guard():
             matching = query(self._now())
-        for _, _, records in self._iterate():
+        for _, records in self._iterate():
             yield [r for r in records if matching.matches(r)]
 
     def unlock_stale(
