@@ -238,7 +238,7 @@ def _run_transactional(
                 unit.connection, Outbox(unit.connection, getattr(store, "outbox_table", None)),
             )  # fmt: skip
             try:
-                value = json.loads(canonical_json(_call_in_context(ctx, handler)))
+                value = stored_form(_call_in_context(ctx, handler))
             except Exception as exc:
                 failure = exc
                 raise _Rollback from exc
@@ -318,7 +318,7 @@ def invoke(
         try:
             # What a replay will return; the first run returns the same, so callers cannot
             # come to depend on a form (a tuple, an object) that only the first run gives.
-            return Invocation(value=json.loads(canonical_json(value)))
+            return Invocation(value=stored_form(value))
         except InvalidPayload as exc:
             # The effects happened; failing permanently keeps them from happening twice.
             error = InvalidPayload(
@@ -367,6 +367,14 @@ def _execute(
         logger.warning("%s", discarded)
         return RunResult(Outcome.LEASE_LOST, key, error=discarded, record=lost.record, **done)
     return RunResult(Outcome.EXECUTED, key, did.value, record, **done)
+
+
+def stored_form(value: Any) -> JSON:
+    """``value`` as the store gives it back (its canonical JSON, parsed): what every run of
+    a key returns, the first included. InvalidPayload when it is not JSON."""
+    if value is None or type(value) in (bool, int):  # already their own stored form
+        return value
+    return json.loads(canonical_json(value))
 
 
 def _call_in_context(ctx: Context, handler: Callable[[Context], Any]) -> Any:
