@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from idemctl.consume.event import Event
 from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, StoreUnavailable
 from idemctl.keys import DEFAULT_KEY_STRATEGY, Message, MissingKey, key_strategy
 from idemctl.model import (
@@ -34,7 +35,7 @@ from idemctl.model import (
 from idemctl.runner import Context, invoke
 
 if TYPE_CHECKING:
-    from idemctl.consume.event import Event, Handler
+    from idemctl.consume.event import Handler
     from idemctl.stores.base import Store
 
 log = logging.getLogger("idemctl.consume")
@@ -499,13 +500,13 @@ class Consumer:
         log.info("%s failed (attempt %d), retrying: %s", item.key, attempt, error)
         return float(self.options.backoff * 2 ** (attempt - 1))
 
-    def _event(self, item: _Item) -> Event:
-        from idemctl.consume.event import Event
-
+    @staticmethod
+    def _event(item: _Item) -> Event:
         m = item.msg
+        kind, timestamp = m.timestamp()
         return Event(
             m.topic(), m.partition(), m.offset(), m.key(), m.value(), tuple(m.headers() or ()),
-            m.timestamp()[1] if m.timestamp()[0] else None,
+            timestamp if kind else None,
         )  # fmt: skip
 
     def _settle(self, item: _Item, outcome: Any) -> Completion | tuple[float, str] | None:
