@@ -63,6 +63,14 @@ class UrlOptions:
         except ValueError as exc:
             raise ConfigError(f"store URL option {name}: {exc}") from None
 
+    def whole(self, name: str, default: int, minimum: int = 0) -> int:
+        """A whole number of at least ``minimum``; blank or absent is ``default``."""
+        raw = self._options.pop(name, None) or str(default)
+        if not raw.isdigit() or int(raw) < minimum:
+            least = f", at least {minimum}" if minimum else ""
+            raise ConfigError(f"store URL option {name}={raw!r}: use a whole number{least}")
+        return int(raw)
+
     def flag(self, name: str, default: bool) -> bool:
         raw = self._options.pop(name, None)
         if raw is None:

@@ -212,12 +212,6 @@ class DynamoDBStore(BaseStore):
             raise ConfigError(
                 f"DynamoDB URL {redact_url(url)} names no table: dynamodb://TABLE?region=..."
             )
-        attempts = options.text("max_attempts", "3") or "3"
-        if not attempts.isdigit() or int(attempts) < 1:
-            raise ConfigError(f"store URL option max_attempts={attempts!r}: use a whole number")
-        concurrency = options.text("concurrency", str(DEFAULT_CONCURRENCY)) or ""
-        if not concurrency.isdigit() or int(concurrency) < 1:
-            raise ConfigError(f"store URL option concurrency={concurrency!r}: use 1 or more")
         settings: dict[str, Any] = {
             "region": options.text("region"),
             "endpoint_url": options.text("endpoint_url"),
@@ -225,8 +219,8 @@ class DynamoDBStore(BaseStore):
             "retention": options.duration("retention", DEFAULT_RETENTION),
             "connect_timeout": options.duration("connect_timeout", 2.0),
             "read_timeout": options.duration("read_timeout", 5.0),
-            "max_attempts": int(attempts),
-            "concurrency": int(concurrency),
+            "max_attempts": options.whole("max_attempts", 3, minimum=1),
+            "concurrency": options.whole("concurrency", DEFAULT_CONCURRENCY, minimum=1),
         }
         options.finish()
         return cls(table, url=url, **settings)

@@ -248,11 +248,8 @@ class PostgresStore(BaseStore):
             "statement_timeout": options.duration("statement_timeout", 10.0),
             "connect_timeout": options.duration("connect_timeout", 5.0),
         }
-        for name, default in (("pool_min", "1"), ("pool_max", "8")):
-            value = options.text(name, default) or default
-            if not value.isdigit() or int(value) < (0 if name == "pool_min" else 1):
-                raise ConfigError(f"store URL option {name}={value!r}: use a whole number")
-            settings[name] = int(value)
+        settings["pool_min"] = options.whole("pool_min", 1)
+        settings["pool_max"] = options.whole("pool_max", 8, minimum=1)
         libpq = {n: v for n in _LIBPQ if (v := options.text(n)) is not None}
         options.finish()
         if not parts.hostname and not parts.path.strip("/"):

@@ -266,10 +266,7 @@ class RedisStore(BaseStore):
             "durable": options.flag("durable", False),
             "durable_timeout": options.duration("durable_timeout", 1.0),
         }
-        replicas = options.text("replicas", "0") or "0"
-        if not replicas.isdigit():
-            raise ConfigError(f"store URL option replicas={replicas!r}: use a whole number")
-        settings["replicas"] = int(replicas)
+        settings["replicas"] = options.whole("replicas", 0)
         client_options: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
         for name in _CLIENT_DURATIONS:
             client_options[name] = options.duration(name, client_options.get(name, 0.0))

@@ -185,3 +185,15 @@ def test_secrets_in_finds_every_form_of_the_password(url: str, secrets: list[str
     found = secrets_in(url)
     assert sorted(found) == sorted(secrets)
     assert all(s not in redact_text(f"log line about {url}", found) for s in secrets)
+
+
+def test_whole_number_options_take_defaults_and_refuse_what_is_not_one() -> None:
+    options = UrlOptions("memory://?pool_max=4&replicas=&workers=2")
+    assert options.whole("pool_max", 8, minimum=1) == 4
+    assert options.whole("replicas", 0) == 0  # blank: the default
+    assert options.whole("absent", 3) == 3
+    with pytest.raises(ConfigError, match=r"workers='2': use a whole number, at least 3"):
+        options.whole("workers", 5, minimum=3)
+    for bad in ("-1", "1.5", "two"):
+        with pytest.raises(ConfigError, match=rf"n={bad!r}: use a whole number$"):
+            UrlOptions(f"memory://?n={bad}").whole("n", 1)
