@@ -50,26 +50,6 @@ def start(cmd: list[str], ready: Callable[[], bool], name: str, **popen: Any) ->
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    import redis as redis_py
-
-    port = free_port()
-
-    def ready() -> bool:
-        try:
-            return bool(redis_py.Redis(host=HOST, port=port, socket_timeout=0.5).ping())
-        except redis_py.RedisError:
-            return False
-
-    cmd = ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
-    proc = start(cmd, ready, "redis-server")
-    try:
-        yield f"redis://{HOST}:{port}/0"
-    finally:
-        stop_process(proc)
-
-
-@contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     port = free_port()
 
@@ -197,7 +177,9 @@ def main() -> int:
 def _server_for(store: str) -> Iterator[str]:
     """What a store's URLs are made from: a server's address, or nothing for SQLite."""
     if store == "redis":
-        with redis_server() as url:
+        from redis_claims import own_redis_server
+
+        with own_redis_server() as url:
             yield url
     elif store == "postgres":
         from postgres_claims import own_postgres_server
