@@ -1,11 +1,13 @@
 -- complete.lua: store the results of the attempts that hold the keys.
 -- KEYS[i]        a record's key
 -- ARGV[1]        retention, ms: each record's TTL from now
--- ARGV[2]        '1' to reply with the completed record, '0' for {'ok'} alone
+-- ARGV[2]        '1' to reply with what makes the completed record, '0' for {'ok'} alone
 -- then per key:  owner token, fencing token, result (JSON text)
--- Reply, per key: {'ok', record} (the record's JSON text), or {'lost', record} when
--- that owner and token no longer hold the key ({'lost'} alone when the record is gone).
--- A retried complete is 'ok'.
+-- Reply, per key, with ARGV[2] '1': {'done', created, attempts, fp, now} when this call
+-- completed it (the caller knows the rest: key, token, result, retention), or
+-- {'ok', record} (the record's JSON text) for a retried complete, whose stored result may
+-- not be this call's; with '0', {'ok'} for both. Otherwise {'lost', record} when that
+-- owner and token no longer hold the key ({'lost'} alone when the record is gone).
 local retention, full = tonumber(ARGV[1]), ARGV[2] == '1'
 local now = now_ms()
 
@@ -26,5 +28,6 @@ return each(2, 3, function(key, owner, token, result)
   write(key, rec, retention, 'status', 'completed', 'owner', '', 'lease', '', 'updated', int(now),
     'completed', int(now), 'expires', int(now + retention), 'result', result, 'done_by', owner,
     'error', '', 'retriable', '0')
-  return ok(rec)
+  if full then return {'done', rec.created, rec.attempts, rec.fp, rec.completed} end
+  return {'ok'}
 end)

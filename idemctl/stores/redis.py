@@ -116,7 +116,7 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _ms(value: str, _at: Any = datetime.fromtimestamp) -> datetime | None:
+def _ms(value: str | int, _at: Any = datetime.fromtimestamp) -> datetime | None:
     return _at(int(value) / 1000, UTC) if value else None
 
 
@@ -478,11 +478,21 @@ class RedisStore(BaseStore):
         result: JSON = None,
         retention: float | None = None,
     ) -> Record:
-        shared = (self._ms(self._retention(retention)), "1")
-        args = (owner, fencing_token, canonical_json(result))
-        return self._held(
-            key, fencing_token, self._one("complete", shared, key, *args, durable=True)
-        )
+        keep = self._ms(self._retention(retention))
+        text = canonical_json(result)
+        reply = self._one("complete", (keep, "1"), key, owner, fencing_token, text, durable=True)
+        if _text(reply[0]) != "done":
+            return self._held(key, fencing_token, reply)
+        # This call completed it: the script sent only what the call does not know.
+        created, attempts, fp, now = (_text(x) for x in reply[1:])
+        at = _ms(now)
+        assert at is not None
+        return Record(
+            key=key, status=Status.COMPLETED, fingerprint=fp or None, owner=None,
+            fencing_token=fencing_token, attempts=int(attempts), created_at=_ms(created) or at,
+            updated_at=at, completed_at=at, expires_at=_ms(int(now) + keep),
+            result=json.loads(text),
+        )  # fmt: skip
 
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None

@@ -76,6 +76,18 @@ def test_duplicate_after_completion_replays_without_running(store: Store) -> Non
     assert record.completed_at is not None and record.expires_at is not None
 
 
+def test_complete_returns_the_record_as_stored(store: Store) -> None:
+    a = acquire(store, "order-1", fingerprint({"amount": 10}))
+    done = store.complete("order-1", a.owner, a.fencing_token, {"charge_id": "ch_1", "n": [1]})
+    assert done == store.get("order-1")
+    assert done.status is Status.COMPLETED and done.owner is None
+    assert done.fingerprint == fingerprint({"amount": 10})
+    assert (done.fencing_token, done.attempts) == (a.fencing_token, 1)
+    assert done.result == {"charge_id": "ch_1", "n": [1]}
+    assert done.completed_at is not None and done.expires_at is not None
+    assert done.created_at <= done.completed_at < done.expires_at
+
+
 def test_other_payload_same_key_is_mismatch(store: Store) -> None:
     a = acquire(store, "order-1", fingerprint({"amount": 10}))
     store.complete("order-1", a.owner, a.fencing_token, "ok")

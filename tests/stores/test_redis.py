@@ -282,6 +282,16 @@ def test_ttl_is_lease_plus_retention_in_progress_and_retention_when_finished(
     assert all(raw.pttl(k) > 0 for k in raw.keys(f"{prefix}*"))
 
 
+def test_a_retried_complete_returns_the_first_stored_record(store: Store) -> None:
+    # A complete whose reply was lost is sent again by the same attempt: it is recognised,
+    # and answers with what the first call stored, not with the retry's own result.
+    a = acquire(store, "k", fp="fp-1")
+    first = store.complete("k", a.owner, a.fencing_token, {"charge": 1})
+    again = store.complete("k", a.owner, a.fencing_token, {"charge": 2})
+    assert again == first == store.get("k")
+    assert again.result == {"charge": 1} and again.fingerprint == "fp-1"
+
+
 def test_fencing_counter_never_goes_backwards(store: Store, raw: Any, prefix: str) -> None:
     rkey = f"{prefix}{{k}}"
     seen: list[int] = []
