@@ -120,6 +120,11 @@ def _ms(value: str | int, _at: Any = datetime.fromtimestamp) -> datetime | None:
     return _at(int(value) / 1000, UTC) if value else None
 
 
+def _server_time(seconds: Any, micros: Any) -> datetime:
+    """A TIME reply as a datetime."""
+    return datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, UTC)
+
+
 def _fields(text: str | bytes | None) -> dict[str, str] | None:
     """A record's fields from its JSON text (see lua/_lib.lua), or None when there is none or
     the key holds something else: a key of another program under the prefix is not ours."""
@@ -546,16 +551,20 @@ class RedisStore(BaseStore):
 
     def get(self, key: str) -> Record | None:
         with self._guard():
-            fields = _fields(self._client.get(self._rkey(key)))
-            now = self._now()
+            if self.cluster:  # a cluster pipeline refuses TIME, which has no key to route by
+                text, now = self._client.get(self._rkey(key)), self._now()
+            else:  # the record and the server's clock in one round trip
+                pipe = self._client.pipeline(transaction=False)
+                text, (seconds, micros) = pipe.get(self._rkey(key)).time().execute()
+                now = _server_time(seconds, micros)
+        fields = _fields(text)
         if fields is None:
             return None
         record = _record(key, fields)
         return None if record.retention_over(now) else record
 
     def _now(self) -> datetime:
-        seconds, micros = self._client.time()
-        return datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, UTC)
+        return _server_time(*self._client.time())
 
     def _nodes(self) -> list[Any]:
         return list(self._client.get_primaries()) if self.cluster else [None]

@@ -427,6 +427,27 @@ def _named_store(server: RedisServer, prefix: str, tag: str) -> tuple[Store, str
     return open_store(redis_url(server, prefix, f"client_name={name}")), name
 
 
+def test_get_reads_the_record_and_the_clock_in_one_round_trip(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.connection import AbstractConnection
+
+    a = acquire(store, "k")
+    store.get("k")  # the client's pool connects (and says HELLO) on its first use
+    writes: list[Any] = []
+    original = AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        writes.append(command)
+        original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    record = store.get("k")
+    assert record is not None and record.owner == a.owner
+    assert store.get("never-claimed") is None
+    assert len(writes) == 2  # one per get
+
+
 def test_script_calls_use_one_connection_per_caller(
     redis_server: RedisServer, raw: Any, prefix: str
 ) -> None:
