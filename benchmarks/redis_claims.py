@@ -29,8 +29,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from _common import (
+    CENSUS_MESSAGES,
     HOST,
     RET_FAILED,
     RET_INTERRUPTED,
@@ -66,7 +68,7 @@ LEASE_SECONDS = 30
 remaining time the fake Lambda context reports to Powertools."""
 RETENTION_SECONDS = 600
 """How long completed keys are kept: long enough to outlive a run."""
-CONTENDERS = ("floor", "powertools", "idemctl")
+CONTENDERS = ("floor", "powertools", "idemctl", "scripts")
 TARGETS_DOC = "single >= 1.8x Powertools, single >= 0.6x floor, batched >= 15x Powertools"
 
 
@@ -133,9 +135,14 @@ def own_redis_server() -> Iterator[str]:
 # Counting what a message costs ---------------------------------------------------------
 
 
+BARE_WRITES = [0]
+"""Writes made by the bare-socket contender (ScriptsAlone), which redis-py never sees."""
+
+
 @contextlib.contextmanager
 def counting_round_trips() -> Iterator[list[int]]:
-    """Counts writes to Redis sockets made by redis-py: one per command, one per pipeline.
+    """Counts writes to Redis sockets, by redis-py (one per command, one per pipeline) and
+    by the bare-socket contender.
 
     Every command a contender sends waits for its reply before the next, so a write is a
     round trip. Used only in the untimed census, never while measuring speed.
@@ -150,10 +157,12 @@ def counting_round_trips() -> Iterator[list[int]]:
         original(self, command, check_health)
 
     AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    bare_before = BARE_WRITES[0]
     try:
         yield counter
     finally:
         AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+        counter[0] += BARE_WRITES[0] - bare_before
 
 
 def command_stats(admin: Any) -> Counter[str]:
@@ -311,6 +320,93 @@ class Powertools:
         self.client.close()
 
 
+class ScriptsAlone:
+    """idemctl's own claim and complete scripts sent over a bare socket with hiredis: no
+    client library, no Record objects, constant fingerprint and result. Not a way to use
+    idemctl; it shows what the scripts themselves cost, which is the ceiling for any Python
+    client of them on this machine and server."""
+
+    FINGERPRINT = "0" * 64
+    RESULT = '{"charged":true}'
+
+    def __init__(self, url: str, prefix: str, batch: int) -> None:
+        import hiredis
+
+        from idemctl.stores.redis import load_scripts
+
+        parts = urlsplit(url)
+        self.sock = socket.create_connection((parts.hostname or HOST, parts.port or 6379))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = hiredis.Reader()
+        self.pack = hiredis.pack_command
+        scripts = load_scripts()
+        for script in scripts.values():
+            self.call("SCRIPT", "LOAD", script.source)
+        self.claim_sha, self.complete_sha = scripts["claim"].sha, scripts["complete"].sha
+        self.prefix = f"{prefix}scripts:"
+        self.lease_ms, self.retention_ms = LEASE_SECONDS * 1000, RETENTION_SECONDS * 1000
+        self.owner = uuid.uuid4().hex
+        self.batch = batch
+        self.numbers = itertools.count()
+
+    def call(self, *args: Any) -> Any:
+        BARE_WRITES[0] += 1
+        self.sock.sendall(self.pack(args))
+        while (reply := self.reader.gets()) is False:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise BenchError("scripts: the server closed the connection")
+            self.reader.feed(data)
+        if isinstance(reply, Exception):
+            raise BenchError(f"scripts: {reply}")
+        return reply
+
+    def single(self) -> int:
+        key = f"{self.prefix}{{{next(self.numbers)}}}"
+        ((code, token, *_),) = self.call(
+            "EVALSHA", self.claim_sha, 1, key, self.lease_ms, self.retention_ms,
+            self.FINGERPRINT, self.owner,
+        )  # fmt: skip
+        if code != b"acquired":
+            raise BenchError(f"scripts: claim of new key {key} answered {code!r}")
+        ((done, *_),) = self.call(
+            "EVALSHA", self.complete_sha, 1, key, self.retention_ms, "1",
+            self.owner, token, self.RESULT,
+        )  # fmt: skip
+        if done != b"done":
+            raise BenchError(f"scripts: complete of {key} answered {done!r}")
+        return 1
+
+    def batched(self) -> int:
+        first = next(self.numbers) * self.batch
+        keys = [f"{self.prefix}b{{{i}}}" for i in range(first, first + self.batch)]
+        claims = self.call(
+            "EVALSHA", self.claim_sha, len(keys), *keys, self.lease_ms, self.retention_ms,
+            *[self.FINGERPRINT, self.owner] * len(keys),
+        )  # fmt: skip
+        if any(reply[0] != b"acquired" for reply in claims):
+            raise BenchError("scripts: a batch of new keys was not all acquired")
+        values = [v for reply in claims for v in (self.owner, reply[1], self.RESULT)]
+        done = self.call(
+            "EVALSHA", self.complete_sha, len(keys), *keys, self.retention_ms, "0", *values
+        )
+        if any(reply[0] != b"ok" for reply in done):
+            raise BenchError("scripts: a batch was not all completed")
+        return self.batch
+
+    def phases(self) -> list[Phase]:
+        census = max(CENSUS_MESSAGES, 2 * self.batch)
+        return [
+            Phase("scripts_single", "idemctl's scripts alone (bare socket)", "unique",
+                  self.single),
+            Phase("scripts_batched", f"idemctl's scripts alone, batched x{self.batch}",
+                  "unique", self.batched, census_messages=census),
+        ]  # fmt: skip
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def idemctl_store_url(redis_url: str, prefix: str) -> str:
     separator = "&" if "?" in redis_url else "?"
     return f"{redis_url}{separator}prefix={prefix}"
@@ -361,6 +457,10 @@ RATIOS = (
     Ratio("idemctl single / Powertools (duplicates)", "idemctl_single_dup", "powertools_dup"),
     Ratio("idemctl batched / Powertools (duplicates)", "idemctl_batched_dup", "powertools_dup"),
     Ratio("Powertools / floor (unique), for context", "powertools", "floor"),
+    # What the scripts alone reach: no client could do better with them on this machine.
+    Ratio("scripts alone single / Powertools (ceiling)", "scripts_single", "powertools"),
+    Ratio("scripts alone single / floor (ceiling)", "scripts_single", "floor"),
+    Ratio("scripts alone batched / Powertools (ceiling)", "scripts_batched", "powertools"),
 )
 
 
@@ -394,6 +494,8 @@ def benchmark(settings: Settings, redis_url: str, own_server: bool) -> dict[str,
                 made = [Floor(redis_url, prefix)]
             elif name == "powertools":
                 made = [Powertools(redis_url, prefix)]
+            elif name == "scripts":
+                made = [ScriptsAlone(redis_url, prefix, settings.batch)]
             else:
                 store_url = idemctl_store_url(redis_url, prefix)
                 made = [
