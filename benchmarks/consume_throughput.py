@@ -127,6 +127,23 @@ def idemctl_loop(bootstrap: str, topic: str, n: int, batch: int, url: str) -> fl
     return (last - first) / (t1 - t0)
 
 
+def redis_scripts_alone(url: str, n: int, batch: int) -> float:
+    """Messages per second of idemctl's Redis claim and complete scripts alone, batched over a
+    bare socket (redis_claims.ScriptsAlone), with no Kafka, no handler and no client library:
+    the ceiling of any consume loop that claims and completes each message on this server."""
+    from redis_claims import ScriptsAlone
+
+    scripts = ScriptsAlone(url, f"b{uuid.uuid4().hex[:8]}:", batch)
+    try:
+        scripts.batched()  # warm-up: connect, scripts loaded
+        done, t0 = 0, time.perf_counter()
+        while done < n:
+            done += scripts.batched()
+        return done / (time.perf_counter() - t0)
+    finally:
+        scripts.close()
+
+
 @dataclass
 class Row:
     contender: str
@@ -169,6 +186,10 @@ def main() -> int:
                 url = _store_url(store, base, tmp)
                 rate = idemctl_loop(bootstrap, topic, n, batch, url)
                 rows.append(Row(f"idemctl, {store}, {label}", n, batch, rate))
+            if store == "redis":
+                rate = redis_scripts_alone(base, args.messages, args.batch)
+                rows.append(Row("ceiling: Redis scripts alone, no Kafka", args.messages,
+                                args.batch, rate))  # fmt: skip
     _print(rows, notes, args.json)
     return 0
 
