@@ -139,10 +139,7 @@ def _fields(text: str | bytes | None) -> dict[str, str] | None:
 
 def _parse(reply: Sequence[Any]) -> tuple[str, dict[str, str] | None]:
     """A script's reply: its code, and the record's fields (None when there is no record)."""
-    code = reply[0]
-    return (code.decode() if isinstance(code, bytes) else code), (
-        json.loads(reply[1]) if len(reply) > 1 else None
-    )
+    return _text(reply[0]), (json.loads(reply[1]) if len(reply) > 1 else None)
 
 
 def _record(key: str, f: dict[str, str]) -> Record:
@@ -184,9 +181,6 @@ class _Connections:
         self._pid = os.getpid()
         self._free: list[Any] = []
         self._all: list[Any] = []
-
-    def evalsha(self, args: list[Any]) -> Any:
-        return self.execute(("EVALSHA", *args))
 
     def execute(self, args: tuple[Any, ...]) -> Any:
         if self._pid != os.getpid():  # a forked child must not share its parent's sockets
@@ -347,14 +341,10 @@ class RedisStore(BaseStore):
         confirm = durable and self.durable
         try:
             if self._direct is not None and not confirm and len(items) <= MAX_CALL_KEYS:
-                command = [sha, len(items)]
-                command += [self._rkey(key) for key, _ in items]
-                command += shared
-                for _, args in items:
-                    command += args
+                command = ("EVALSHA", *self._evalsha_args(sha, shared, items, range(len(items))))
                 for _ in range(2):
                     try:
-                        return list(self._direct.evalsha(command))
+                        return list(self._direct.execute(command))
                     except NoScriptError:
                         self._load()
             else:
@@ -367,11 +357,10 @@ class RedisStore(BaseStore):
         self, sha: str, shared: Sequence[Any], items: Sequence[tuple[str, Sequence[Any]]],
         confirm: bool,
     ) -> list[Any]:  # fmt: skip
-        calls = []
-        for group in self._groups([key for key, _ in items]):
-            keys = [self._rkey(items[i][0]) for i in group]
-            args = [*shared, *(a for i in group for a in items[i][1])]
-            calls.append((group, [sha, len(keys), *keys, *args]))
+        calls = [
+            (group, self._evalsha_args(sha, shared, items, group))
+            for group in self._groups([key for key, _ in items])
+        ]
         replies: list[Any] = [None] * len(items)
         for _ in range(2):
             pipe = self._client.pipeline(transaction=False)
@@ -398,6 +387,17 @@ class RedisStore(BaseStore):
             self._load()
             calls = lost
         raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    def _evalsha_args(
+        self, sha: str, shared: Sequence[Any], items: Sequence[tuple[str, Sequence[Any]]],
+        group: Sequence[int],
+    ) -> list[Any]:  # fmt: skip
+        """EVALSHA's arguments for the items at ``group``: the keys, the shared values, then
+        each key's own values in key order (as lua/_lib.lua's each() reads them)."""
+        args: list[Any] = [sha, len(group), *(self._rkey(items[i][0]) for i in group), *shared]
+        for i in group:
+            args += items[i][1]
+        return args
 
     def _one(
         self, name: str, shared: Sequence[Any], key: str, *args: Any, durable: bool = False
