@@ -58,8 +58,18 @@ class Record:
         )
 
     def stale(self, now: datetime) -> bool:
-        """An in-progress key nobody is working on: its lease expired or was released."""
-        return self.status is Status.IN_PROGRESS and not self.lease_live(now)
+        """An in-progress key whose owner's lease expired and nobody freed: its worker may
+        have died. ``unlock --stale`` frees it; the next delivery would take it over anyway."""
+        return (
+            self.status is Status.IN_PROGRESS
+            and self.owner is not None
+            and (self.lease_expires_at is None or self.lease_expires_at <= now)
+        )
+
+    def released(self) -> bool:
+        """An in-progress key with no owner: freed by ``release`` or an unlock, it waits for
+        the next delivery to claim it."""
+        return self.status is Status.IN_PROGRESS and self.owner is None
 
     def retention_over(self, now: datetime) -> bool:
         """Past retention the key is as if never seen."""
@@ -174,21 +184,34 @@ class Stats:
     total: int
     by_status: dict[Status, int]
     stale: int
-    """In-progress keys whose lease expired or was released."""
+    """In-progress keys whose owner's lease expired and nobody freed (see Record.stale)."""
     oldest_in_progress: datetime | None
     """created_at of the oldest in-progress key."""
     past_retention: int = 0
     """Records kept physically after retention, waiting for ``purge``."""
+    released: int = 0
+    """In-progress keys with no owner, waiting for their next delivery (Record.released)."""
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One line of ``check()``: what was looked at, whether it is fine, how to fix it."""
+    """One line of ``check()``: what was looked at, whether it is fine, how to fix it.
+
+    Three levels: ok; a warning (``ok`` and ``warning``: a trade-off worth knowing, which
+    does not fail ``doctor``); a failure (not ``ok``)."""
 
     name: str
     ok: bool
     detail: str
     fix: str | None = None
+    warning: bool = False
+
+    @property
+    def level(self) -> str:
+        """``ok``, ``warn`` or ``fail``."""
+        if not self.ok:
+            return "fail"
+        return "warn" if self.warning else "ok"
 
 
 @dataclass(frozen=True)

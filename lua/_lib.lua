@@ -5,7 +5,8 @@
 --   status      in_progress | completed | failed
 --   fp          payload fingerprint
 --   owner       owner token of the attempt holding the lease ('' when nobody holds it)
---   token       fencing token: grows on every claim and takeover, never reused while the key exists
+--   token       fencing token: grows by one on every claim and takeover; a key with no record
+--               starts at the server's TIME in µs, above any token of a deleted earlier life
 --   attempts    how many claims ran the handler (release.lua may take one back)
 --   lease       ms since the epoch when the lease ends (in_progress only)
 --   created updated completed expires    ms since the epoch; expires = end of retention
@@ -25,6 +26,13 @@
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- TIME read once, as ms and as µs since the epoch (µs: under 2^53, exact in a Lua number).
+local function now_ms_us()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
 end
 
 local function int(n)

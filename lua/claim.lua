@@ -6,14 +6,16 @@
 -- then per key:  payload fingerprint ('' for none), owner token of this attempt (random,
 --                made by the client)
 -- Reply, per key: {code, token, attempts, lease} when acquired, where code is
---   acquired   new key, past retention, or a retriable failure: this attempt holds it
+--   acquired   new key, past retention, or a retriable failure: this attempt holds it; a key
+--              with no record starts at token TIME in µs, one past retention (or forgotten)
+--              at its token + 1
 --   takeover   an expired or released in-progress key: this attempt holds it, token + 1
 -- else {code, record} (the record's JSON text), code one of
 --   completed | failed | busy | mismatch   not acquired; the record says why
 -- A retried call (same owner token) gets its first reply again; the same key twice in one
 -- batch is busy the second time.
 local lease, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
-local now = now_ms()
+local now, now_us = now_ms_us()
 
 local function acquired(how, rec)
   return {how, rec.token, rec.attempts, rec.lease}
@@ -22,8 +24,10 @@ end
 return each(2, 2, function(key, fp, owner)
   local rec = get_record(key)
   if rec == nil or retention_over(rec, now) then
-    -- New, or as if never seen; the fencing counter still goes on past retention.
-    local token = 1
+    -- New, or as if never seen; the fencing counter still goes on past retention. With no
+    -- record at all (never seen, purged, expired by TTL) the clock starts it: every token
+    -- the key had was at most TIME in µs when it was claimed.
+    local token = now_us
     if rec ~= nil then token = tonumber(rec.token) + 1 end
     -- Built whole and written directly, not through write(): the commonest call, and the
     -- varargs cost it about 2 µs.

@@ -1,5 +1,7 @@
 -- purge.lua: delete records whose retention ended at least ARGV[1] ms ago.
--- Records expire by TTL, so this finds work only where a TTL was removed or lengthened by hand.
+-- Records expire by TTL, so this finds work only in the tombstones forget.lua leaves (their
+-- retention is over at once, their TTL is the store's retention) and where a TTL was removed
+-- or lengthened by hand.
 -- KEYS[i]        a record's key
 -- ARGV[1]        ms since the end of retention
 -- Reply, per key: 1 if deleted, 0 if kept.

@@ -15,8 +15,8 @@ def claims_across_a_kill(
 ) -> None:
     """Claim new keys in a thread, ``kill`` the server once ``warmup`` claims answered, and
     check what a consumer relies on: no call hangs, every answer is right (a new key is
-    Acquired with fencing token 1) or StoreUnavailable, and the ``after`` calls begun after
-    the kill all fail closed, each within ``hang`` seconds."""
+    Acquired as its first attempt, not taken over) or StoreUnavailable, and the ``after``
+    calls begun after the kill all fail closed, each within ``hang`` seconds."""
     results: list[tuple[int, float, object]] = []  # (call number, seconds, outcome or error)
     stop, killed = threading.Event(), threading.Event()
     after_kill: list[int] = []
@@ -51,7 +51,8 @@ def claims_across_a_kill(
 
     unexpected = [r for r in results if not isinstance(r[2], Acquired | StoreUnavailable)]
     assert unexpected == []
-    assert all(r[2].fencing_token == 1 for r in results if isinstance(r[2], Acquired))
+    acquired = [r[2] for r in results if isinstance(r[2], Acquired)]
+    assert all(a.attempt == 1 and not a.takeover for a in acquired)
     for i, seconds, outcome in results:
         if i in after_kill:
             assert isinstance(outcome, StoreUnavailable), outcome

@@ -104,10 +104,13 @@ class Store(Protocol):
         limit: int = 100,
         cursor: str | None = None,
         older_than: float = 0.0,
+        released_only: bool = False,
     ) -> Page:
         """Live records (not past retention), at most ``limit``, created at least
-        ``older_than`` seconds ago; ``stale_only``: in-progress keys nobody holds a live
-        lease on. Pass ``Page.cursor`` back for the next page."""
+        ``older_than`` seconds ago; ``stale_only``: in-progress keys whose owner's lease
+        expired (Record.stale: what ``unlock_stale`` frees); ``released_only``: in-progress
+        keys with no owner, waiting for their next delivery (Record.released). Pass
+        ``Page.cursor`` back for the next page."""
         ...
 
     def stats(self) -> Stats: ...
@@ -120,7 +123,12 @@ class Store(Protocol):
         and calls ``progress(n)`` after each with the number of keys it looked at."""
         ...
 
-    def forget(self, key: str, force: bool = False) -> Record: ...
+    def forget(self, key: str, force: bool = False) -> Record:
+        """Make ``key`` as if never seen, so its next delivery runs again; the record as it
+        was. What stays is a tombstone past retention that keeps the fencing counter, so
+        the next claim gets token + 1; ``purge`` deletes it like any record past retention."""
+        ...
+
     def purge(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> int:
@@ -215,6 +223,21 @@ class BaseStore(ABC):
 # The state machine ----------------------------------------------------------------------
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def first_token(now: datetime) -> int:
+    """The fencing token of a key with no record at all (never seen, or deleted by purge or
+    the store's own expiry): ``now`` in microseconds since the Unix epoch.
+
+    Every token ever issued for a key was at most the clock in microseconds when it was
+    claimed (a key is not claimed twice in one microsecond), so a key whose record vanished
+    starts above any token of its earlier lives and fencing never goes backwards, as long
+    as the clock does not. Below 2**53 for millennia: exact in Lua numbers and JSON.
+    """
+    return (now - EPOCH) // timedelta(microseconds=1)
+
+
 def decide_claim(
     existing: Record | None, key: str, fingerprint: str | None, now: datetime, lease: float
 ) -> tuple[ClaimOutcome, Record | None]:
@@ -222,9 +245,10 @@ def decide_claim(
     expires = now + timedelta(seconds=lease)
     owner = new_owner()
     if existing is None or existing.retention_over(now):
-        # Past retention the key is new, but the fencing counter goes on: a zombie of the
-        # old life must never hold a token that is valid again.
-        token = 1 if existing is None else existing.fencing_token + 1
+        # Past retention (or forgotten) the key is new, but the fencing counter goes on: a
+        # zombie of the old life must never hold a token that is valid again. With no record
+        # at all, the clock starts it above every token the key may have had.
+        token = first_token(now) if existing is None else existing.fencing_token + 1
         record = Record(
             key=key,
             status=Status.IN_PROGRESS,
@@ -321,6 +345,15 @@ def failed(record: Record, now: datetime, error: str, retriable: bool, retention
         expires_at=now + timedelta(seconds=retention),
         error=error,
         retriable=retriable,
+    )
+
+
+def forgotten(record: Record, now: datetime) -> Record:
+    """What ``forget`` leaves: a tombstone whose retention is over, so the key is as if never
+    seen, that keeps the fencing counter (the next claim gets token + 1). ``purge`` deletes
+    it like any record past retention."""
+    return replace(
+        record, owner=None, lease_expires_at=None, updated_at=now, expires_at=now, result=None
     )
 
 
@@ -515,13 +548,14 @@ class RowStore(BaseStore):
         limit: int = 100,
         cursor: str | None = None,
         older_than: float = 0.0,
+        released_only: bool = False,
     ) -> Page:
         now = self.now()
         query = replace(
-            scan_query(now, status, stale_only, older_than), prefix=prefix, after=cursor,
-            limit=limit + 1,
+            scan_query(now, status, stale_only, older_than, released_only), prefix=prefix,
+            after=cursor, limit=limit + 1,
         )  # fmt: skip
-        if stale_only and status not in (None, Status.IN_PROGRESS):
+        if nothing_to_scan(status, stale_only, released_only):
             return Page([], None)
         with self._transaction(write=False) as tx:
             records = tx.select(query)
@@ -576,7 +610,7 @@ class RowStore(BaseStore):
             if record is None or record.retention_over(now):
                 raise KeyNotFound(key)
             check_forgettable(record, force)
-            tx.delete(key)
+            tx.put(forgotten(record, now))
         return record
 
     def purge(
@@ -603,13 +637,29 @@ class RowStore(BaseStore):
         return purged
 
 
-def scan_query(now: datetime, status: Status | None, stale_only: bool, older_than: float) -> Query:
-    """What ``scan`` selects, for stores that filter records themselves."""
+def scan_query(
+    now: datetime,
+    status: Status | None,
+    stale_only: bool,
+    older_than: float,
+    released_only: bool = False,
+) -> Query:
+    """What ``scan`` selects, for stores that filter records themselves. Stale: in progress,
+    an owner, its lease ended (Record.stale); released: in progress, no owner."""
     return Query(
-        status=Status.IN_PROGRESS if stale_only else status,
+        status=Status.IN_PROGRESS if stale_only or released_only else status,
         live_at=now,
         lease_expired_at=now if stale_only else None,
+        owned=True if stale_only else False if released_only else None,
         created_by=now - timedelta(seconds=older_than) if older_than else None,
+    )
+
+
+def nothing_to_scan(status: Status | None, stale_only: bool, released_only: bool) -> bool:
+    """True when the filters cannot match any record: stale or released keys are in
+    progress, and a key is never both stale (owned) and released (not owned)."""
+    return (stale_only and released_only) or (
+        (stale_only or released_only) and status not in (None, Status.IN_PROGRESS)
     )
 
 
@@ -664,7 +714,7 @@ def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def stats_of(records: Iterator[Record] | Sequence[Record], now: datetime) -> Stats:
     by_status = dict.fromkeys(Status, 0)
-    stale = past = 0
+    stale = past = released_ = 0
     oldest: datetime | None = None
     for r in records:
         if r.retention_over(now):
@@ -674,6 +724,8 @@ def stats_of(records: Iterator[Record] | Sequence[Record], now: datetime) -> Sta
         if r.status is Status.IN_PROGRESS:
             if r.stale(now):
                 stale += 1
+            elif r.released():
+                released_ += 1
             if oldest is None or r.created_at < oldest:
                 oldest = r.created_at
-    return Stats(sum(by_status.values()), by_status, stale, oldest, past)
+    return Stats(sum(by_status.values()), by_status, stale, oldest, past, released_)

@@ -68,6 +68,7 @@ from idemctl.stores.base import (
     check_forgettable,
     decide_claim,
     new_owner,
+    nothing_to_scan,
     scan_query,
     stats_of,
     unlocked,
@@ -91,6 +92,27 @@ _TRANSIENT = (
     "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
     "InternalServerError", "ServiceUnavailable",
 )  # fmt: skip
+
+
+# The endpoint refused the request's credentials or signature, or this identity's rights.
+_REFUSED = (
+    "UnrecognizedClientException", "InvalidSignatureException", "AccessDeniedException",
+    "InvalidClientTokenId", "SignatureDoesNotMatch", "ExpiredTokenException",
+    "MissingAuthenticationTokenException", "IncompleteSignatureException",
+    "InvalidAccessKeyId", "AuthFailure",
+)  # fmt: skip
+
+
+def _error_of(exc: ClientError) -> tuple[str, str]:
+    """An error reply's code and message. An endpoint that answers in AWS's XML error form
+    (moto refusing credentials does) has them inside the message."""
+    error = exc.response.get("Error", {})
+    code, message = str(error.get("Code", "")), str(error.get("Message", ""))
+    inner = re.search(r"<Code>([^<]*)</Code>", message)
+    if inner:
+        said = re.search(r"<Message>([^<]*)</Message>", message)
+        code, message = inner.group(1), said.group(1) if said else ""
+    return code, message
 
 
 def _names(expression: str) -> dict[str, str]:
@@ -117,6 +139,13 @@ def _start_key(cursor: str | None) -> dict[str, Any] | None:
     except (ValueError, KeyError, TypeError):
         pass
     raise InvalidCursor(f"not a cursor of this DynamoDB store: {cursor!r}")
+
+
+def _first_token() -> int:
+    """The fencing token of a key with no item (never seen, purged, deleted by TTL): this
+    machine's clock in microseconds since the epoch, as ``base.first_token``; the client's
+    clock, as for leases."""
+    return time.time_ns() // 1000
 
 
 def _n(value: int) -> dict[str, str]:
@@ -240,12 +269,12 @@ class DynamoDBStore(BaseStore):
                 raise NotProvisioned(
                     f"DynamoDB table {self.table!r} does not exist ({self.url}): run 'idemctl init'"
                 ) from exc
-            if code in (
-                "UnrecognizedClientException",
-                "InvalidSignatureException",
-                "AccessDeniedException",
-            ):
-                raise ConfigError(f"DynamoDB refused the credentials ({self.url}): {exc}") from exc
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code, message = _error_of(exc)
+            if code in _REFUSED or status == 403:
+                raise ConfigError(
+                    f"DynamoDB at {self.url} refused the request's credentials: {code}: {message}"
+                ) from exc
             if code in _TRANSIENT:
                 raise StoreUnavailable(
                     f"DynamoDB at {self.url} is throttling or failing: {exc}"
@@ -286,15 +315,17 @@ class DynamoDBStore(BaseStore):
     ) -> ClaimOutcome:
         validate_key(key)
         now, owner = self._now(), new_owner()
+        first = _first_token()
         lease_ms = _ms(self._lease(lease))
         expires = now + lease_ms
         values: dict[str, Any] = {
             ":now": _n(now), ":inprog": _s("in_progress"), ":failed": _s("failed"),
             ":true": {"BOOL": True}, ":owner": _s(owner), ":one": _n(1), ":zero": _n(0),
             ":lease": _n(expires), ":ttl": _n((expires + _ms(self.default_retention)) // 1000),
+            ":tok0": _n(first - 1),
         }  # fmt: skip
         sets = (
-            "SET #st = :inprog, #ow = :owner, #tok = if_not_exists(#tok, :zero) + :one, "
+            "SET #st = :inprog, #ow = :owner, #tok = if_not_exists(#tok, :tok0) + :one, "
             "#att = if_not_exists(#att, :zero) + :one, #lease = :lease, "
             "#cr = if_not_exists(#cr, :now), #up = :now, #ttl = :ttl"
         )
@@ -333,7 +364,8 @@ class DynamoDBStore(BaseStore):
                 return self._renew(key, fingerprint, lease_ms, owner, record) or Busy(record)
             outcome, _ = decide_claim(record, key, fingerprint, _dt(now) or datetime.now(UTC), 0.0)
             return Busy(record) if isinstance(outcome, Acquired) else outcome
-        token = (_get(old, "fencing_token") or 0) + 1
+        old_token = _get(old, "fencing_token")
+        token = first if old_token is None else old_token + 1
         attempts = (_get(old, "attempts") or 0) + 1
         takeover = _get(old, "status") == "in_progress"
         lease_at = _dt(expires)
@@ -343,7 +375,8 @@ class DynamoDBStore(BaseStore):
     def _renew(
         self, key: str, fingerprint: str | None, lease_ms: int, owner: str, old: Record | None
     ) -> Acquired | None:
-        """A key past retention starts a new life: attempts 1, the fencing counter going on.
+        """A key past retention (or forgotten) starts a new life: attempts 1, the fencing
+        counter going on; with no item at all, starting at the clock (``_first_token``).
         Conditional on the old item being what was read; None when somebody was faster."""
         now = self._now()
         expires = now + lease_ms
@@ -351,7 +384,7 @@ class DynamoDBStore(BaseStore):
             ":now": _n(now), ":inprog": _s("in_progress"), ":owner": _s(owner), ":one": _n(1),
             ":lease": _n(expires), ":ttl": _n((expires + _ms(self.default_retention)) // 1000),
         }  # fmt: skip
-        token = 1 if old is None else old.fencing_token + 1
+        token = _first_token() if old is None else old.fencing_token + 1
         values[":tok"] = _n(token)
         update = (
             "SET #st = :inprog, #ow = :owner, #tok = :tok, #att = :one, #lease = :lease, "
@@ -550,12 +583,14 @@ class DynamoDBStore(BaseStore):
         limit: int = 100,
         cursor: str | None = None,
         older_than: float = 0.0,
+        released_only: bool = False,
     ) -> Page:
         """Records in DynamoDB's scan order (not by key), at most ``limit`` a page."""
-        if stale_only and status not in (None, Status.IN_PROGRESS):
+        if nothing_to_scan(status, stale_only, released_only):
             return Page([], None)
         query = replace(
-            scan_query(datetime.now(UTC), status, stale_only, older_than), prefix=prefix
+            scan_query(datetime.now(UTC), status, stale_only, older_than, released_only),
+            prefix=prefix,
         )
         found: list[Record] = []
         for records, after in self._scan(_start_key(cursor)):
@@ -630,11 +665,18 @@ class DynamoDBStore(BaseStore):
         if record is None:
             raise KeyNotFound(key)
         check_forgettable(record, force)
+        # A tombstone past retention, not a deletion: it keeps the fencing counter, and the
+        # TTL deletes it a retention later. done_by goes too: a retried complete or fail of
+        # the old owner must not bring the key back.
+        now = self._now()
+        values = {
+            ":tok": _n(record.fencing_token), ":now": _n(now),
+            ":ttl": _n((now + _ms(self.default_retention)) // 1000),
+        }  # fmt: skip
         try:
-            self._call(
-                "delete_item", Key={"key": _s(key)}, ConditionExpression="#tok = :tok",
-                ExpressionAttributeNames={"#tok": "fencing_token"},
-                ExpressionAttributeValues={":tok": _n(record.fencing_token)},
+            self._update(
+                key, "SET #exp = :now, #up = :now, #ttl = :ttl REMOVE #ow, #lease, #res, #by",
+                "#tok = :tok", values, "NONE",
             )  # fmt: skip
         except ClientError as exc:
             raise StoreError(

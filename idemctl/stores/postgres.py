@@ -58,6 +58,7 @@ from idemctl.stores.base import (
     check_forgettable,
     decide_claim,
     new_owner,
+    nothing_to_scan,
     server_clock_finding,
     unlocked,
 )
@@ -213,14 +214,39 @@ class PostgresStore(BaseStore):
         self._pool_lock = threading.Lock()
         self._pool_made = 0.0
         self._lent = 0  # connections this store holds right now
-        self._pool = self._new_pool()
+        # The pool starts only once a first, direct connection got in (see _reach).
+        self._reached = False
+        self._reach_lock = threading.Lock()
+        self._pool = self._new_pool(start=False)
         self._sql = self._statements()
 
-    def _new_pool(self) -> ConnectionPool[Any]:
+    def _new_pool(self, start: bool = True) -> ConnectionPool[Any]:
         pool: ConnectionPool[Any] = ConnectionPool(**self._pool_args, open=False)
-        pool.open(wait=False)
+        if start:
+            pool.open(wait=False)
         self._pool_made = time.monotonic()
         return pool
+
+    def _reach(self) -> None:
+        """Make this store's first connection directly, then start the pool.
+
+        psycopg_pool connects in the background and retries what fails, so through it a
+        refused password, a missing database or a closed port all look alike: no connection
+        within connect_timeout. A direct connection fails at once with the server's reason:
+        refused credentials or database become ConfigError (exit 2), a refused or timed-out
+        connection StoreUnavailable (exit 3)."""
+        with self._reach_lock:
+            if self._reached:
+                return
+            try:
+                conn = psycopg.connect(self._pool_args["conninfo"], **self._pool_args["kwargs"])
+            except psycopg.OperationalError as exc:
+                raise _connect_error(exc, self.url) from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgreSQL at {self.url}: {_first_line(exc)}") from exc
+            conn.close()
+            self._pool.open(wait=False)
+            self._reached = True
 
     def _renew_pool(self) -> None:
         """Start over with a new pool after the server went away, at most once a second.
@@ -269,6 +295,8 @@ class PostgresStore(BaseStore):
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection; driver errors become idemctl's (the password never shows)."""
+        if not self._reached:
+            self._reach()
         with self._translated(), self._pool.connection() as conn:
             with self._pool_lock:
                 self._lent += 1
@@ -351,9 +379,12 @@ WITH req AS (
 ), old AS (
     SELECT k.* FROM {t} k JOIN req USING (key)
 ), claimed AS (
+    -- A key with no row starts its fencing counter at the clock in microseconds (not now():
+    -- the transaction's start), above every token of a deleted earlier life of the key.
     INSERT INTO {t} AS k (key, status, fingerprint, owner, fencing_token, attempts,
                           lease_expires_at, created_at, updated_at)
-    SELECT key, 'in_progress', fingerprint, owner, 1, 1,
+    SELECT key, 'in_progress', fingerprint, owner,
+           (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 1,
            now() + %(lease)s * interval '1 second', now(), now()
     FROM req ORDER BY key
     ON CONFLICT (key) DO UPDATE SET
@@ -379,7 +410,8 @@ WITH req AS (
     RETURNING k.key, k.fencing_token, k.attempts, k.lease_expires_at
 )
 SELECT req.key, c.fencing_token, c.attempts, c.lease_expires_at,
-       coalesce(o.status = 'in_progress', false) AS takeover,
+       coalesce(o.status = 'in_progress' AND (o.expires_at IS NULL OR o.expires_at > now()),
+                false) AS takeover,
        o.key, o.status::text, o.fingerprint, o.owner, o.fencing_token, o.attempts,
        o.lease_expires_at, o.created_at, o.updated_at, o.completed_at, o.expires_at,
        o.result, o.error, o.retriable, now()
@@ -652,18 +684,21 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         limit: int = 100,
         cursor: str | None = None,
         older_than: float = 0.0,
+        released_only: bool = False,
     ) -> Page:
-        if stale_only and status not in (None, Status.IN_PROGRESS):
+        if nothing_to_scan(status, stale_only, released_only):
             return Page([], None)
         where = ["(expires_at IS NULL OR expires_at > now())"]
         if older_than:
             where.append("created_at <= now() - %(older)s * interval '1 second'")
         params: dict[str, Any] = {"limit": limit + 1, "older": older_than}
-        if status is not None or stale_only:
+        if status is not None or stale_only or released_only:
             where.append("status = %(status)s")
             params["status"] = (status or Status.IN_PROGRESS).value
         if stale_only:
-            where.append("lease_expires_at <= now()")
+            where.append("owner IS NOT NULL AND lease_expires_at <= now()")
+        if released_only:
+            where.append("owner IS NULL")
         if prefix:
             where.append("left(key, %(plen)s) = %(prefix)s")
             params |= {"plen": len(prefix), "prefix": prefix}
@@ -682,24 +717,26 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         rows = self._fetch(
             f"""SELECT status::text, count(*),
                        count(*) FILTER (WHERE status = 'in_progress'
-                                          AND (owner IS NULL OR lease_expires_at <= now())),
+                                          AND owner IS NOT NULL AND lease_expires_at <= now()),
                        min(created_at) FILTER (WHERE status = 'in_progress'),
-                       (SELECT count(*) FROM {self.keys_table} WHERE expires_at <= now())
+                       (SELECT count(*) FROM {self.keys_table} WHERE expires_at <= now()),
+                       count(*) FILTER (WHERE status = 'in_progress' AND owner IS NULL)
                 FROM {self.keys_table} WHERE expires_at IS NULL OR expires_at > now()
                 GROUP BY status"""
         )
         by_status = dict.fromkeys(Status, 0)
-        stale, oldest, past = 0, None, 0
-        for status, count, stale_count, oldest_at, past_count in rows:
+        stale, oldest, past, released = 0, None, 0, 0
+        for status, count, stale_count, oldest_at, past_count, released_count in rows:
             by_status[Status(status)] = count
             stale += stale_count
+            released += released_count
             oldest = _utc(oldest_at) or oldest
             past = past_count
         if not rows:
             past = self._fetch(f"SELECT count(*) FROM {self.keys_table} WHERE expires_at <= now()")[
                 0
             ][0]
-        return Stats(sum(by_status.values()), by_status, stale, oldest, past)
+        return Stats(sum(by_status.values()), by_status, stale, oldest, past, released)
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[tuple[psycopg.Connection[Any], Record, datetime]]:
@@ -760,7 +797,12 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
     def forget(self, key: str, force: bool = False) -> Record:
         with self._locked(key) as (conn, record, _):
             check_forgettable(record, force)
-            conn.execute(f"DELETE FROM {self.keys_table} WHERE key = %(key)s", {"key": key})
+            # A tombstone past retention, not a deletion: it keeps the fencing counter.
+            conn.execute(
+                f"UPDATE {self.keys_table} SET owner = NULL, lease_expires_at = NULL, "
+                "updated_at = now(), expires_at = now(), result = NULL WHERE key = %(key)s",
+                {"key": key},
+            )
             return record
 
     def purge(
@@ -915,6 +957,35 @@ def _now(conn: psycopg.Connection[Any]) -> datetime:
 
 def _prefixed(columns: str, alias: str) -> str:
     return ", ".join(alias + c.strip() for c in columns.split(","))
+
+
+_SERVER_BUSY = (
+    "starting up", "shutting down", "in recovery", "too many clients", "slots are reserved",
+    "not yet accepting connections", "not accepting connections",
+)  # fmt: skip
+"""What a server that refuses a connection for now (not for good) says."""
+_REFUSED = ("FATAL:", "fe_sendauth", "SSL was required", "does not support SSL", "certificate")
+"""A server's refusal (FATAL: ...), or libpq's own when the URL cannot satisfy the server."""
+
+
+def _connect_error(exc: psycopg.OperationalError, url: str) -> ConfigError | StoreUnavailable:
+    """A failed connection attempt as idemctl's error, with the server's (or libpq's) reason.
+
+    The server answered and refused (FATAL: wrong password, no such database or role, no
+    pg_hba.conf entry; or libpq found it wants a password the URL lacks): ConfigError. No
+    answer (refused, timed out, unknown host) or a server busy starting, stopping or full:
+    StoreUnavailable."""
+    line = _first_line(exc)
+    found = re.search(r"port \d+ failed: (.*)$", line)
+    reason = " ".join((found.group(1) if found else line).split())
+    refused = any(mark in reason for mark in _REFUSED) and not any(
+        busy in reason for busy in _SERVER_BUSY
+    )
+    if refused:
+        if "no password supplied" in reason:
+            reason += " (the server wants a password and the URL has none)"
+        return ConfigError(f"PostgreSQL at {url} refused the connection: {reason}")
+    return StoreUnavailable(f"PostgreSQL at {url} is unreachable: {reason}")
 
 
 def _first_line(exc: BaseException) -> str:

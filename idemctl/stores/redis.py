@@ -72,6 +72,7 @@ from idemctl.stores.base import (
     Query,
     check_forgettable,
     new_owner,
+    nothing_to_scan,
     scan_query,
     server_clock_finding,
     stats_of,
@@ -276,8 +277,9 @@ class RedisStore(BaseStore):
         options.finish()
         if not parts.hostname:
             raise ConfigError(f"Redis URL {redact_url(url)} names no host")
-        # A few quick retries ride out a reconnect; a dead server is reported in about a second.
-        retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+        # A few quick retries ride out a reconnect; a dead server is reported in about a second,
+        # a closed port or refused credentials at once.
+        retry = _Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
         plain = urlunsplit(parts._replace(scheme="redis" if cluster else parts.scheme, query=""))
         try:
             if cluster:
@@ -613,16 +615,17 @@ class RedisStore(BaseStore):
         limit: int = 100,
         cursor: str | None = None,
         older_than: float = 0.0,
+        released_only: bool = False,
     ) -> Page:
         """Pages in SCAN order, sorted by key within each SCAN batch. A cursor is the
         position of a batch and the last key taken from it: SCAN cannot stop mid-batch,
         so the next page scans that batch again and goes on after that key. A full page
         gets a cursor only if a record after it matches: SCAN goes on until it finds one
         or ends."""
-        if stale_only and status not in (None, Status.IN_PROGRESS):
+        if nothing_to_scan(status, stale_only, released_only):
             return Page([], None)
         with self._guard():
-            query = scan_query(self._now(), status, stale_only, older_than)
+            query = scan_query(self._now(), status, stale_only, older_than, released_only)
         position, after = _parse_cursor(cursor)
         found: list[Record] = []
         for at, records in self._iterate(prefix, position):
@@ -694,7 +697,9 @@ class RedisStore(BaseStore):
 
     def forget(self, key: str, force: bool = False) -> Record:
         validate_key(key)
-        code, fields = _parse(self._one("forget", ("1" if force else "0",), key))
+        # The tombstone keeps the fencing counter for a retention, then expires by TTL.
+        shared = ("1" if force else "0", self._ms(self.default_retention))
+        code, fields = _parse(self._one("forget", shared, key))
         if fields is None:
             raise KeyNotFound(key)
         record = _record(key, fields)
@@ -766,11 +771,13 @@ class RedisStore(BaseStore):
         findings += self._config_findings()
         loaded = self._loaded()
         missing = [n for n, ok in loaded.items() if not ok]
-        findings.append(
+        findings.append(  # not loaded yet is no problem: each loads on its first use
             Finding(
-                "scripts", not missing,
-                f"not loaded: {', '.join(missing)}" if missing else "all Lua scripts are loaded",
-                None if not missing else "run 'idemctl init' (they also load on first use)",
+                "scripts", True,
+                f"not loaded yet: {', '.join(missing)}; each loads on its first use"
+                if missing else "all Lua scripts are loaded",
+                None if not missing else "'idemctl init' loads them now",
+                warning=bool(missing),
             )
         )  # fmt: skip
         return findings
@@ -792,20 +799,13 @@ class RedisStore(BaseStore):
         fsync = config.get("appendfsync")
         policy = config.get("maxmemory-policy")
         replicas = int(replication.get("connected_slaves", 0))
-        synced = fsync in ("always", "everysec")
-        lossy = " (a crash may lose the last second of completions)" if fsync == "everysec" else ""
         return [
             Finding(
                 "appendonly", aof == "yes", f"appendonly {aof}",
                 None if aof == "yes"
                 else "CONFIG SET appendonly yes: without it a restart forgets every key",
             ),
-            Finding(
-                "appendfsync", aof == "yes" and synced, f"appendfsync {fsync}{lossy}",
-                None if aof == "yes" and synced
-                else "CONFIG SET appendonly yes first: appendfsync applies to the AOF only"
-                if synced else "CONFIG SET appendfsync always (or everysec)",
-            ),
+            _fsync_finding(fsync, aof == "yes"),
             Finding(
                 "replicas", replicas >= self.replicas, f"{replicas} connected replica(s)",
                 None if replicas >= self.replicas
@@ -823,6 +823,28 @@ class RedisStore(BaseStore):
         if self._direct is not None:
             self._direct.close()
         self._client.close()
+
+
+def _fsync_finding(fsync: str | None, aof: bool) -> Finding:
+    """appendfsync: always is safest; everysec (Redis's default) a trade-off worth knowing,
+    not a failure; no leaves fsync to the OS, which may lose many seconds."""
+    applies = "" if aof else " (it applies once appendonly is yes)"
+    if fsync == "always":
+        return Finding("appendfsync", True, f"appendfsync always{applies}")
+    if fsync == "everysec":
+        return Finding(
+            "appendfsync", True, f"appendfsync everysec{applies}",
+            "a crash of the server's machine may lose the last second of writes: keys "
+            "completed then run again on redelivery. 'CONFIG SET appendfsync always' closes "
+            "that window at some cost in write throughput, as does durable=1 in the store URL "
+            "(each write waits until the AOF has it on disk: WAITAOF, Redis 7.2+)",
+            warning=True,
+        )  # fmt: skip
+    return Finding(
+        "appendfsync", False, f"appendfsync {fsync}{applies}",
+        "CONFIG SET appendfsync always (or everysec): with 'no' the OS decides when the "
+        "AOF reaches the disk, and a crash may lose many seconds of completions",
+    )  # fmt: skip
 
 
 def _outcome(request: ClaimRequest, owner: str, reply: Sequence[Any]) -> ClaimOutcome:
@@ -849,9 +871,38 @@ def _outcome(request: ClaimRequest, owner: str, reply: Sequence[Any]) -> ClaimOu
     raise StoreError(f"claim script answered {code!r}")
 
 
+class _Retry(Retry):
+    """redis-py's retries, except for what another try cannot mend: refused credentials,
+    and a connection refused (nothing listens on that port; a restarting server is waited
+    for by the caller's own back-off, as any unreachable store is)."""
+
+    def call_with_retry(
+        self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False
+    ) -> Any:
+        def retryable(error: Exception) -> bool:
+            return not _final(error) and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def _final(error: BaseException) -> bool:
+    """True for an error no retry can mend (see _Retry)."""
+    if isinstance(error, AuthenticationError):
+        return True
+    if not isinstance(error, RedisConnectionError):
+        return False
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return "Connection refused" in str(error)
+
+
 def _translate(exc: BaseException, url: str) -> StoreError | ConfigError:
     if isinstance(exc, AuthenticationError):
-        return ConfigError(f"Redis at {url} refused the credentials in the URL: {exc}")
+        missing = "" if "***@" in url else " (the URL has no password; the server wants one)"
+        return ConfigError(f"Redis at {url} refused the credentials in the URL{missing}: {exc}")
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | ClusterDownError) or (
         isinstance(exc, RedisClusterException) and "connect" in str(exc).lower()
     ):

@@ -284,8 +284,10 @@ class SQLiteStore(RowStore):
         with self._transaction(write=False):
             rows = self._conn.execute(
                 """SELECT status, count(*),
-                          sum(status = 'in_progress' AND (owner IS NULL OR lease_expires_at <= ?)),
-                          min(CASE WHEN status = 'in_progress' THEN created_at END)
+                          sum(status = 'in_progress' AND owner IS NOT NULL
+                              AND lease_expires_at <= ?),
+                          min(CASE WHEN status = 'in_progress' THEN created_at END),
+                          sum(status = 'in_progress' AND owner IS NULL)
                    FROM idem_keys WHERE expires_at IS NULL OR expires_at > ? GROUP BY status""",
                 (now, now),
             ).fetchall()
@@ -293,12 +295,13 @@ class SQLiteStore(RowStore):
                 "SELECT count(*) FROM idem_keys WHERE expires_at <= ?", (now,)
             ).fetchone()
         by_status = dict.fromkeys(Status, 0)
-        stale, oldest = 0, None
-        for status, count, stale_count, oldest_ms in rows:
+        stale, oldest, released = 0, None, 0
+        for status, count, stale_count, oldest_ms, released_count in rows:
             by_status[Status(status)] = count
             stale += stale_count or 0
+            released += released_count or 0
             oldest = _dt(oldest_ms) if oldest_ms is not None else oldest
-        return Stats(sum(by_status.values()), by_status, stale, oldest, past)
+        return Stats(sum(by_status.values()), by_status, stale, oldest, past, released)
 
     def _schema_version(self) -> int | None:
         if not self._exists():

@@ -7,6 +7,7 @@ Leases and retentions here are short real durations: stores judge time by their 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -31,6 +32,7 @@ from idemctl.stores.base import Store
 SHORT = 0.4  # a lease or retention that the test waits out
 WAIT = 0.7  # long enough for SHORT to pass on any store's clock
 LONG = 60.0
+CLOCK_SLACK_US = 1_000_000  # how far a store's clock may be from this machine's, in µs
 
 
 def acquire(store: Store, key: str, fp: str | None = None, lease: float = LONG) -> Acquired:
@@ -40,13 +42,18 @@ def acquire(store: Store, key: str, fp: str | None = None, lease: float = LONG) 
 
 
 def test_first_claim_acquires(store: Store) -> None:
+    before = time.time_ns() // 1000
     a = acquire(store, "order-1", fingerprint({"amount": 10}))
-    assert (a.fencing_token, a.attempt, a.takeover) == (1, 1, False)
+    after = time.time_ns() // 1000
+    assert (a.attempt, a.takeover) == (1, False)
+    # A key with no record starts its fencing counter at the store's clock in microseconds:
+    # above every token an earlier life of the key, since deleted, can have had.
+    assert before - CLOCK_SLACK_US <= a.fencing_token <= after + CLOCK_SLACK_US
     record = store.get("order-1")
     assert record is not None
     assert record.status is Status.IN_PROGRESS
     assert record.owner == a.owner
-    assert record.fencing_token == 1
+    assert record.fencing_token == a.fencing_token
     assert record.attempts == 1
     assert record.fingerprint == fingerprint({"amount": 10})
     assert record.lease_expires_at is not None and record.lease_expires_at > record.created_at
@@ -103,7 +110,7 @@ def test_live_lease_is_busy(store: Store) -> None:
     outcome = store.claim("order-1")
     assert isinstance(outcome, Busy)
     assert outcome.record.owner == a.owner
-    assert outcome.record.fencing_token == 1
+    assert outcome.record.fencing_token == a.fencing_token
 
 
 def test_expired_lease_is_taken_over_and_old_owner_is_fenced(store: Store) -> None:
@@ -132,7 +139,7 @@ def test_expired_lease_is_taken_over_and_old_owner_is_fenced(store: Store) -> No
     assert record is not None
     assert record.status is Status.COMPLETED
     assert record.result == "B's result"
-    assert record.fencing_token == 2
+    assert record.fencing_token == new.fencing_token
 
 
 def test_owner_may_finish_an_expired_lease_nobody_took(store: Store) -> None:
@@ -159,11 +166,11 @@ def test_release_keeps_fencing_and_attempts(store: Store) -> None:
     record = store.get("order-1")
     assert record is not None and record.owner is None and record.attempts == 1
     second = acquire(store, "order-1")
-    assert second.fencing_token == 2
+    assert second.fencing_token == first.fencing_token + 1
     assert second.attempt == 2
     store.release("order-1", second.owner, second.fencing_token)
     third = acquire(store, "order-1")
-    assert third.fencing_token == 3
+    assert third.fencing_token == first.fencing_token + 2
     assert third.attempt == 3
     # The released owners are fenced out for good.
     with pytest.raises(LeaseLost):
@@ -175,17 +182,17 @@ def test_release_of_an_unrun_claim_takes_its_attempt_back(store: Store) -> None:
     attempt: retries count handler runs. The fencing counter still moves on."""
     first = acquire(store, "order-1")
     record = store.release("order-1", first.owner, first.fencing_token, handler_ran=False)
-    assert (record.owner, record.attempts, record.fencing_token) == (None, 0, 1)
+    assert (record.owner, record.attempts, record.fencing_token) == (None, 0, first.fencing_token)
     stored = store.get("order-1")
     assert stored is not None and stored.attempts == 0 and stored.status is Status.IN_PROGRESS
     second = acquire(store, "order-1")
-    assert (second.attempt, second.fencing_token) == (1, 2)
+    assert (second.attempt, second.fencing_token) == (1, first.fencing_token + 1)
     store.fail("order-1", second.owner, second.fencing_token, "boom", retriable=True)
     third = acquire(store, "order-1")
     store.release("order-1", third.owner, third.fencing_token, handler_ran=False)
     fourth = acquire(store, "order-1")
     assert [a.attempt for a in (second, third, fourth)] == [1, 2, 2]
-    assert fourth.fencing_token == 4
+    assert fourth.fencing_token == first.fencing_token + 3
     with pytest.raises(LeaseLost):  # the released owner is fenced out, as by any release
         store.complete("order-1", third.owner, third.fencing_token, "zombie")
     with pytest.raises(LeaseLost):  # and a release is the holder's alone
@@ -202,7 +209,7 @@ def test_retriable_failure_is_claimed_again(store: Store) -> None:
     assert record.error == "gateway timeout"
     again = acquire(store, "order-1")
     assert again.attempt == 2
-    assert again.fencing_token == 2
+    assert again.fencing_token == a.fencing_token + 1
     assert again.takeover is False
 
 
@@ -224,7 +231,7 @@ def test_attempts_survive_release_takeover_and_retry(store: Store) -> None:
     store.fail("k", a3.owner, a3.fencing_token, "boom", retriable=True)
     a4 = acquire(store, "k")  # after a retriable failure
     assert [a.attempt for a in (a1, a2, a3, a4)] == [1, 2, 3, 4]
-    assert [a.fencing_token for a in (a1, a2, a3, a4)] == [1, 2, 3, 4]
+    assert [a.fencing_token - a1.fencing_token for a in (a1, a2, a3, a4)] == [0, 1, 2, 3]
 
 
 def test_retention_expiry_makes_a_key_new_again(store: Store) -> None:
@@ -237,7 +244,7 @@ def test_retention_expiry_makes_a_key_new_again(store: Store) -> None:
     again = acquire(store, "order-1", fingerprint({"v": 2}))
     assert again.attempt == 1
     assert again.takeover is False
-    assert again.fencing_token >= 1
+    assert again.fencing_token > a.fencing_token  # the counter never goes back
     with pytest.raises(LeaseLost):
         store.complete("order-1", a.owner, a.fencing_token, "zombie of the first life")
 
@@ -349,6 +356,41 @@ def test_stats(store: Store) -> None:
     assert stats.oldest_in_progress <= b1.created_at
 
 
+def test_stale_and_released_keys_are_told_apart(store: Store) -> None:
+    """Stale: in progress, its owner's lease expired and nobody freed it (unlock_stale frees
+    it). Released: in progress with no owner, freed by release or an unlock, waiting for the
+    next delivery. Record, scan, stats and unlock_stale agree on which is which."""
+    _fill(store)  # tenant-b/1 live, tenant-b/2 stale
+    gone = acquire(store, "tenant-c/1")
+    store.release("tenant-c/1", gone.owner, gone.fencing_token)
+    stats = store.stats()
+    assert (stats.stale, stats.released) == (1, 1)
+    assert _scan_all(store, stale_only=True) == ["tenant-b/2"]
+    assert _scan_all(store, released_only=True) == ["tenant-c/1"]
+    assert _scan_all(store, released_only=True, prefix="tenant-b/") == []
+    assert _scan_all(store, released_only=True, status=Status.COMPLETED) == []
+    assert _scan_all(store, released_only=True, stale_only=True) == []
+
+    assert store.unlock_stale() == ["tenant-b/2"]
+    stats = store.stats()  # freed: released now, not stale any more
+    assert (stats.stale, stats.released) == (0, 2)
+    assert stats.by_status[Status.IN_PROGRESS] == 3
+    assert _scan_all(store, stale_only=True) == []
+    assert _scan_all(store, released_only=True) == ["tenant-b/2", "tenant-c/1"]
+    assert store.unlock_stale(dry_run=True) == []
+    now = datetime.now(UTC)
+    for record in store.scan(status=Status.IN_PROGRESS).records:
+        assert record.stale(now) is False
+        assert record.released() is (record.key != "tenant-b/1")
+
+    store.unlock("tenant-b/1", force=True)  # a forced unlock releases a live lease too
+    acquire(store, "tenant-b/2")  # claimed again: neither stale nor released
+    stats = store.stats()
+    assert (stats.stale, stats.released) == (0, 2)
+    assert _scan_all(store, released_only=True) == ["tenant-b/1", "tenant-c/1"]
+    assert _scan_all(store, stale_only=True) == []
+
+
 def test_unlock(store: Store) -> None:
     _fill(store)
     with pytest.raises(KeyNotFound):
@@ -391,6 +433,8 @@ def test_scan_older_than_and_exact_pages(store: Store) -> None:
 
 def test_unlock_stale(store: Store) -> None:
     _fill(store)
+    held = store.get("tenant-b/2")
+    assert held is not None
     assert store.unlock_stale(older_than=LONG) == []  # expired well under a minute ago
     assert store.unlock_stale(dry_run=True) == ["tenant-b/2"]
     assert store.unlock_stale(dry_run=True) == ["tenant-b/2"]  # the dry run freed nothing
@@ -399,10 +443,11 @@ def test_unlock_stale(store: Store) -> None:
     assert sum(handled) == 1
     assert store.unlock_stale() == []  # already freed
     record = store.get("tenant-b/2")
-    assert record is not None and record.owner is None and record.fencing_token == 1
+    assert record is not None and record.owner is None
+    assert record.fencing_token == held.fencing_token
     live = store.get("tenant-b/1")
     assert live is not None and live.owner is not None  # a live lease is left alone
-    assert acquire(store, "tenant-b/2").fencing_token == 2
+    assert acquire(store, "tenant-b/2").fencing_token == held.fencing_token + 1
 
 
 def test_unlock_stale_and_purge_work_in_batches(
@@ -474,6 +519,91 @@ def test_purge_removes_only_records_past_retention(store: Store) -> None:
     assert store.get("old-1") is None and store.get("old-2") is None
     assert _scan_all(store) == ["kept", "running"]
     assert store.stats().past_retention == 0
+
+
+# The fencing counter never goes backwards ----------------------------------------------------
+# Downstream fencing keeps the highest token it saw: a token that went back would let a stale
+# worker in and keep the new one out. The key's record may go (forget, purge, the store's own
+# expiry); its counter may not.
+
+
+def _moved_on(store: Store, key: str) -> Acquired:
+    """``key`` claimed, taken from its holder by two unlocks, claimed again: its holder."""
+    first = acquire(store, key)
+    store.unlock(key, force=True)
+    acquire(store, key)
+    store.unlock(key, force=True)
+    third = acquire(store, key)
+    assert third.fencing_token == first.fencing_token + 2
+    return third
+
+
+def test_forget_keeps_the_fencing_counter(store: Store) -> None:
+    held = _moved_on(store, "k1")
+    forgotten = store.forget("k1", force=True)
+    assert (forgotten.owner, forgotten.fencing_token) == (held.owner, held.fencing_token)
+    # As if never seen: gone from get, scan and the live counts, and from the admin commands.
+    assert store.get("k1") is None
+    assert _scan_all(store) == []
+    stats = store.stats()
+    assert stats.total == 0 and stats.past_retention == 1
+    with pytest.raises(KeyNotFound):
+        store.forget("k1", force=True)
+    with pytest.raises(KeyNotFound):
+        store.unlock("k1", force=True)
+    with pytest.raises(LeaseLost):
+        store.complete("k1", held.owner, held.fencing_token, "zombie of the forgotten life")
+    # ...but its counter goes on where it was, not back to a value the zombie may hold.
+    again = acquire(store, "k1")
+    assert again.fencing_token == held.fencing_token + 1
+    assert (again.attempt, again.takeover) == (1, False)
+    with pytest.raises(LeaseLost):
+        store.complete("k1", held.owner, held.fencing_token, "zombie of the forgotten life")
+    assert store.complete("k1", again.owner, again.fencing_token, "new life").result == "new life"
+
+
+def test_a_forgotten_key_cannot_be_completed_again_by_its_old_owner(store: Store) -> None:
+    a = acquire(store, "k1")
+    store.complete("k1", a.owner, a.fencing_token, "first")
+    store.forget("k1")
+    # A complete sent again (its first answer lost) must not bring the forgotten key back.
+    with pytest.raises(LeaseLost):
+        store.complete("k1", a.owner, a.fencing_token, "first")
+    assert store.get("k1") is None
+    assert acquire(store, "k1").fencing_token == a.fencing_token + 1
+
+
+def test_purge_never_turns_the_fencing_counter_back(store: Store) -> None:
+    done = _moved_on(store, "done")
+    store.complete("done", done.owner, done.fencing_token, "ok", retention=SHORT)
+    forgotten = _moved_on(store, "forgotten")
+    store.forget("forgotten", force=True)
+    time.sleep(WAIT)
+    # The forgotten key's tombstone is past retention like any record and goes with purge;
+    # "done" went by its TTL on Redis already.
+    assert store.purge() in (1, 2)
+    assert store.stats().past_retention == 0
+    for key, held in (("done", done), ("forgotten", forgotten)):
+        again = acquire(store, key)
+        assert again.fencing_token > held.fencing_token, key
+        assert (again.attempt, again.takeover) == (1, False)
+        with pytest.raises(LeaseLost):
+            store.complete(key, held.owner, held.fencing_token, "zombie of the purged life")
+
+
+def test_a_record_gone_by_the_stores_expiry_keeps_the_counter_growing(store: Store) -> None:
+    """Redis deletes a record by its TTL (PX) at the end of retention; the other stores keep
+    it past retention (DynamoDB's TTL deletes it hours late): either way the key's next
+    token is above every earlier one."""
+    done = _moved_on(store, "done")
+    store.complete("done", done.owner, done.fencing_token, "ok", retention=SHORT)
+    given_up = _moved_on(store, "failed")
+    store.fail("failed", given_up.owner, given_up.fencing_token, "no", False, retention=SHORT)
+    time.sleep(WAIT)
+    for key, held in (("done", done), ("failed", given_up)):
+        assert store.get(key) is None
+        again = acquire(store, key)
+        assert again.fencing_token > held.fencing_token, key
 
 
 def test_provision_twice_changes_nothing(store: Store) -> None:

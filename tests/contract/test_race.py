@@ -72,14 +72,16 @@ def test_race_every_handler_runs_exactly_once(backend: Backend, tmp_path: Path) 
         assert counts["other"] == 0
         assert counts["executed"] + counts["replayed"] == len(KEYS)
 
-    # The stored result of every key names the worker whose run the ledger recorded.
+    # The stored result of every key names the worker whose run the ledger recorded, and
+    # that run's fencing token is the key's: one claim won, nobody took it over.
     ran_by = {line.split()[0]: int(line.split()[1]) for line in lines}
+    ran_with = {line.split()[0]: int(line.split()[2]) for line in lines}
     store = backend.open()
     try:
         for key in KEYS:
             record = store.get(key)
             assert record is not None and record.status is Status.COMPLETED
             assert record.result == {"worker": ran_by[key]}
-            assert record.fencing_token == 1
+            assert record.fencing_token == ran_with[key] and record.attempts == 1
     finally:
         store.close()

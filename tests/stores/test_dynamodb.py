@@ -415,13 +415,53 @@ def test_an_item_past_expires_at_is_absent_though_still_in_the_table(
     # As if never seen: another payload is welcome, attempts start again, the counter goes on.
     again = acquire(store, "order-1", fp=fingerprint({"v": 2}))
     assert again.attempt == 1 and again.takeover is False
-    assert again.fencing_token == 2
+    assert again.fencing_token == a.fencing_token + 1
     with pytest.raises(LeaseLost):
         store.complete("order-1", a.owner, a.fencing_token, "zombie of the first life")
     store.complete("order-1", again.owner, again.fencing_token, "second life")
     record = store.get("order-1")
     assert record is not None and record.result == "second life"
     assert record.fingerprint == fingerprint({"v": 2})
+
+
+def test_an_item_deleted_by_ttl_comes_back_above_its_old_tokens(
+    store: DynamoDBStore, table: str, raw: Any
+) -> None:
+    first = acquire(store, "order-1")
+    store.release("order-1", first.owner, first.fencing_token)
+    held = acquire(store, "order-1")
+    store.complete("order-1", held.owner, held.fencing_token, "first life", retention=0.05)
+    # What DynamoDB's TTL does, hours after retention ended; moto's never does.
+    raw.delete_item(TableName=table, Key={"key": {"S": "order-1"}})
+
+    # A key with no item starts its fencing counter at the clock, in µs: above any old token.
+    before = time.time_ns() // 1000
+    again = acquire(store, "order-1")
+    assert again.attempt == 1 and again.takeover is False
+    assert held.fencing_token < before <= again.fencing_token <= time.time_ns() // 1000
+    kept = item(raw, table, "order-1")
+    assert kept is not None and number(kept, "fencing_token") == again.fencing_token
+    with pytest.raises(LeaseLost):
+        store.complete("order-1", held.owner, held.fencing_token, "zombie of the first life")
+
+
+def test_forget_leaves_a_tombstone_that_keeps_the_counter(
+    store: DynamoDBStore, table: str, raw: Any
+) -> None:
+    a = acquire(store, "order-1")
+    store.complete("order-1", a.owner, a.fencing_token, {"charged": 10})
+    store.forget("order-1")
+    tomb = item(raw, table, "order-1")
+    assert tomb is not None and number(tomb, "fencing_token") == a.fencing_token
+    assert number(tomb, "expires_at") <= time.time() * 1000  # as if never seen
+    # Neither owner nor done_by: a retried complete of the old owner cannot bring it back.
+    assert {"owner", "done_by", "lease_expires_at", "result"}.isdisjoint(tomb)
+    # The TTL deletes it a retention later; until then it keeps the counter.
+    assert number(tomb, "ttl") >= time.time() + store.default_retention - 5
+    with pytest.raises(LeaseLost):
+        store.complete("order-1", a.owner, a.fencing_token, {"charged": 10})
+    assert store.get("order-1") is None
+    assert acquire(store, "order-1").fencing_token == a.fencing_token + 1
 
 
 def test_the_ttl_attribute_follows_the_record(store: DynamoDBStore, table: str, raw: Any) -> None:
@@ -456,7 +496,7 @@ def test_takeover_between_two_workers(url: str, store: DynamoDBStore) -> None:
         assert isinstance(worker_b.claim("payment-1", fingerprint({"amount": 5})), Busy)
         time.sleep(0.6)  # A stalls past its lease
         b = acquire(worker_b, "payment-1", fp=fingerprint({"amount": 5}))
-        assert b.takeover is True and b.fencing_token == 2 and b.attempt == 2
+        assert b.takeover is True and b.fencing_token == a.fencing_token + 1 and b.attempt == 2
 
         for call in (
             lambda: worker_a.complete("payment-1", a.owner, a.fencing_token, {"by": "A"}),
@@ -466,13 +506,14 @@ def test_takeover_between_two_workers(url: str, store: DynamoDBStore) -> None:
         ):
             with pytest.raises(LeaseLost) as lost:
                 call()
-            assert lost.value.record is not None and lost.value.record.fencing_token == 2
+            assert lost.value.record is not None
+            assert lost.value.record.fencing_token == b.fencing_token
 
         worker_b.complete("payment-1", b.owner, b.fencing_token, {"by": "B"})
         replay = worker_a.claim("payment-1", fingerprint({"amount": 5}))
         assert isinstance(replay, Completed)
         assert replay.record.result == {"by": "B"}
-        assert replay.record.fencing_token == 2 and replay.record.attempts == 2
+        assert replay.record.fencing_token == b.fencing_token and replay.record.attempts == 2
         assert replay.record.status is Status.COMPLETED
     finally:
         worker_a.close()
@@ -493,14 +534,16 @@ def test_a_complete_retried_after_its_answer_was_lost_succeeds(
     assert record.status is Status.COMPLETED and record.result == {"charged": 10}
     stored = store.get("order-1")
     assert stored is not None and stored.result == {"charged": 10}
-    assert stored.fencing_token == 1 and stored.attempts == 1
+    assert stored.fencing_token == a.fencing_token and stored.attempts == 1
 
 
 def test_a_claim_retried_after_its_answer_was_lost_acquires(store: DynamoDBStore) -> None:
     with first_response_lost(store, "UpdateItem"):
         outcome = store.claim("order-1", None, LONG)
     assert isinstance(outcome, Acquired), outcome
-    assert outcome.fencing_token == 1 and outcome.attempt == 1
+    stored = store.get("order-1")
+    assert stored is not None and stored.fencing_token == outcome.fencing_token
+    assert outcome.attempt == 1 and stored.attempts == 1
     store.complete("order-1", outcome.owner, outcome.fencing_token, "done")
     assert isinstance(store.claim("order-1"), Completed)
 
@@ -511,7 +554,7 @@ def test_a_release_retried_after_its_answer_was_lost_succeeds(store: DynamoDBSto
         record = store.release("order-1", a.owner, a.fencing_token)
     assert record.owner is None
     again = acquire(store, "order-1")
-    assert again.fencing_token == 2
+    assert again.fencing_token == a.fencing_token + 1
 
 
 # Errors ------------------------------------------------------------------------------------------

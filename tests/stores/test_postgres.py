@@ -435,6 +435,30 @@ def test_transaction_commits_effects_and_completion_together(
     assert effect_counts(db, effects) == {"order-1": 1}
 
 
+def test_transactional_claims_never_turn_the_fencing_counter_back(
+    store: PostgresStore, db: Any
+) -> None:
+    first = acquire(store, "order-1")
+    store.release("order-1", first.owner, first.fencing_token)
+    held = acquire(store, "order-1")
+    store.forget("order-1", force=True)
+    with store.transaction("order-1", lease=LONG) as unit:
+        assert isinstance(unit.outcome, Acquired)
+        assert unit.outcome.takeover is False
+        assert unit.outcome.fencing_token == held.fencing_token + 1  # the tombstone kept it
+        done = unit.complete("second life", retention=0.05)
+    time.sleep(0.2)
+    assert store.purge() == 1
+    # No row left: the counter starts again at the server's clock in µs, above every token.
+    (now_us,) = db.execute(
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+    ).fetchone()
+    with store.transaction("order-1", lease=LONG) as unit:
+        assert isinstance(unit.outcome, Acquired)
+        assert done.fencing_token < now_us <= unit.outcome.fencing_token
+        unit.complete("third life")
+
+
 def test_an_exception_in_the_block_rolls_back_everything_the_claim_included(
     store: PostgresStore, db: Any, effects: sql.Identifier
 ) -> None:
@@ -448,8 +472,9 @@ def test_an_exception_in_the_block_rolls_back_everything_the_claim_included(
         crash_in_the_block()
     assert effect_counts(db, effects) == {}
     assert store.get("order-1") is None
-    # The key is free at once: no lease to wait out.
-    assert acquire(store, "order-1").fencing_token == 1
+    # The key is free at once: no lease to wait out, and no attempt left behind.
+    again = acquire(store, "order-1")
+    assert (again.attempt, again.takeover) == (1, False)
 
 
 def test_runner_handler_exception_rolls_back_and_counts_the_attempt(
@@ -726,7 +751,8 @@ def test_a_worker_killed_mid_transaction_leaves_no_trace(
     assert effect_counts(db, effects) == {"order-1": 1}
     record = store.get("order-1")
     assert record is not None and record.status is Status.COMPLETED
-    assert record.fencing_token == 1 and record.attempts == 1  # the crash left nothing behind
+    # The crash left nothing behind: the retry's claim was the key's first.
+    assert record.fencing_token == retry.fencing_token and record.attempts == 1
 
 
 # 8 processes race in transactional mode --------------------------------------------------------
@@ -824,7 +850,7 @@ def test_race_in_transactional_mode_runs_every_effect_once(
         record = store.get(key)
         assert record is not None and record.status is Status.COMPLETED
         assert record.result == {"worker": ran_by[key]}  # the run whose effect committed
-        assert record.fencing_token == 1
+        assert record.attempts == 1  # one claim committed: nobody took it over
 
 
 # A server that dies ---------------------------------------------------------------------------
@@ -987,7 +1013,7 @@ def test_takeover_between_two_workers(url: str, store: PostgresStore) -> None:
         replay = worker_a.claim("payment-1", fingerprint({"amount": 5}))
         assert isinstance(replay, Completed)
         assert replay.record.result == {"by": "B"}
-        assert replay.record.fencing_token == 2
+        assert replay.record.fencing_token == b.fencing_token
         assert replay.record.attempts == 2
     finally:
         worker_a.close()

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from idemctl.errors import InvalidKey, InvalidPayload
-from idemctl.model import MAX_KEY_BYTES, Record, Status, fingerprint, validate_key
+from idemctl.model import MAX_KEY_BYTES, Finding, Record, Status, fingerprint, validate_key
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -224,10 +224,23 @@ def test_lease_is_live_before_it_expires_and_not_after() -> None:
     assert record.stale(T0 + timedelta(seconds=30))
 
 
-def test_released_in_progress_record_is_stale_not_live() -> None:
+def test_released_in_progress_record_is_released_not_stale_nor_live() -> None:
+    """Freed by release or unlock: nobody holds it, but nobody lost it either: it waits for
+    the next delivery. Stale is an owner's lease that ran out with nobody freeing it."""
     record = make_record(owner=None, lease_expires_at=T0)
-    assert not record.lease_live(T0 - timedelta(seconds=10))
-    assert record.stale(T0 - timedelta(seconds=10))
+    for at in (T0 - timedelta(seconds=10), T0 + timedelta(seconds=10)):
+        assert not record.lease_live(at)
+        assert not record.stale(at)
+        assert record.released()
+    assert not make_record().released()  # owned
+    assert not make_record(status=Status.COMPLETED, owner=None).released()
+
+
+def test_finding_levels() -> None:
+    assert Finding("a", True, "fine").level == "ok"
+    assert Finding("a", True, "a trade-off", "what it costs", warning=True).level == "warn"
+    assert Finding("a", False, "broken", "the fix").level == "fail"
+    assert Finding("a", False, "broken", warning=True).level == "fail"  # a failure wins
 
 
 def test_completed_record_has_no_live_lease_and_is_not_stale() -> None:

@@ -26,12 +26,16 @@ from idemctl import (
 from idemctl.model import Acquired, Busy, Status
 from idemctl.stores.memory import MemoryStore
 
+START = datetime(2026, 1, 1, tzinfo=UTC)
+FIRST_TOKEN = 1_767_225_600_000_000
+"""A new key's first fencing token on a store whose clock reads START: its µs since the epoch."""
+
 
 class Clock:
     """A hand-driven clock for the store: time moves only when a test says so."""
 
     def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+        self.now = START
 
     def __call__(self) -> datetime:
         return self.now
@@ -77,7 +81,7 @@ def test_first_run_executes_and_the_second_replays_without_running(store: Memory
     assert first.outcome is Outcome.EXECUTED
     assert first.result == {"charged": 100}
     assert first.attempt == 1
-    assert first.fencing_token == 1
+    assert first.fencing_token == FIRST_TOKEN
     assert second.outcome is Outcome.REPLAYED
     assert second.result == {"charged": 100}
     assert handler.calls == 1
@@ -113,7 +117,7 @@ def test_expired_lease_of_a_crashed_worker_is_taken_over(store: MemoryStore, clo
     result = run(store, "order:1", handler)
     assert result.outcome is Outcome.EXECUTED
     assert result.attempt == 2
-    assert result.fencing_token == 2
+    assert result.fencing_token == crashed.fencing_token + 1
     assert handler.contexts[0].takeover is True
 
 
@@ -234,7 +238,7 @@ def test_current_context_inside_the_handler(store: MemoryStore) -> None:
     result = run(store, "order:1", handler)
     ctx = seen[0]
     assert ctx.key == "order:1"
-    assert ctx.fencing_token == result.fencing_token == 1
+    assert ctx.fencing_token == result.fencing_token == FIRST_TOKEN
     assert ctx.attempt == 1
     assert ctx.takeover is False
     assert ctx.store is store
@@ -275,14 +279,16 @@ def test_heartbeat_keeps_a_long_handler_s_lease() -> None:
     record = store.get("order:1")
     assert record is not None
     assert record.status is Status.COMPLETED
-    assert record.fencing_token == 1
+    assert record.fencing_token == result.fencing_token and record.attempts == 1
 
 
 def test_result_after_a_lost_lease_is_discarded() -> None:
     store = MemoryStore()
     takeovers: list[object] = []
+    tokens: list[int] = []
 
     def slow(ctx: Context) -> str:
+        tokens.append(ctx.fencing_token)
         time.sleep(0.5)  # past the 0.2 s lease, with no heartbeat
         takeovers.append(store.claim("order:1"))
         return "first"
@@ -295,7 +301,7 @@ def test_result_after_a_lost_lease_is_discarded() -> None:
     second = takeovers[0]
     assert isinstance(second, Acquired)
     assert second.takeover is True
-    assert second.fencing_token == 2
+    assert second.fencing_token == tokens[0] + 1
     record = store.get("order:1")
     assert record is not None
     assert record.status is Status.IN_PROGRESS
@@ -331,7 +337,7 @@ def test_keyboard_interrupt_propagates_and_frees_the_key(store: MemoryStore) -> 
     next_claim = store.claim("order:1")
     assert isinstance(next_claim, Acquired)
     assert next_claim.takeover is True
-    assert next_claim.fencing_token == 2
+    assert next_claim.fencing_token == FIRST_TOKEN + 1
     assert next_claim.attempt == 2
 
 
