@@ -115,6 +115,23 @@ class Permanent(Exception):
     """Raise from a handler (or wrap another exception) to fail the key without retries."""
 
 
+class AttemptsExhausted(Permanent):
+    """The key's handler ran ``max_attempts`` times already: it is failed for good
+    instead of being run again."""
+
+
+class ConsumeStopped(IdemctlError):
+    """``idemctl consume`` stopped on purpose before a message it must not pass: a
+    dead-letter storm (``--dlq-breaker``) or ``--on-missing-key fail``. Nothing past that
+    message was committed."""
+
+
+class KafkaUnavailable(IdemctlError):
+    """The Kafka brokers gave the consumer no partitions in time, or were lost for longer
+    than ``--join-timeout`` under ``--exit-when-idle``. Nothing was committed past the
+    messages already finished."""
+
+
 class OutboxError(IdemctlError):
     """An outbox row that cannot be written: no open transaction to write it in, no
     outbox where the handler runs, or fields that are not what the table holds."""

@@ -28,6 +28,11 @@ class MissingKey(InvalidKey):
     """The message carries no usable idempotency key under the chosen strategy."""
 
 
+class MissingField(MissingKey):
+    """A JSON object without a field the key template names: on the first message, the
+    sign of a template that cannot work rather than of one bad message."""
+
+
 @dataclass(frozen=True)
 class Message:
     """What a key strategy may look at."""
@@ -78,10 +83,10 @@ def _from_template(m: Message, template: str) -> str:
         value: Any = payload
         for part in match.group(1).split("."):
             if not isinstance(value, dict) or part not in value:
-                raise MissingKey(f"the payload has no field {match.group(1)!r}")
+                raise MissingField(f"the payload has no field {match.group(1)!r}")
             value = value[part]
         if value is None or isinstance(value, dict | list):
-            raise MissingKey(f"field {match.group(1)!r} is not a scalar")
+            raise MissingField(f"field {match.group(1)!r} is not a scalar")
         return str(value)
 
     return validate_key(_FIELD.sub(field, template))

@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from idemctl.errors import (
+    AttemptsExhausted,
     ConfigError,
     FingerprintMismatch,
     InvalidPayload,
@@ -173,6 +174,7 @@ def run(
     permanent: tuple[type[BaseException], ...] = (),
     heartbeat: bool = True,
     transactional: bool = False,
+    max_attempts: int | None = None,
     logger: logging.Logger = log,
 ) -> RunResult:
     """Run ``handler`` at most once to completion for ``key``.
@@ -185,15 +187,21 @@ def run(
 
     ``transactional=True`` (PostgreSQL): claim, the handler's SQL on ``ctx.connection`` and
     complete share one transaction, so the effects commit exactly when the key does.
+
+    ``max_attempts`` bounds the handler's runs for the key, counted in the store (so across
+    restarts, redeliveries and duplicates): the last run's failure is recorded as final,
+    and a claim past the bound fails the key with AttemptsExhausted without running it.
     """
     if transactional:
         return _run_transactional(
-            store, key, handler, fingerprint, lease, retention, permanent, logger
+            store, key, handler, fingerprint, lease, retention, permanent, max_attempts, logger
         )
     outcome = store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
         return _settled(key, outcome)
-    return _execute(store, outcome, handler, lease, retention, permanent, heartbeat, logger)
+    return _execute(
+        store, outcome, handler, lease, retention, permanent, heartbeat, max_attempts, logger
+    )
 
 
 def _settled(key: str, outcome: ClaimOutcome) -> RunResult:
@@ -222,6 +230,7 @@ def _run_transactional(
     lease: float | None,
     retention: float | None,
     permanent: tuple[type[BaseException], ...],
+    max_attempts: int | None,
     logger: logging.Logger,
 ) -> RunResult:
     transaction = getattr(store, "transaction", None)
@@ -233,6 +242,9 @@ def _run_transactional(
             if not isinstance(unit.outcome, Acquired):
                 return _settled(key, unit.outcome)
             a = unit.outcome
+            if exhausted(a, max_attempts):
+                failure = _exhausted(a, max_attempts)
+                raise _Rollback
             ctx = Context(
                 key, a.fencing_token, a.attempt, a.takeover, a.owner, store, logger,
                 unit.connection, Outbox(unit.connection, getattr(store, "outbox_table", None)),
@@ -260,8 +272,9 @@ def _run_transactional(
     if not isinstance(outcome, Acquired):
         return RunResult(Outcome.ERROR, key, error=failure, retriable=retriable)
     record = store.fail(
-        key, outcome.owner, outcome.fencing_token, _error_text(failure), retriable, retention
-    )
+        key, outcome.owner, outcome.fencing_token, _error_text(failure),
+        retriable and not _last(outcome, max_attempts), retention,
+    )  # fmt: skip
     return RunResult(
         Outcome.ERROR, key, record=record, error=failure, retriable=retriable,
         attempt=outcome.attempt, fencing_token=outcome.fencing_token,
@@ -289,11 +302,17 @@ def invoke(
     retention: float | None = None,
     permanent: tuple[type[BaseException], ...] = (),
     heartbeat: bool = True,
+    max_attempts: int | None = None,
     logger: logging.Logger = log,
 ) -> Invocation:
     """Run ``handler`` for a key this attempt holds, with a heartbeat, and record a failure;
-    completing is left to the caller (``complete`` or, for a batch, ``complete_many``)."""
+    completing is left to the caller (``complete`` or, for a batch, ``complete_many``).
+    ``retriable`` tells what the exception is; the store records the failure as final on
+    the ``max_attempts``-th run, and a claim past it fails without running the handler."""
     key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
+    if exhausted(acquired, max_attempts):
+        error: Exception = _exhausted(acquired, max_attempts)
+        return _record_failure(store, acquired, error, False, retention)
     ctx = Context(key, token, acquired.attempt, acquired.takeover, owner, store, logger)
     lease_seconds = store.default_lease if lease is None else lease
     beat = (
@@ -301,7 +320,6 @@ def invoke(
         if heartbeat
         else contextlib.nullcontext()
     )
-    error: Exception
     try:
         with beat:
             value = _call_in_context(ctx, handler)
@@ -325,11 +343,44 @@ def invoke(
                 f"handler for {key!r} returned a result that cannot be stored: {exc}"
             )
             retriable = False
+    return _record_failure(
+        store, acquired, error, retriable, retention, final=_last(acquired, max_attempts)
+    )
+
+
+def _record_failure(
+    store: Store,
+    acquired: Acquired,
+    error: Exception,
+    retriable: bool,
+    retention: float | None,
+    *,
+    final: bool = False,
+) -> Invocation:
+    """Record ``error`` for the key ``acquired`` holds: retriable unless ``final``."""
+    a = acquired
     try:
-        record = store.fail(key, owner, token, _error_text(error), retriable, retention)
+        record = store.fail(
+            a.key, a.owner, a.fencing_token, _error_text(error), retriable and not final, retention
+        )
     except LeaseLost as lost:
         return Invocation(error=error, retriable=retriable, lease_lost=lost)
     return Invocation(error=error, retriable=retriable, record=record)
+
+
+def exhausted(acquired: Acquired, max_attempts: int | None) -> bool:
+    """The claim is past ``max_attempts`` runs: the handler must not run again."""
+    return max_attempts is not None and acquired.attempt > max_attempts
+
+
+def _last(acquired: Acquired, max_attempts: int | None) -> bool:
+    return max_attempts is not None and acquired.attempt >= max_attempts
+
+
+def _exhausted(acquired: Acquired, max_attempts: int | None) -> AttemptsExhausted:
+    return AttemptsExhausted(
+        f"key {acquired.key!r} ran {max_attempts} time(s) already (max_attempts): not run again"
+    )
 
 
 def _execute(
@@ -340,13 +391,14 @@ def _execute(
     retention: float | None,
     permanent: tuple[type[BaseException], ...],
     heartbeat: bool,
+    max_attempts: int | None,
     logger: logging.Logger,
 ) -> RunResult:
     key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
     done: dict[str, Any] = {"attempt": acquired.attempt, "fencing_token": token}
     did = invoke(
         store, acquired, handler, lease=lease, retention=retention, permanent=permanent,
-        heartbeat=heartbeat, logger=logger,
+        heartbeat=heartbeat, max_attempts=max_attempts, logger=logger,
     )  # fmt: skip
     if did.lease_lost is not None:
         lost = did.lease_lost

@@ -22,6 +22,7 @@ from idemctl.cli.common import (
     settings,
     show_warnings,
     stop_on_signals,
+    store_fields,
 )
 from idemctl.errors import ConfigError
 
@@ -46,6 +47,25 @@ def consume(
     on_missing_key: Annotated[
         str, typer.Option("--on-missing-key", help="dlq, offset or fail")
     ] = "dlq",
+    dlq_breaker: Annotated[
+        int,
+        typer.Option(
+            "--dlq-breaker",
+            min=0,
+            metavar="N",
+            help="Stop (exit 8) when N messages in a row are dead-lettered for the same reason; "
+            "0: never",
+        ),
+    ] = 20,
+    join_timeout: Annotated[
+        str,
+        typer.Option(
+            "--join-timeout",
+            metavar="DUR",
+            help="Exit 7 when no partition comes within DUR of starting (under --exit-when-idle, "
+            "also when the brokers stay lost that long); 0: wait for ever",
+        ),
+    ] = "60s",
     lease: Annotated[str, typer.Option("--lease", metavar="DUR", help="Lease per claim")] = "30s",
     max_attempts: Annotated[
         int, typer.Option("--max-attempts", min=1, help="Runs before dead-lettering")
@@ -66,15 +86,21 @@ def consume(
         ),
     ] = 1,
     max_messages: Annotated[
-        int | None, typer.Option("--max-messages", min=1, help="Stop after this many")
+        int | None,
+        typer.Option(
+            "--max-messages",
+            min=1,
+            help="Stop after N messages are finished; never claims more than it will run",
+        ),
     ] = None,
     exit_when_idle: Annotated[
         str | None,
         typer.Option(
             "--exit-when-idle",
             metavar="DUR",
-            help="Stop after DUR without messages (in a group, more than session.timeout.ms: "
-            "a dead member's partitions come free only then)",
+            help="Stop once the assigned partitions gave nothing for DUR (time without "
+            "partitions, held or cut off from the brokers does not count; in a group, more "
+            "than session.timeout.ms: a dead member's partitions come free only then)",
         ),
     ] = None,
     kafka_config: KafkaConfigOption = None,
@@ -95,7 +121,8 @@ def consume(
     """Run a handler for each message of the topics, effectively once per key.
 
     Offsets are stored only after a message is completed, replayed or dead-lettered.
-    SIGTERM or Ctrl-C finishes the batch in hand, commits and exits 0.
+    SIGTERM or Ctrl-C finishes the batch in hand, commits and exits 0. Before anything is
+    claimed it checks the handler's signature and the Kafka settings (exit 2).
     """
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
 
@@ -108,6 +135,7 @@ def consume(
         concurrency=concurrency,
         max_messages=max_messages,
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
+        join_timeout=duration(join_timeout, "--join-timeout"), dlq_breaker=dlq_breaker,
         kafka_config=kafka,
         permanent_errors=tuple(_exception(name) for name in permanent_errors or ()),
         transactional=transactional,
@@ -116,12 +144,14 @@ def consume(
     show_warnings(current, "idemctl.consume")
     run = load_handler(handler)
     with cli_store(ctx, auto_provision=True) as store:
-        store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
         status = render.LiveStatus(
             current.err, "consume", _status_fields, lambda summary: summary.finished,
             live=current.err.is_terminal and not current.json,
+            header={"topics": ", ".join(topic), "group": group, "store": store.url},
         )  # fmt: skip
         consumer = Consumer(store, run, options, on_progress=status.update)
+        consumer.open()  # a Kafka setting librdkafka refuses fails here, before the store
+        store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
 
         from idemctl.consume.metrics import render as metrics
         from idemctl.metrics import serving
@@ -134,15 +164,20 @@ def consume(
             summary = consumer.run()
     counts = dict(sorted(summary.counts.items()))
     if current.json:
-        emit_json({"store": store.url, "topics": topic, "group": group, "counts": counts})
+        emit_json(
+            {**store_fields(ctx, store.url), "topics": topic, "group": group, "counts": counts}
+        )
     else:
         shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()) or "nothing"
         current.err.print(f"consumed {summary.finished} message(s): {shown}", markup=False)
 
 
-def _status_fields(summary: Any) -> dict[str, int]:
+def _status_fields(summary: Any) -> dict[str, Any]:
     counts = summary.counts
     return {
+        "state": summary.state,
+        "partitions": summary.partitions,
+        "lag": summary.lag,
         **{name: counts[name] for name in (
             "executed", "replayed", "retried", "dead_lettered", "busy", "store_unavailable"
         )},

@@ -6,10 +6,12 @@ from enum import IntEnum
 
 from idemctl.errors import (
     ConfigError,
+    ConsumeStopped,
     IdemctlError,
     InvalidCursor,
     InvalidKey,
     InvalidPayload,
+    KafkaUnavailable,
     KeyNotFound,
     NotProvisioned,
     Refused,
@@ -25,21 +27,34 @@ class ExitCode(IntEnum):
     NOT_PROVISIONED = 4
     KEY_NOT_FOUND = 5
     REFUSED = 6
+    KAFKA_UNREACHABLE = 7
+    CONSUME_STOPPED = 8
     INTERRUPTED = 130
 
 
 MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
-    ExitCode.UNEXPECTED: "unexpected error; for doctor, a problem found",
+    ExitCode.UNEXPECTED: (
+        "unexpected error; for doctor, a problem found; for outbox relay and replay, events "
+        "not delivered"
+    ),
     ExitCode.USAGE: (
         "usage error or bad configuration (URL, scheme, missing driver, config file, "
-        "refused credentials)"
+        "credentials or database the server refused)"
     ),
     ExitCode.STORE_UNREACHABLE: "store unreachable",
     ExitCode.NOT_PROVISIONED: "store not provisioned: run 'idemctl init'",
     ExitCode.KEY_NOT_FOUND: "key not found",
     ExitCode.REFUSED: (
         "refused: a live lease without --force, a conflicting state, or a declined confirmation"
+    ),
+    ExitCode.KAFKA_UNREACHABLE: (
+        "Kafka unreachable: no partitions within --join-timeout, or the brokers lost that long "
+        "under --exit-when-idle"
+    ),
+    ExitCode.CONSUME_STOPPED: (
+        "consume stopped before a message it must not pass: a dead-letter storm "
+        "(--dlq-breaker) or --on-missing-key fail"
     ),
     ExitCode.INTERRUPTED: "interrupted",
 }
@@ -58,6 +73,10 @@ def exit_code_for(exc: BaseException) -> ExitCode:
         return ExitCode.KEY_NOT_FOUND
     if isinstance(exc, Refused):
         return ExitCode.REFUSED
+    if isinstance(exc, KafkaUnavailable):
+        return ExitCode.KAFKA_UNREACHABLE
+    if isinstance(exc, ConsumeStopped):
+        return ExitCode.CONSUME_STOPPED
     if isinstance(exc, IdemctlError):
         return ExitCode.UNEXPECTED
     return ExitCode.UNEXPECTED

@@ -63,15 +63,13 @@ def load_handler(path: str) -> Handler:
             raise ConfigError(f"module {module_name!r} has no {name!r} (handler {path!r})")
     if not callable(fn):
         raise ConfigError(f"handler {path!r} is not callable")
-    return adapt(fn)
+    return adapt(fn, path)
 
 
-def adapt(fn: Callable[..., Any]) -> Handler:
-    """Call ``fn`` as ``fn(event)`` or ``fn(event, ctx)``; run it to completion if async."""
-    try:
-        takes_ctx = len(inspect.signature(fn).parameters) >= 2
-    except (TypeError, ValueError):
-        takes_ctx = False
+def adapt(fn: Callable[..., Any], name: str | None = None) -> Handler:
+    """Call ``fn`` as ``fn(event)`` or ``fn(event, ctx)``; run it to completion if async.
+    ConfigError (naming it ``name``) when it can be called neither way."""
+    takes_ctx = _takes_ctx(fn, name or str(getattr(fn, "__qualname__", fn)))
     is_async = inspect.iscoroutinefunction(fn)
 
     def call(event: Event, ctx: Context) -> Any:
@@ -79,3 +77,19 @@ def adapt(fn: Callable[..., Any]) -> Handler:
         return asyncio.run(result) if is_async else result
 
     return call
+
+
+def _takes_ctx(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes ``(event, ctx)`` rather than ``(event)``; checked before the first
+    message, so a handler that cannot take either never claims a key."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False  # a builtin without a signature: called with the event alone
+    for args, takes in (((None, None), True), ((None,), False)):
+        try:
+            signature.bind(*args)
+        except TypeError:
+            continue
+        return takes
+    raise ConfigError(f"handler {name!r} takes {signature}: it must take (event) or (event, ctx)")

@@ -6,6 +6,10 @@ Offsets are stored only for messages that are finished (completed, replayed or
 dead-lettered), in partition order: a partition stops at its first unfinished message,
 seeks back to it, and waits (paused) for a back-off. The store being unreachable stops
 every partition the same way: fail closed.
+
+What stops it on purpose: a Kafka setting librdkafka refuses, or a key template the first
+message cannot fill (ConfigError, before anything is claimed); no partitions within
+``join_timeout`` (KafkaUnavailable); a dead-letter storm (ConsumeStopped).
 """
 
 from __future__ import annotations
@@ -20,8 +24,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.event import Event
-from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, StoreUnavailable
-from idemctl.keys import DEFAULT_KEY_STRATEGY, Message, MissingKey, key_strategy
+from idemctl.errors import (
+    AttemptsExhausted,
+    ConfigError,
+    ConsumeStopped,
+    IdemctlError,
+    InvalidPayload,
+    KafkaUnavailable,
+    StoreUnavailable,
+)
+from idemctl.keys import DEFAULT_KEY_STRATEGY, Message, MissingField, MissingKey, key_strategy
 from idemctl.model import (
     Acquired,
     Busy,
@@ -43,6 +55,12 @@ kafka_log = logging.getLogger("idemctl.consume.kafka")
 """librdkafka's own log lines (connection retries and the like)."""
 
 MAX_BACKOFF = 60.0
+PROGRESS_EVERY = 0.25
+"""Seconds between two progress reports (the live view, the benchmark's marks)."""
+DOWN_LOG_EVERY = 60.0
+"""Seconds between two warnings while the brokers stay unreachable."""
+PROBE_EVERY = 5.0
+"""Seconds between two metadata requests that tell whether lost brokers are back."""
 _SHARED = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
 
 
@@ -73,30 +91,44 @@ class ConsumeOptions:
     """PostgreSQL: claim, the handler's SQL on ``ctx.connection`` and completion commit in
     one transaction, a message at a time (no batched round trips)."""
     poll_timeout: float = 0.5
-    join_warning: float = 30.0
-    """Seconds without partitions after which a warning asks whether the brokers are right."""
+    join_timeout: float = 60.0
+    """Seconds from the start to the first partition, else KafkaUnavailable (0: wait for
+    ever). Under ``exit_when_idle`` also how long lost brokers are waited for, and how long
+    a member left without partitions waits for some before it exits."""
+    dlq_breaker: int = 20
+    """Stop (ConsumeStopped) when this many messages in a row are dead-lettered for the same
+    reason: a storm says the consumer is misconfigured, not that the messages are bad.
+    0: never."""
 
     def __post_init__(self) -> None:
         if self.on_missing_key not in ("dlq", "offset", "fail"):
             raise ConfigError(f"--on-missing-key {self.on_missing_key!r}: use dlq, offset or fail")
         if min(self.max_attempts, self.batch_size, self.concurrency) < 1:
             raise ConfigError("--max-attempts, --batch-size and --concurrency must be at least 1")
+        if self.dlq_breaker < 0 or self.join_timeout < 0:
+            raise ConfigError("--dlq-breaker and --join-timeout cannot be negative")
         key_strategy(self.key)  # fails early on a bad strategy
 
 
-class ConsumeAborted(IdemctlError):
-    """The consumer stopped on purpose (``--on-missing-key fail``); nothing past the
-    message that stopped it was stored."""
+class ConsumeAborted(ConsumeStopped):
+    """The consumer stopped on purpose (``--on-missing-key fail``, a dead-letter storm, a
+    dead letter the broker refused); nothing past the message that stopped it was stored."""
 
 
 @dataclass
 class Summary:
-    """What a run did, message by message."""
+    """What a run did, message by message, and where it stands now."""
 
     counts: Counter[str] = field(default_factory=Counter)
     """executed, replayed, dead_lettered, retried, busy, store_unavailable, lease_lost"""
     paused: int = 0
     """Partitions held now (busy keys, retries, an unreachable store)."""
+    partitions: int = 0
+    """Partitions assigned to this consumer now."""
+    state: str = "starting"
+    """joining group, consuming, no partitions assigned, brokers unreachable for ..."""
+    lag: int | None = None
+    """Messages behind the end of the assigned partitions, where the broker reports it."""
 
     @property
     def finished(self) -> int:
@@ -129,7 +161,6 @@ class Consumer:
         self._strategy = key_strategy(options.key)
         self._offset_strategy = key_strategy("offset")
         self._stop = threading.Event()
-        self._assigned = threading.Event()
         self._counting = threading.Lock()
         self._pool: ThreadPoolExecutor | None = (
             ThreadPoolExecutor(options.concurrency, thread_name_prefix="idemctl-handler")
@@ -143,6 +174,20 @@ class Consumer:
         self._on_progress = on_progress
         self._kafka: Any = None
         self._producer: Any = None
+        self._partitions: set[tuple[str, int]] = set()
+        """Assigned now: idle time counts only while there are some (item of a drain)."""
+        self._joined = self._ever_assigned = False
+        self._unassigned_since = self._idle_since = time.monotonic()
+        self._down_since: float | None = None
+        """When librdkafka said every broker was down; None while they answer."""
+        self._kafka_error = ""
+        """librdkafka's last error, for the line that says why the consumer stops."""
+        self._fatal: Any = None
+        self._warned_down = self._probed = self._progressed = 0.0
+        self._storm_reason: str | None = None
+        self._storm = 0
+        self._storm_tripped: str | None = None
+        self._first_keyed = False
 
     def stop(self) -> None:
         """Finish the batch in hand, store its offsets, commit and return (signal-safe)."""
@@ -151,13 +196,19 @@ class Consumer:
     def _count(self, outcome: str) -> None:
         with self._counting:
             self.summary.counts[outcome] += 1
+            if outcome in ("executed", "replayed"):
+                self._storm_reason, self._storm = None, 0
 
     # The loop -----------------------------------------------------------------------------
 
-    def run(self) -> Summary:
+    def open(self) -> None:
+        """Build the Kafka clients from the options: a setting librdkafka refuses is a
+        ConfigError naming it, before anything is claimed. ``run`` opens them if needed."""
         from confluent_kafka import Consumer as KafkaConsumer
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaException, Producer
 
+        if self._kafka is not None:
+            return
         o = self.options
         config = {
             "bootstrap.servers": o.brokers,
@@ -167,53 +218,52 @@ class Consumer:
             "auto.offset.reset": "earliest",
             **o.kafka_config,
         }
-        self._kafka = KafkaConsumer(config, logger=kafka_log)
         # The dead-letter producer shares the connection settings (SASL, SSL), no more.
         producer_config = {k: v for k, v in config.items() if k.startswith(_SHARED)}
-        self._producer = Producer({**producer_config, "enable.idempotence": True}, logger=kafka_log)
+        try:
+            self._kafka = KafkaConsumer(
+                {**config, "error_cb": self._on_kafka_error}, logger=kafka_log
+            )
+            self._producer = Producer(
+                {**producer_config, "enable.idempotence": True}, logger=kafka_log
+            )
+        except KafkaException as exc:
+            if self._kafka is not None:
+                self._kafka.close()
+                self._kafka = None
+            raise ConfigError(f"Kafka client settings: {_kafka_text(exc)}") from None
+
+    def run(self) -> Summary:
+        o = self.options
+        self.open()
         self._kafka.subscribe(
             o.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         lease = self.store.default_lease if o.lease is None else o.lease
         self._heartbeat = _Heartbeat(self.store, lease)
         self._heartbeat.start()
-        idle_since = started = time.monotonic()
-        warned = False
+        started = self._unassigned_since = self._idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
-                if (
-                    not warned
-                    and not self._assigned.is_set()
-                    and (time.monotonic() - started >= o.join_warning)
-                ):
-                    warned = True
-                    log.warning(
-                        "no partitions assigned after %.0fs: are the brokers %s reachable, and "
-                        "do the topics %s exist? (-v shows the Kafka client's own log)",
-                        o.join_warning, o.brokers, ", ".join(o.topics),
-                    )  # fmt: skip
+                if self._watch(started):
+                    break
                 self._resume_due()
-                messages = self._kafka.consume(num_messages=o.batch_size, timeout=o.poll_timeout)
-                messages = [m for m in messages if not self._error(m)]
-                if not messages:
-                    if not self._assigned.is_set():
-                        idle_since = time.monotonic()  # joining the group is not idling
-                    elif (
-                        o.exit_when_idle is not None
-                        and not self._paused
-                        and time.monotonic() - idle_since >= o.exit_when_idle
-                    ):
-                        break
-                    continue
-                idle_since = time.monotonic()
-                self._batch(messages)
-                if self._on_progress is not None:
-                    self.summary.paused = len(self._paused)
-                    self._on_progress(self.summary)
+                want = o.batch_size
+                if o.max_messages is not None:  # claim no message that will not run
+                    want = min(want, o.max_messages - self.summary.finished)
+                fetched = self._kafka.consume(num_messages=want, timeout=o.poll_timeout)
+                if fetched:
+                    self._down_since = None  # the brokers answer
+                messages = [m for m in fetched if not self._error(m)]
+                if messages:
+                    self._idle_since = time.monotonic()
+                    self._batch(messages)
+                self._progress()
                 if o.max_messages is not None and self.summary.finished >= o.max_messages:
                     break
         finally:
             self._close()
+            self._progress(force=True)
         return self.summary
 
     def _close(self) -> None:
@@ -229,6 +279,147 @@ class Consumer:
         self._kafka.close()
         self._producer.flush(10)
 
+    # Is Kafka there, and is there work? ---------------------------------------------------
+
+    def _watch(self, started: float) -> bool:
+        """Raise when Kafka gave no partitions in time or stayed lost too long; True when
+        the consumer has drained its partitions (``exit_when_idle``)."""
+        o = self.options
+        now = time.monotonic()
+        if self._fatal is not None:
+            raise KafkaUnavailable(f"Kafka client failed for good: {self._fatal}")
+        if self._down_since is not None:
+            self._while_down(now)
+        if not self._ever_assigned:
+            if o.join_timeout and now - started >= o.join_timeout:
+                raise KafkaUnavailable(self._no_partitions(now - started))
+            return False
+        if o.exit_when_idle is None:
+            return False
+        if not self._partitions:
+            # Between a revoke and the next assignment, or left without partitions: idling
+            # does not count; a member left out for join_timeout has nothing to drain.
+            self._idle_since = now
+            if o.join_timeout and now - self._unassigned_since >= o.join_timeout:
+                log.warning(
+                    "no partitions assigned for %.0fs: the other members of group %s hold "
+                    "them all; exiting (--exit-when-idle)", now - self._unassigned_since, o.group,
+                )  # fmt: skip
+                return True
+            return False
+        if self._paused or self._down_since is not None:
+            self._idle_since = now  # held or cut off is not drained
+            return False
+        return now - self._idle_since >= o.exit_when_idle
+
+    def _while_down(self, now: float) -> None:
+        """The brokers were lost: say so every minute, look every few seconds whether they
+        are back, and give up under ``exit_when_idle`` after ``join_timeout``."""
+        from confluent_kafka import KafkaException
+
+        assert self._down_since is not None
+        o = self.options
+        down = now - self._down_since
+        if self._ever_assigned and now - self._warned_down >= DOWN_LOG_EVERY:
+            self._warned_down = now
+            log.warning(
+                "the brokers %s are unreachable (for %.0fs): %s; retrying, nothing is committed "
+                "meanwhile", o.brokers, down, self._kafka_error or "no answer",
+            )  # fmt: skip
+        if now - self._probed >= PROBE_EVERY:
+            self._probed = now
+            try:
+                self._kafka.list_topics(timeout=1.0)
+            except KafkaException:
+                pass
+            else:
+                if self._ever_assigned:
+                    log.warning("the brokers %s answer again", o.brokers)
+                self._down_since = None
+                return
+        if (
+            self._ever_assigned and o.exit_when_idle is not None and o.join_timeout
+            and down >= o.join_timeout
+        ):  # fmt: skip
+            raise KafkaUnavailable(
+                f"the brokers {o.brokers} were unreachable for {down:.0f}s "
+                f"(--join-timeout, under --exit-when-idle): {self._kafka_error or 'no answer'}; "
+                "nothing past the finished messages was committed"
+            )
+
+    def _no_partitions(self, waited: float) -> str:
+        o = self.options
+        topics = ", ".join(o.topics)
+        if not self._joined:
+            why = self._kafka_error or "no answer"
+            return (
+                f"no partitions within {waited:.0f}s of starting: the brokers {o.brokers} "
+                f"did not let the consumer join group {o.group} for topics {topics} ({why}); "
+                "are the brokers right and reachable? (-v shows the Kafka client's log; "
+                "--join-timeout 0 waits for ever)"
+            )
+        return (
+            f"no partitions within {waited:.0f}s of starting: joined group {o.group} on "
+            f"{o.brokers}, but it assigned none of topics {topics}; do they exist? (a group "
+            "with more members than partitions leaves some without any; --join-timeout 0 "
+            "waits for ever)"
+        )
+
+    def _on_kafka_error(self, error: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        self._kafka_error = error.str()
+        kafka_log.info("%s", error.str())
+        if error.fatal():
+            self._fatal = error.str()
+        elif error.code() == KafkaError._ALL_BROKERS_DOWN and self._down_since is None:
+            self._down_since = self._warned_down = time.monotonic()
+            if self._ever_assigned:
+                log.warning(
+                    "lost every broker of %s: %s; retrying, nothing is committed meanwhile",
+                    self.options.brokers,
+                    self._kafka_error,
+                )
+
+    def _progress(self, force: bool = False) -> None:
+        """Tell ``on_progress`` where the run stands, at most every PROGRESS_EVERY s."""
+        now = time.monotonic()
+        if self._on_progress is None or (not force and now - self._progressed < PROGRESS_EVERY):
+            return
+        self._progressed = now
+        summary = self.summary
+        summary.paused = len(self._paused)
+        summary.partitions = len(self._partitions)
+        if self._down_since is not None and self._joined:
+            summary.state = f"brokers unreachable for {now - self._down_since:.0f}s"
+        elif not self._joined:
+            summary.state = "joining group"
+        elif not self._partitions:
+            summary.state = "no partitions assigned"
+        else:
+            summary.state = "consuming"
+        summary.lag = self._lag()
+        self._on_progress(summary)
+
+    def _lag(self) -> int | None:
+        """Messages between the fetch position and the end of each assigned partition, from
+        what the last fetches reported (no round trip); None where the broker gave none."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if not self._partitions or self._kafka is None:
+            return None
+        lag = 0
+        try:
+            positions = self._kafka.position([TopicPartition(t, p) for t, p in self._partitions])
+            for tp in positions:
+                high = self._kafka.get_watermark_offsets(tp, cached=True)
+                if high is None or high[1] < 0 or tp.offset < 0:
+                    return None
+                lag += max(high[1] - tp.offset, 0)
+        except (KafkaException, RuntimeError):
+            return None
+        return lag
+
     def _error(self, msg: Any) -> bool:
         from confluent_kafka import KafkaError, KafkaException
 
@@ -243,24 +434,36 @@ class Consumer:
         return True
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        self._assigned.set()
+        self._joined = True
+        self._down_since = None  # a group coordinator answered
+        self._partitions |= {(p.topic, p.partition) for p in partitions}
+        if self._partitions:
+            self._ever_assigned = True
+        self._idle_since = time.monotonic()
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         # Handlers run between polls, so nothing is in flight here: commit what is stored.
         from confluent_kafka import KafkaException
 
-        for p in partitions:
-            self._paused.pop((p.topic, p.partition), None)
-            self._resume_at.pop((p.topic, p.partition), None)
+        self._forget_partitions(partitions)
         try:
             consumer.commit(asynchronous=False)
         except KafkaException as exc:
             log.debug("commit on revoke: %s", exc)
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
-        for p in partitions:  # another member owns them now: commit nothing
-            self._paused.pop((p.topic, p.partition), None)
-            self._resume_at.pop((p.topic, p.partition), None)
+        self._forget_partitions(partitions)  # another member owns them now: commit nothing
+
+    def _forget_partitions(self, partitions: list[Any]) -> None:
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            self._paused.pop(tp, None)
+            self._resume_at.pop(tp, None)
+            self._partitions.discard(tp)
+        now = time.monotonic()
+        self._idle_since = now
+        if not self._partitions:
+            self._unassigned_since = now
 
     # Pausing ------------------------------------------------------------------------------
 
@@ -314,6 +517,8 @@ class Consumer:
                         seen.add(item.key)
                     round_items.append(item)
             self._round(round_items)
+            if self._storm_tripped is not None:
+                raise ConsumeStopped(self._storm_tripped)  # no offset of this batch stored
             # A partition that stopped in this round skips the rest of the batch.
             stopped = {self._tp(i) for i in round_items if i.blocked}
             pending = [items for items in later if self._tp(items[0]) not in stopped]
@@ -325,9 +530,16 @@ class Consumer:
 
     def _keyed(self, m: Any) -> _Item:
         message = Message(m.topic(), m.partition(), m.offset(), m.value(), m.headers() or ())
+        first, self._first_keyed = not self._first_keyed, True
         try:
             return _Item(m, key=self._strategy(message))
         except (MissingKey, InvalidPayload) as exc:
+            if first and isinstance(exc, MissingField) and self.options.on_missing_key == "dlq":
+                raise ConfigError(
+                    f"--key {self.options.key} cannot work: the first message, "
+                    f"{m.topic()}[{m.partition()}]@{m.offset()}, is a JSON object but {exc}; "
+                    "stopping before anything is claimed or dead-lettered"
+                ) from None
             if self.options.on_missing_key == "offset":
                 return _Item(m, key=self._offset_strategy(message))
             if self.options.on_missing_key == "fail":
@@ -438,6 +650,8 @@ class Consumer:
         for item in items:
             if self._tp(item) in stopped:
                 continue
+            if self._storm_tripped is not None:
+                return
             if item.key is None:
                 self._dead_letter(item, "no idempotency key", item.missing or "")
                 continue
@@ -460,7 +674,8 @@ class Consumer:
         result = run(
             self.store, item.key, lambda ctx: self.handler(event, ctx),
             fingerprint=_fingerprint(item.msg.value()), lease=self.options.lease,
-            permanent=self.options.permanent_errors, transactional=True, logger=log,
+            permanent=self.options.permanent_errors, transactional=True,
+            max_attempts=self.options.max_attempts, logger=log,
         )  # fmt: skip
         match result.outcome:
             case Outcome.EXECUTED | Outcome.REPLAYED:
@@ -488,14 +703,15 @@ class Consumer:
     def _failure(
         self, item: _Item, exc: BaseException, retriable: bool, attempt: int
     ) -> float | None:
-        """A handler failed on its ``attempt``-th run: seconds before the retry, or None
-        when the message went to the dead-letter topic instead."""
+        """A handler failed on its ``attempt``-th run (or was not run again: AttemptsExhausted):
+        seconds before the retry, or None when the message went to the dead-letter topic."""
         error = f"{type(exc).__name__}: {exc}"
+        most = self.options.max_attempts
+        if isinstance(exc, AttemptsExhausted) or (retriable and attempt >= most):
+            self._dead_letter(item, f"failed {most} times", error, exc)
+            return None
         if not retriable:
             self._dead_letter(item, "permanent failure", error, exc)
-            return None
-        if attempt >= self.options.max_attempts:
-            self._dead_letter(item, f"failed {attempt} times", error, exc)
             return None
         log.info("%s failed (attempt %d), retrying: %s", item.key, attempt, error)
         return float(self.options.backoff * 2 ** (attempt - 1))
@@ -539,7 +755,8 @@ class Consumer:
 
         did = invoke(
             self.store, acquired, call, lease=self.options.lease,
-            permanent=self.options.permanent_errors, heartbeat=False, logger=log,
+            permanent=self.options.permanent_errors, heartbeat=False,
+            max_attempts=self.options.max_attempts, logger=log,
         )  # fmt: skip
         if did.lease_lost is not None:
             return self.options.backoff
@@ -563,7 +780,10 @@ class Consumer:
         self, item: _Item, reason: str, detail: str, exc: BaseException | None = None
     ) -> None:
         """Produce the message to the dead-letter topic and wait for the broker's ack;
-        only then is it finished (and its offset may be stored)."""
+        only then is it finished (and its offset may be stored). The ``dlq_breaker``-th in a
+        row for one reason trips the breaker: the round ends and the consumer stops."""
+        if self._storm_tripped is not None:
+            return  # left unfinished: the consumer stops before storing its offset
         m = item.msg
         topic = self.options.dlq_topic or f"{m.topic()}.dlq"
         headers = [
@@ -594,6 +814,21 @@ class Consumer:
             "dead-lettered %s[%d]@%d to %s: %s: %s",
             m.topic(), m.partition(), m.offset(), topic, reason, detail,
         )  # fmt: skip
+        self._storm_count(reason, detail, topic)
+
+    def _storm_count(self, reason: str, detail: str, topic: str) -> None:
+        breaker = self.options.dlq_breaker
+        with self._counting:
+            if reason != self._storm_reason:
+                self._storm_reason, self._storm = reason, 0
+            self._storm += 1
+            if breaker and self._storm >= breaker and self._storm_tripped is None:
+                self._storm_tripped = (
+                    f"{self._storm} messages in a row were dead-lettered for the same reason "
+                    f"({reason}: {detail}); stopping (--dlq-breaker {breaker}): they are in "
+                    f"{topic}, and the offsets of this last batch were not committed. Fix the "
+                    "cause (often --key or the handler) and start again"
+                )
 
     def _store_offsets(self, partitions: list[list[_Item]]) -> None:
         """For each partition, the offset after its last finished message before the
@@ -665,3 +900,9 @@ def _fqcn(exc: BaseException | None) -> str:
     if exc is None:
         return "idemctl.consume.DeadLetter"
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def _kafka_text(exc: BaseException) -> str:
+    """A KafkaException's own words (librdkafka's), not its repr."""
+    error: Any = exc.args[0] if exc.args else None
+    return str(error.str()) if hasattr(error, "str") else str(exc)

@@ -19,5 +19,13 @@ def render(summary: Summary) -> str:
             "idemctl_paused_partitions", "gauge",
             "Partitions held now (busy keys, retries, outages).", {"": summary.paused},
         ),
+        *family(
+            "idemctl_assigned_partitions", "gauge",
+            "Partitions assigned to this consumer now.", {"": summary.partitions},
+        ),
+        *(family(
+            "idemctl_lag_messages", "gauge",
+            "Messages behind the end of the assigned partitions.", {"": summary.lag},
+        ) if summary.lag is not None else ()),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"

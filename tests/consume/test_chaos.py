@@ -93,7 +93,8 @@ def test_killed_consumers_lose_nothing_and_book_nothing_twice(
         store.provision()
     with postgres_server.connect() as conn:
         conn.execute(
-            f"CREATE TABLE ledger_{tag} (key text, account text, cents bigint, fencing_token int)"
+            f"CREATE TABLE ledger_{tag} "
+            "(key text, account text, cents bigint, fencing_token bigint)"
         )
     rng = random.Random(7)
     unique = int(MESSAGES * 0.7)

@@ -445,26 +445,23 @@ def test_concurrency_runs_partitions_side_by_side_each_in_order(
     assert sum(committed(kafka_broker, topic, group, 3).values()) == 90
 
 
-def test_wrong_brokers_are_reported_not_waited_on_in_silence(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_wrong_brokers_stop_the_consumer_after_the_join_timeout(tmp_path: Path) -> None:
+    from idemctl.errors import KafkaUnavailable
     from tests.servers import free_port
 
-    port = free_port()
+    port = free_port()  # nothing listens there
     with open_store(f"sqlite:///{tmp_path}/keys.db") as store:
         consumer = Consumer(
             store, adapt(lambda e: None),
-            ConsumeOptions(f"127.0.0.1:{port}", ["nowhere"], "g", join_warning=0.5),
+            ConsumeOptions(f"127.0.0.1:{port}", ["nowhere"], "g", join_timeout=2.0,
+                           exit_when_idle=1.0),
         )  # fmt: skip
-        worker = threading.Thread(target=consumer.run, daemon=True)
-        with caplog.at_level("WARNING", logger="idemctl.consume"):
-            worker.start()
-            deadline = time.monotonic() + 30
-            while "no partitions assigned" not in caplog.text:
-                assert time.monotonic() < deadline, caplog.text
-                time.sleep(0.1)
-            consumer.stop()
-            worker.join(30)
-    assert not worker.is_alive()
-    assert f"are the brokers 127.0.0.1:{port} reachable" in caplog.text
-    assert "do the topics nowhere exist" in caplog.text
+        started = time.monotonic()
+        with pytest.raises(KafkaUnavailable) as stopped:
+            consumer.run()
+    assert time.monotonic() - started < 20
+    message = str(stopped.value)
+    assert f"127.0.0.1:{port}" in message and "nowhere" in message
+    assert "no partitions within 2s" in message
+    with open_store(f"sqlite:///{tmp_path}/keys.db") as store:
+        assert store.stats().total == 0  # nothing claimed

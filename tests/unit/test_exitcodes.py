@@ -12,12 +12,15 @@ import pytest
 
 import idemctl
 from idemctl.cli.exitcodes import MEANINGS, ExitCode, exit_code_for, exit_code_table
+from idemctl.consume import ConsumeAborted
 from idemctl.errors import (
     ConfigError,
+    ConsumeStopped,
     FingerprintMismatch,
     IdemctlError,
     InvalidKey,
     InvalidPayload,
+    KafkaUnavailable,
     KeyNotFound,
     LeaseLost,
     MissingDriver,
@@ -41,6 +44,9 @@ REPO = Path(__file__).resolve().parents[2]
         (NotProvisioned("run idemctl init"), 4),
         (KeyNotFound("order:1"), 5),
         (Refused("live lease"), 6),
+        (KafkaUnavailable("no partitions within 60s"), 7),
+        (ConsumeStopped("20 messages in a row were dead-lettered"), 8),
+        (ConsumeAborted("--on-missing-key fail"), 8),
         (KeyboardInterrupt(), 130),
         (LeaseLost("taken over"), 1),
         (StoreError("odd"), 1),
@@ -64,6 +70,8 @@ def test_exit_codes_match_the_documented_table() -> None:
         "NOT_PROVISIONED": 4,
         "KEY_NOT_FOUND": 5,
         "REFUSED": 6,
+        "KAFKA_UNREACHABLE": 7,
+        "CONSUME_STOPPED": 8,
         "INTERRUPTED": 130,
     }
 
