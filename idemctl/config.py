@@ -9,8 +9,9 @@ A ``${NAME}`` in a store URL is read from the environment when that URL is used,
 password need not be written in the file. ``schemas/config.schema.json`` describes the
 same shape; loading checks it here, without a JSON Schema library.
 
-The store URL is chosen in this order: ``--store``, ``IDEMCTL_STORE``, the profile's
-``store``, the file's ``store``, ``sqlite:///./idemctl.db``.
+The store URL is chosen in this order: ``--store``; ``--profile``'s store (the profile's
+``store``, else the file's); ``IDEMCTL_STORE``; the store of ``IDEMCTL_PROFILE``'s profile,
+else the file's ``store``; ``sqlite:///./idemctl.db``. Flags beat the environment.
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ class Config:
         where = str(self.path or CONFIG_FILE)
         return {k: _expand(v, f"{where}: kafka.{k}") for k, v in settings.items()}
 
-    def store_for(self, profile: str | None) -> tuple[str | None, str]:
+    def store_for(self, profile: str | None, given_by: str | None = None) -> tuple[str | None, str]:
         """The store URL this file gives for ``profile`` (variables expanded), and where
-        it comes from; None when the file names none."""
+        it comes from; None when the file names none. ``given_by`` says who chose the
+        profile (``--profile prod``, ``IDEMCTL_PROFILE=prod``) for that description."""
         where = str(self.path or CONFIG_FILE)
         raw, source = self.store, f"{where}: store"
         if profile is not None:
@@ -67,8 +69,11 @@ class Config:
                     f"no profile {profile!r} in {where} (profiles: {known}); "
                     "add it under 'profiles:' or pick another with --profile"
                 )
-            if self.profiles[profile].store is not None:
-                raw, source = self.profiles[profile].store, f"{where}: profiles.{profile}.store"
+            own = self.profiles[profile].store
+            if own is not None:
+                source = f"{where}: profiles.{profile}.store"
+                url = _expand(own, source)
+                return url, source if given_by is None else f"{given_by} in {where}"
         return (None if raw is None else _expand(raw, source)), source
 
 

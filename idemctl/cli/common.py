@@ -22,7 +22,7 @@ import typer
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
 from idemctl.errors import ConfigError, IdemctlError, Refused
 from idemctl.stores import DEFAULT_URL, open_store
-from idemctl.urls import redact_text, redact_url, secrets_in
+from idemctl.urls import redact_text, secrets_in
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -92,6 +92,11 @@ class Settings:
     verbose: int = 0
     no_color: bool = False
     store_source: str = "--store"
+    """Who gave ``store``: the flag, or IDEMCTL_STORE."""
+    profile_source: str = "--profile"
+    """Who gave ``profile``: the flag, or IDEMCTL_PROFILE."""
+    used_source: str | None = None
+    """Where the store a command opened came from (``cli_store`` sets it)."""
     _config: Config | None = field(default=None, repr=False)
     _consoles: dict[bool, Console] = field(default_factory=dict, repr=False)
 
@@ -102,6 +107,8 @@ class Settings:
                 setattr(self, name, max(value, self.verbose) if name == "verbose" else value)
                 if name == "store":
                     self.store_source = "--store"
+                if name == "profile":
+                    self.profile_source = "--profile"
                 if name == "config":
                     self._config = None
 
@@ -114,11 +121,22 @@ class Settings:
         return self._config
 
     def store_url(self) -> tuple[str, str]:
-        """The store URL and where it came from: flag or env > config file > default."""
+        """The store URL and where it came from. Flags beat the environment: ``--store``,
+        then ``--profile``'s store, then IDEMCTL_STORE, then the store of IDEMCTL_PROFILE's
+        profile or the config file's, then the default."""
         config = self.loaded_config()
+        if self.store and self.store_source == "--store":
+            return self.store, self.store_source
+        chosen_by = f"{self.profile_source}{' ' if self.profile_source == '--profile' else '='}"
+        if self.profile and self.profile_source == "--profile":
+            url, source = config.store_for(self.profile, chosen_by + self.profile)
+            if url is not None:
+                return url, source
         if self.store:
             return self.store, self.store_source
-        url, source = config.store_for(self.profile)
+        url, source = config.store_for(
+            self.profile, None if self.profile is None else chosen_by + self.profile
+        )
         if url is not None:
             return url, source
         return DEFAULT_URL, "the default"
@@ -151,21 +169,48 @@ def settings(ctx: typer.Context) -> Settings:
 def _root(ctx: typer.Context, **given: Any) -> None:
     """Effectively-once processing for Kafka consumers, and the tools to operate its stores.
 
-    The store comes from --store, else IDEMCTL_STORE, else 'store:' in idemctl.yaml
-    (--config, IDEMCTL_CONFIG; --profile picks a named profile), else sqlite:///./idemctl.db.
+    The store comes from --store, else --profile's store in idemctl.yaml, else
+    IDEMCTL_STORE, else 'store:' in idemctl.yaml (--config, IDEMCTL_CONFIG; IDEMCTL_PROFILE
+    picks a named profile), else sqlite:///./idemctl.db: flags beat the environment. Every
+    command that opens a store names it, and where it came from, on stderr.
     """
-    source = ctx.get_parameter_source("store")
-    from_env = source is not None and source.name == "ENVIRONMENT"
+    given.pop("version", None)  # --version acted already (is_eager), if given
+
+    def from_env(name: str) -> bool:
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name == "ENVIRONMENT"
+
     ctx.obj = Settings(
         json=given.pop("as_json"),
-        store_source="IDEMCTL_STORE" if from_env else "--store",
+        store_source="IDEMCTL_STORE" if from_env("store") else "--store",
+        profile_source="IDEMCTL_PROFILE" if from_env("profile") else "--profile",
         **given,
     )
 
 
 _CTX = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from idemctl import __version__
+
+        print(f"idemctl {__version__}")
+        raise typer.Exit()
+
+
+_VERSION = inspect.Parameter(
+    "version", inspect.Parameter.KEYWORD_ONLY, default=False,
+    annotation=Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_show_version, expose_value=False,
+            help="Show the version and exit",
+        ),
+    ],
+)  # fmt: skip
 _root.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [_CTX, *_global_options(root=True)]
+    [_CTX, *_global_options(root=True), _VERSION]
 )
 app.callback()(_root)
 
@@ -224,13 +269,24 @@ def cli_store(ctx: typer.Context, *, auto_provision: bool = False) -> Iterator[S
     """The chosen store, opened for a command and closed after it. The CLI never creates a
     SQLite database as a side effect of looking at it: only ``init`` provisions, and
     ``consume`` (with ``auto_provision``), which uses the store as the library does."""
-    url, source = settings(ctx).store_url()
-    logging.getLogger("idemctl.cli").info("store %s (from %s)", redact_url(url), source)
+    current = settings(ctx)
+    url, source = current.store_url()
     store = open_store(url)
+    current.used_source = source
+    # Always, also with --json (stdout stays one document): which store, and why that one.
+    current.err.print(f"store: {store.url} (from {source})", markup=False, highlight=False)
     if hasattr(store, "auto_provision"):
         store.auto_provision = auto_provision
     with store:
         yield store
+
+
+def store_fields(ctx: typer.Context, url: str) -> dict[str, str]:
+    """``store`` (the redacted URL) and ``store_source`` (where it came from, as on the
+    ``store:`` line) for a command's JSON document."""
+    current = settings(ctx)
+    source = current.used_source or current.store_url()[1]
+    return {"store": url, "store_source": source}
 
 
 # Output ------------------------------------------------------------------------------
@@ -339,15 +395,46 @@ def show_warnings(current: Settings, logger: str) -> None:
     own = logging.getLogger(logger)
     for old in [h for h in own.handlers if getattr(h, "idemctl_warnings", False)]:
         own.removeHandler(old)  # one per logger, on this run's stderr
-    handler = logging.StreamHandler(sys.stderr)
+    handler = ConsoleHandler(current.err)
     handler.idemctl_warnings = True  # type: ignore[attr-defined]
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     handler.setLevel(logging.WARNING)
     own.addHandler(handler)
     own.setLevel(logging.WARNING)
     kafka_log = logging.getLogger(f"{logger}.kafka")
     kafka_log.propagate = False
     kafka_log.addHandler(logging.NullHandler())
+
+
+class ConsoleHandler(logging.Handler):
+    """Log lines through the command's rich console, so they land above a live view
+    instead of through it; logfmt (``ts= level= msg=``) when stderr is not a terminal."""
+
+    def __init__(self, console: Console, secrets: list[str] | None = None) -> None:
+        super().__init__()
+        self.console, self.secrets = console, secrets or []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.markup import escape
+
+        from idemctl.cli.render import logfmt
+
+        try:
+            message = redact_text(record.getMessage(), self.secrets)
+            level = record.levelname.lower()
+            if self.console.is_terminal:
+                style = {"warning": "yellow", "error": "bold red"}.get(level, "dim")
+                source = f"[dim]{record.name}:[/] " if level in ("debug", "info") else ""
+                self.console.print(
+                    f"[{style}]{level}[/] {source}{escape(message)}",
+                    soft_wrap=True, highlight=False,
+                )  # fmt: skip
+            else:
+                fields = {"logger": record.name} if level in ("debug", "info") else {}
+                self.console.print(
+                    logfmt(level, message, **fields), markup=False, highlight=False, soft_wrap=True
+                )
+        except Exception:
+            self.handleError(record)
 
 
 def _pairs(items: list[str]) -> dict[str, str]:
@@ -363,17 +450,6 @@ def _pairs(items: list[str]) -> dict[str, str]:
 # Logs --------------------------------------------------------------------------------
 
 
-class _Redacting(logging.Formatter):
-    """Formats a log line, then hides the store's password wherever it shows."""
-
-    def __init__(self, secrets: list[str]) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.secrets = secrets
-
-    def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record), self.secrets)
-
-
 def _configure_logging(current: Settings) -> None:
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "idemctl", False)]:
@@ -384,8 +460,7 @@ def _configure_logging(current: Settings) -> None:
         secrets = secrets_in(current.store_url()[0])
     except ConfigError:
         secrets = []  # the command reports it
-    handler = logging.StreamHandler(sys.stderr)
+    handler = ConsoleHandler(current.err, secrets)
     handler.idemctl = True  # type: ignore[attr-defined]
-    handler.setFormatter(_Redacting(secrets))
     root.addHandler(handler)
     root.setLevel(logging.INFO if current.verbose == 1 else logging.DEBUG)

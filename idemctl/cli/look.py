@@ -7,7 +7,15 @@ from typing import Annotated
 import typer
 
 from idemctl.cli import render
-from idemctl.cli.common import cli_store, command, duration, emit_json, settings, usage_error
+from idemctl.cli.common import (
+    cli_store,
+    command,
+    duration,
+    emit_json,
+    settings,
+    store_fields,
+    usage_error,
+)
 from idemctl.cli.exitcodes import ExitCode
 from idemctl.errors import ConfigError, InvalidCursor, KeyNotFound, NotProvisioned, StoreUnavailable
 from idemctl.model import Finding, Status, validate_key
@@ -47,7 +55,13 @@ def list_(
     ] = None,
     stale: Annotated[
         bool,
-        typer.Option("--stale", help="Only in-progress keys whose lease expired or was released"),
+        typer.Option("--stale", help="Only in-progress keys whose lease expired and nobody freed"),
+    ] = False,
+    released: Annotated[
+        bool,
+        typer.Option(
+            "--released", help="Only in-progress keys freed by unlock or release, not yet claimed"
+        ),
     ] = False,
     older_than: Annotated[
         str | None,
@@ -66,9 +80,12 @@ def list_(
     """List records, a page at a time.
 
     A table, or NDJSON with --json. Keys past retention are left out. --stale shows
-    in-progress keys nobody holds a live lease on: expired ones, which `unlock --stale`
-    frees, and released ones, which the next delivery claims.
+    in-progress keys whose owner's lease expired and nobody freed (its worker may be gone):
+    what `unlock --stale` frees. --released shows in-progress keys with no owner, freed by
+    an unlock or a release: the next delivery claims them.
     """
+    if stale and released:
+        raise usage_error(ctx, "--released", "a key is either stale or released: pick one")
     current = settings(ctx)
     older = duration(older_than, "--older-than")
     at = render.now()
@@ -80,6 +97,7 @@ def list_(
                 page = store.scan(
                     status=status, stale_only=stale, prefix=prefix, cursor=cursor,
                     older_than=older, limit=PAGE if remaining is None else min(PAGE, remaining),
+                    released_only=released,
                 )  # fmt: skip
             except InvalidCursor as exc:
                 raise usage_error(ctx, "--cursor", str(exc)) from None
@@ -106,14 +124,18 @@ def list_(
 
 @command()
 def stats(ctx: typer.Context) -> None:
-    """Count records by status, stale leases, and the oldest in-progress key's age."""
+    """Count records by status, stale and released leases, and the oldest in-progress key's age.
+
+    Stale: in progress, the owner's lease expired and nobody freed it (`unlock --stale`
+    frees them). Released: in progress with no owner, waiting for the next delivery.
+    """
     current = settings(ctx)
     with cli_store(ctx) as store:
         counts = store.stats()
         url = store.url
     at = render.now()
     if current.json:
-        emit_json(render.stats_json(counts, url, at))
+        emit_json({**store_fields(ctx, url), **render.stats_json(counts, url, at)})
     else:
         current.out.print(render.stats_table(counts, at))
 
@@ -124,22 +146,27 @@ def doctor(ctx: typer.Context) -> None:
 
     Connection and latency, schema version or Lua scripts, durability settings (Redis
     persistence, SQLite synchronous), DynamoDB TTL, clock skew against the store.
-    Exits 3 when unreachable, 4 when not provisioned, 1 for any other problem.
+    Each finding is ok, WARN (a trade-off worth knowing: exit 0) or FAIL. Exits 2 when
+    the server refuses the credentials or database, 3 when unreachable, 4 when not
+    provisioned, 1 for any other problem.
     """
     current = settings(ctx)
     url, source = current.store_url()
     url = redact_url(url)
     findings = [Finding("store", True, f"{url} (from {source})")]
+    refused_fix = (
+        "check the AWS credentials (environment, profile or role) and the region"
+        if url.startswith("dynamodb:")
+        else "check the URL's user, password and database name"
+    )
     try:
         with cli_store(ctx) as store:  # a cluster client connects as it opens
             try:
                 findings += store.check()
             except NotProvisioned as exc:
                 findings.append(Finding("schema", False, str(exc), "run 'idemctl init'"))
-            except ConfigError as exc:  # refused credentials
-                findings.append(
-                    Finding("credentials", False, str(exc), "check the URL's user and password")
-                )
+            except ConfigError as exc:  # refused credentials, no such database
+                findings.append(Finding("credentials", False, str(exc), refused_fix))
     except StoreUnavailable as exc:
         findings.append(
             Finding(
@@ -150,16 +177,18 @@ def doctor(ctx: typer.Context) -> None:
     code = _doctor_exit(findings)
     if current.json:
         emit_json(
-            {"store": url, "ok": code is ExitCode.OK,
+            {"store": url, "store_source": source, "ok": code is ExitCode.OK,
              "findings": [render.finding_json(f) for f in findings]}
         )  # fmt: skip
     else:
         current.out.print(render.findings_table(findings))
         failed = [f for f in findings if not f.ok]
+        warned = [f for f in findings if f.level == "warn"]
+        warnings = f", {len(warned)} warning(s)" if warned else ""
         if failed:
-            current.err.print(f"[bold red]{len(failed)} problem(s) found[/]")
+            current.err.print(f"[bold red]{len(failed)} problem(s) found[/]{warnings}")
         else:
-            current.err.print("[green]all checks passed[/]")
+            current.err.print(f"[green]all checks passed[/]{warnings}")
     if code is not ExitCode.OK:
         raise typer.Exit(int(code))
 

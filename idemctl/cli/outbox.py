@@ -25,6 +25,7 @@ from idemctl.cli.common import (
     settings,
     show_warnings,
     stop_on_signals,
+    store_fields,
     usage_error,
 )
 from idemctl.cli.repair import DryRunOption, YesOption, progress_bar
@@ -93,7 +94,8 @@ def relay(
     Rows are taken with FOR UPDATE SKIP LOCKED, so several relays may run side by side.
     Each message is keyed by aggregateid and carries the row's id and type as headers.
     A failed delivery is counted on its row and retried after a back-off. SIGTERM or
-    Ctrl-C finishes the batch in hand and exits 0.
+    Ctrl-C finishes the batch in hand and exits. Exits 0 when every row it took was
+    delivered, 1 (naming the brokers) when it ends with rows it could not deliver.
     """
     from idemctl.metrics import serving
     from idemctl.outbox.relay import Relay, RelayOptions
@@ -124,13 +126,25 @@ def relay(
         ):
             summary = the_relay.run()
     if current.json:
-        emit_json({"store": store.url, **_relay_fields(summary), "batches": summary.batches})
+        emit_json(
+            {**store_fields(ctx, store.url), "brokers": brokers, **_relay_fields(summary),
+             "batches": summary.batches, "undelivered": summary.undelivered,
+             "delivery_error": summary.delivery_error if summary.undelivered else None}
+        )  # fmt: skip
     else:
         current.err.print(
             f"relayed {summary.published} event(s) in {summary.batches} batch(es); "
             f"{summary.failed} delivery failure(s)",
             markup=False,
         )
+    if summary.undelivered:
+        current.err.print(
+            f"error: {summary.undelivered} outbox row(s) not delivered to the brokers at "
+            f"{brokers}: {summary.delivery_error}; they stay unpublished and are retried by the "
+            "next relay run ('idemctl outbox status' shows them)",
+            markup=False,
+        )
+        raise typer.Exit(1)
 
 
 def _relay_fields(summary: RelaySummary) -> dict[str, int]:
@@ -150,7 +164,7 @@ def status(ctx: typer.Context) -> None:
     with cli_store(ctx) as store:
         found = OutboxTable(store).status()
     if current.json:
-        emit_json(_status_json(found, store.url))
+        emit_json({**store_fields(ctx, store.url), **_status_json(found, store.url)})
         return
     current.out.print(_status_table(found))
 
@@ -288,7 +302,8 @@ def _replay_report(
     current = settings(ctx)
     if current.json:
         emit_json(
-            {"store": url, "selected": selected, "sent": sent, "marked_published": marked,
+            {**store_fields(ctx, url), "selected": selected, "sent": sent,
+             "marked_published": marked,
              "failed": [{"id": str(i), "error": e} for i, e in failed]}
         )  # fmt: skip
         return
@@ -356,7 +371,7 @@ def purge(
         emit_json(
             {
                 "action": "outbox purge",
-                "store": store.url,
+                **store_fields(ctx, store.url),
                 "dry_run": dry_run,
                 "count": found,
                 "keys": None,

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from idemctl.cli.common import cli_store, command, emit_json, settings
+from idemctl.cli.common import cli_store, command, emit_json, settings, store_fields
 
 
 @command()
@@ -30,7 +30,7 @@ def init(
         url = store.url
     if current.json:
         emit_json(
-            {"store": url, "dry_run": dry_run, "changed": plan.changed,
+            {**store_fields(ctx, url), "dry_run": dry_run, "changed": plan.changed,
              "statements": plan.statements, "notes": plan.notes}
         )  # fmt: skip
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,8 @@ def status_text(record: Record, at: datetime) -> Text:
     label = record.status.value
     if record.stale(at):
         return Text(f"{label} (stale)", style="bold magenta")
+    if record.released():
+        return Text(f"{label} (released)", style=STYLE[record.status])
     if record.status is Status.FAILED:
         label += " (retriable)" if record.retriable else " (permanent)"
     return Text(label, style=STYLE[record.status])
@@ -121,6 +124,7 @@ def stats_json(stats: Stats, url: str, at: datetime) -> dict[str, Any]:
         "total": stats.total,
         "by_status": {s.value: stats.by_status.get(s, 0) for s in Status},
         "stale": stats.stale,
+        "released": stats.released,
         "oldest_in_progress_at": iso_time(oldest),
         "oldest_in_progress_age_seconds": (
             None if oldest is None else round((at - oldest).total_seconds(), 3)
@@ -139,8 +143,14 @@ def stats_table(stats: Stats, at: datetime) -> Table:
     grid.add_row("total", str(stats.total), "")
     grid.add_row(
         "stale leases", str(stats.stale),
-        "in progress, nobody holding a live lease: idemctl list --stale" if stats.stale else "",
+        "expired, never freed (worker gone?): idemctl list --stale; idemctl unlock --stale"
+        if stats.stale else "",
         style="bold magenta" if stats.stale else None,
+    )  # fmt: skip
+    grid.add_row(
+        "released", str(stats.released),
+        "freed, waiting for the next delivery to claim them: idemctl list --released"
+        if stats.released else "",
     )  # fmt: skip
     oldest = stats.oldest_in_progress
     grid.add_row(
@@ -160,17 +170,25 @@ def findings_table(findings: list[Finding]) -> Table:
     grid.add_column(no_wrap=True)
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
+    marks = {
+        "ok": Text("ok", style="green"),
+        "warn": Text("WARN", style="bold yellow"),
+        "fail": Text("FAIL", style="bold red"),
+    }
     for f in findings:
-        mark = Text("ok", style="green") if f.ok else Text("FAIL", style="bold red")
+        label = "fix" if f.level == "fail" else "note"
         detail = escape(f.detail) + (
-            "" if f.ok or not f.fix else f"\n[yellow]fix:[/] {escape(f.fix)}"
+            "" if f.level == "ok" or not f.fix else f"\n[yellow]{label}:[/] {escape(f.fix)}"
         )
-        grid.add_row(mark, f.name, Text.from_markup(detail))
+        grid.add_row(marks[f.level], f.name, Text.from_markup(detail))
     return grid
 
 
 def finding_json(finding: Finding) -> dict[str, Any]:
-    return {"name": finding.name, "ok": finding.ok, "detail": finding.detail, "fix": finding.fix}
+    return {
+        "name": finding.name, "ok": finding.ok, "level": finding.level,
+        "detail": finding.detail, "fix": finding.fix,
+    }  # fmt: skip
 
 
 def key_list(keys: list[str], shown: int = 20) -> str:
@@ -181,22 +199,27 @@ def key_list(keys: list[str], shown: int = 20) -> str:
 
 class LiveStatus:
     """Progress of a long-running command: a live table on a terminal; otherwise a logfmt
-    line on stderr every ``every`` seconds, for log collectors. ``fields`` gives the counts
-    to show from the summary it is updated with, ``done`` what the rate counts."""
+    line on stderr every ``every`` seconds, for log collectors. ``header`` names what it
+    works on (topic, group, store); ``fields`` gives what to show from the summary it is
+    updated with (counts, a state), ``done`` what the rate counts. The rate is over the last
+    ``window`` seconds, not the run's average."""
 
     def __init__(
         self,
         err: Any,
         name: str,
-        fields: Callable[[Any], dict[str, int]],
+        fields: Callable[[Any], dict[str, Any]],
         done: Callable[[Any], int],
         *,
         live: bool,
         every: float = 10.0,
+        header: dict[str, str] | None = None,
+        window: float = 10.0,
     ) -> None:
         self.err, self.name, self.fields, self.done = err, name, fields, done
-        self.live, self.every = live, every
+        self.live, self.every, self.header, self.window = live, every, header or {}, window
         self.started = self.last = time.monotonic()
+        self._seen: deque[tuple[float, int]] = deque([(self.started, 0)])
         self._live: Any = None
 
     def __enter__(self) -> LiveStatus:
@@ -211,20 +234,49 @@ class LiveStatus:
         if self._live is not None:
             self._live.__exit__(None, None, None)
 
+    def rate(self, now: float, done: int) -> float:
+        """Per second over the last ``window`` seconds."""
+        self._seen.append((now, done))
+        while len(self._seen) > 2 and self._seen[0][0] < now - self.window:
+            self._seen.popleft()
+        then, before = self._seen[0]
+        return (done - before) / max(now - then, 1e-9)
+
     def update(self, summary: Any) -> None:
         now = time.monotonic()
         done = self.done(summary)
-        rate = done / max(now - self.started, 1e-9)
-        fields = self.fields(summary)
+        rate = self.rate(now, done)
+        fields = {k: v for k, v in self.fields(summary).items() if v is not None}
+        elapsed = format_duration(now - self.started)
         if self._live is not None:
             table = Table.grid(padding=(0, 2))
+            for name, value in self.header.items():
+                table.add_row(Text(name, style="dim"), Text(value))
             for name, value in fields.items():
-                table.add_row(name.replace("_", " "), str(value))
-            table.add_row("rate", f"{rate:,.0f}/s")
+                table.add_row(name.replace("_", " "), Text(str(value)))
+            table.add_row("elapsed", elapsed)
+            table.add_row(f"rate ({self.window:.0f}s)", f"{rate:,.0f}/s")
             self._live.update(table)
         elif now - self.last >= self.every:
             self.last = now
-            shown = " ".join(f"{k}={v}" for k, v in fields.items())
             self.err.print(
-                f"{self.name} done={done} rate={rate:.0f}/s {shown}", markup=False, highlight=False
-            )
+                logfmt(
+                    "info", f"{self.name} progress", **self.header, done=done,
+                    rate=f"{rate:.0f}/s", elapsed=elapsed, **fields,
+                ),
+                markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
+
+
+def logfmt(level: str, msg: str, **fields: Any) -> str:
+    """One logfmt line: ``ts=... level=... msg="..." key=value ...``, quoted where needed."""
+    ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    pairs = {"ts": ts, "level": level, "msg": msg, **fields}
+    return " ".join(f"{k.replace(' ', '_')}={_logfmt_value(v)}" for k, v in pairs.items())
+
+
+def _logfmt_value(value: Any) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' ="\\') and text.isprintable():
+        return text
+    return json.dumps(text, ensure_ascii=False)

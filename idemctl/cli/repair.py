@@ -17,9 +17,12 @@ from idemctl.cli.common import (
     duration,
     emit_json,
     settings,
+    store_fields,
     usage_error,
 )
+from idemctl.errors import KeyNotFound
 from idemctl.model import Record, validate_key
+from idemctl.stores.base import Store, check_forgettable, unlocked
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Show what would change and change nothing")
@@ -55,12 +58,13 @@ def unlock(
 
     The next delivery can claim the key at once. Its fencing token stays, so the next
     claim gets token + 1 and the old owner can no longer complete. A live lease needs
-    --force (exit 6 without): its worker may still be running.
+    --force (exit 6 without): its worker may still be running. --dry-run shows what would
+    change (judged by this machine's clock) and changes nothing.
     """
     if stale == (key is not None):
         raise usage_error(ctx, "KEY", "give a KEY, or --stale to free every expired lease")
     if not stale:
-        for flag, used in (("--older-than", older_than), ("--dry-run", dry_run), ("--yes", yes)):
+        for flag, used in (("--older-than", older_than), ("--yes", yes)):
             if used:
                 raise usage_error(ctx, flag, "goes with --stale")
     elif force:
@@ -71,8 +75,11 @@ def unlock(
     if key is not None:
         validate_key(key)
         with cli_store(ctx) as store:
-            record = store.unlock(key, force=force)
-            _report(ctx, "unlock", store.url, [key], record=record)
+            if dry_run:  # the checks unlock makes, on the record as it is now; no write
+                record = unlocked(_existing(store, key), render.now(), force)
+            else:
+                record = store.unlock(key, force=force)
+            _report(ctx, "unlock", store.url, [key], record=record, dry_run=dry_run)
         return
     older = duration(older_than, "--older-than")
     with cli_store(ctx) as store:
@@ -95,16 +102,29 @@ def forget(
     ctx: typer.Context,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The key to delete")],
     force: Annotated[bool, typer.Option("--force", help="Forget an in-progress key too")] = False,
+    dry_run: DryRunOption = False,
 ) -> None:
     """Delete a key so its next delivery runs the handler again.
 
     For completed or failed keys. An in-progress key needs --force (exit 6 without): its
-    worker may still be running.
+    worker may still be running. --dry-run shows the record that would be deleted and
+    changes nothing.
     """
     validate_key(key)
     with cli_store(ctx) as store:
-        record = store.forget(key, force=force)
-        _report(ctx, "forget", store.url, [key], record=record)
+        if dry_run:  # the checks forget makes, on the record as it is now; no write
+            record = _existing(store, key)
+            check_forgettable(record, force)
+        else:
+            record = store.forget(key, force=force)
+        _report(ctx, "forget", store.url, [key], record=record, dry_run=dry_run)
+
+
+def _existing(store: Store, key: str) -> Record:
+    record = store.get(key)
+    if record is None:
+        raise KeyNotFound(key)
+    return record
 
 
 @command()
@@ -194,12 +214,27 @@ def _report(
         count = len(keys or [])
     if current.json:
         document: dict[str, Any] = {
-            "action": action, "store": url, "dry_run": dry_run, "count": count, "keys": keys,
-            "record": None if record is None else record.to_json(),
+            "action": action, **store_fields(ctx, url), "dry_run": dry_run, "count": count,
+            "keys": keys, "record": None if record is None else record.to_json(),
         }  # fmt: skip
         emit_json(document)
         return
     verb, noun = _DONE[action]
+    if dry_run and record is not None:
+        if action == "unlock":
+            current.out.print(
+                f"would unlock {record.key!r}: fencing token {record.fencing_token}, "
+                f"the next claim would get {record.fencing_token + 1}",
+                markup=False,
+            )
+        else:
+            current.out.print(
+                f"would forget {record.key!r} (it is {record.status.value}): "
+                "its next delivery would run the handler again",
+                markup=False,
+            )
+        current.err.print(f"dry run: nothing changed on {url}", markup=False)
+        return
     if dry_run:
         for key in keys or []:
             current.out.print(key, markup=False, highlight=False)

@@ -162,6 +162,11 @@ class RelaySummary:
     batches: int = 0
     store_unavailable: int = 0
     last_error: str | None = None
+    undelivered: int = 0
+    """Rows this relay took and could not deliver, and has not delivered since: when a run
+    ends with any, the broker did not take everything it was given."""
+    delivery_error: str | None = None
+    """Why the last failed delivery failed."""
 
 
 def metrics_text(summary: RelaySummary) -> str:
@@ -202,6 +207,7 @@ class Relay:
         self._on_progress = on_progress
         self._stop = threading.Event()
         self._producer: Any = None
+        self._undelivered: set[uuid.UUID] = set()
 
     def stop(self) -> None:
         """Finish the batch in hand (its acknowledgements and marks), then return (signal-safe)."""
@@ -257,14 +263,18 @@ class Relay:
         self.summary.batches += 1
         self.summary.published += len(acked)
         self.summary.failed += len(failed)
+        self._undelivered.difference_update(acked)
+        self._undelivered.update(row.id for row, _ in failed)
+        self.summary.undelivered = len(self._undelivered)
         if failed:
             row, error = failed[-1]
-            self.summary.last_error = error
+            self.summary.last_error = self.summary.delivery_error = error
             log.warning(
-                "%d of %d outbox row(s) not delivered, each retried after its back-off "
-                "(from %gs, doubling); the last: %s (%s %s) to %s, attempt %d: %s",
-                len(failed), len(rows), o.backoff, row.id, row.aggregatetype, row.type,
-                o.topic_of(row), row.attempts + 1, error,
+                "%d of %d outbox row(s) not delivered to the brokers at %s, each retried "
+                "after its back-off (from %gs, doubling); the last: %s (%s %s) to %s, "
+                "attempt %d: %s",
+                len(failed), len(rows), o.brokers, o.backoff, row.id, row.aggregatetype,
+                row.type, o.topic_of(row), row.attempts + 1, error,
             )  # fmt: skip
         return len(rows)
 

@@ -83,6 +83,20 @@ def json_lines(result: Result, schema: str = "record.schema.json") -> list[Any]:
     return documents
 
 
+_STORE_LINE = re.compile(r"\Astore: [^\n]* \(from [^\n]*\)\n")
+
+
+def store_line(url: str, source: str = "--store") -> str:
+    """The line every command that opens a store prints first on stderr."""
+    return f"store: {url} (from {source})\n"
+
+
+def messages(result: Result) -> str:
+    """stderr without the ``store: URL (from SOURCE)`` line it starts with when the command
+    opened a store."""
+    return _STORE_LINE.sub("", result.stderr, count=1)
+
+
 _MORE = re.compile(r"showing (\d+); for more: idemctl list \.\.\. --cursor (.+)$", re.MULTILINE)
 
 

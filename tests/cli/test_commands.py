@@ -25,10 +25,12 @@ from tests.cli.helpers import (  # noqa: F401 - fixtures
     json_doc,
     json_lines,
     make_target,
+    messages,
     next_cursor,
     on,
     rows,
     run,
+    store_line,
     table,
     target_fixture,
     unprovisioned_fixture,
@@ -107,16 +109,22 @@ def test_init_dry_run_changes_nothing_then_twice_is_harmless(bare: Target) -> No
     assert plan["statements"]
     for statement in plan["statements"]:
         assert statement.rstrip(";") in dry.stdout
-    assert dry.stderr.startswith(
+    assert dry.stderr.startswith(store_line(bare.store.url))
+    assert messages(dry).startswith(
         f"-- dry run: {len(plan['statements'])} statement(s) would run on {bare.store.url}"
     )
     if bare.name == "sqlite":
         assert not sqlite_file(bare).exists()  # not even an empty file
-    # The dry runs changed nothing: still not provisioned.
+    # The dry runs changed nothing: still not provisioned (Redis: scripts not loaded yet,
+    # a warning only, since each loads on its first use).
     before = on(bare.url, "doctor", "--json")
-    assert before.exit_code == ExitCode.NOT_PROVISIONED, before.stdout + before.stderr
-    failing = {f["name"] for f in json_doc(before, "doctor.schema.json")["findings"] if not f["ok"]}
-    assert finding in failing
+    levels = {f["name"]: f["level"] for f in json_doc(before, "doctor.schema.json")["findings"]}
+    if bare.name.startswith("redis"):
+        assert before.exit_code == DOCTOR_EXIT[bare.name], before.stdout + before.stderr
+        assert levels[finding] == "warn"
+    else:
+        assert before.exit_code == ExitCode.NOT_PROVISIONED, before.stdout + before.stderr
+        assert levels[finding] == "fail"
 
     first = on(bare.url, "init")
     assert first.exit_code == 0, first.stderr
@@ -131,8 +139,8 @@ def test_init_dry_run_changes_nothing_then_twice_is_harmless(bare: Target) -> No
     assert again.exit_code == 0
     document = json_doc(again, "init.schema.json")
     assert document == {
-        "store": bare.store.url, "dry_run": False, "changed": False, "statements": [],
-        "notes": document["notes"],
+        "store": bare.store.url, "store_source": "--store", "dry_run": False, "changed": False,
+        "statements": [], "notes": document["notes"],
     }  # fmt: skip
     assert document["notes"]
     nothing = on(bare.url, "init", "--dry-run")
@@ -142,9 +150,9 @@ def test_init_dry_run_changes_nothing_then_twice_is_harmless(bare: Target) -> No
 
     after = on(bare.url, "doctor", "--json")
     assert after.exit_code != ExitCode.NOT_PROVISIONED
-    assert finding not in {
-        f["name"] for f in json_doc(after, "doctor.schema.json")["findings"] if not f["ok"]
-    }
+    assert {f["name"]: f["level"] for f in json_doc(after, "doctor.schema.json")["findings"]}[
+        finding
+    ] == "ok"
     # The library can use what init made.
     assert bare.completed("k", result=1).status.value == "completed"
 
@@ -191,7 +199,8 @@ def test_init_json_reports_what_it_provisioned(bare: Target) -> None:
     assert document["dry_run"] is False
     assert document["changed"] is True
     assert any(INIT_MARKER[bare.name] in s for s in document["statements"])
-    assert result.stderr == ""
+    assert document["store_source"] == "--store"
+    assert result.stderr == store_line(bare.store.url)  # which store, also with --json
 
 
 # inspect ---------------------------------------------------------------------------------
@@ -203,14 +212,14 @@ ROW_NAMES = [
 
 
 def test_inspect_shows_every_field(target: Target) -> None:
-    target.completed("i:done", result={"n": 1, "text": "grüße"}, fingerprint=FINGERPRINT)
+    done = target.completed("i:done", result={"n": 1, "text": "grüße"}, fingerprint=FINGERPRINT)
     live = target.claim("i:live")
     failed = target.failed("i:failed", error="card declined", retriable=True)
-    # Claimed, released, claimed again: attempt 2 with fencing token 2.
+    # Claimed, released, claimed again: attempt 2 with the fencing token one past the first.
     first = target.claim("i:again")
     target.store.release("i:again", first.owner, first.fencing_token)
     again = target.claim("i:again")
-    assert (again.attempt, again.fencing_token) == (2, 2)
+    assert (again.attempt, again.fencing_token) == (2, first.fencing_token + 1)
     target.store.release("i:again", again.owner, again.fencing_token)
 
     shown = {}
@@ -224,7 +233,7 @@ def test_inspect_shows_every_field(target: Target) -> None:
     d = shown["i:done"]
     assert d["status"] == "completed"
     assert d["owner"] == "-"
-    assert d["fencing token"] == "1"
+    assert d["fencing token"] == str(done.fencing_token)
     assert d["attempts"] == "1"
     assert d["lease"] == "-"
     assert d["fingerprint"] == FINGERPRINT
@@ -240,7 +249,7 @@ def test_inspect_shows_every_field(target: Target) -> None:
     lv = shown["i:live"]
     assert lv["status"] == "in_progress"
     assert lv["owner"] == live.owner
-    assert lv["fencing token"] == "1"
+    assert lv["fencing token"] == str(live.fencing_token)
     held = target.get("i:live")
     assert held is not None and held.lease_expires_at is not None
     assert lv["lease"].endswith(f"left ({held.lease_expires_at.strftime('%Y-%m-%d %H:%M:%SZ')})")
@@ -256,10 +265,10 @@ def test_inspect_shows_every_field(target: Target) -> None:
     assert failed.error == "card declined"
 
     a = shown["i:again"]
-    assert a["status"] == "in_progress (stale)"  # released: nobody holds it
+    assert a["status"] == "in_progress (released)"  # freed, waiting for its next delivery
     assert a["owner"] == "-"
     assert a["lease"] == "released"
-    assert (a["fencing token"], a["attempts"]) == ("2", "2")
+    assert (a["fencing token"], a["attempts"]) == (str(again.fencing_token), "2")
 
 
 def test_inspect_json_is_the_record(target: Target) -> None:
@@ -286,7 +295,9 @@ def test_inspect_missing_key_is_exit_5(target: Target) -> None:
         result = on(target.url, "inspect", "not-there", *extra)
         assert result.exit_code == ExitCode.KEY_NOT_FOUND
         assert result.stdout == ""
-        assert result.stderr.strip() == "error: no record for key 'not-there'"
+        assert result.stderr == store_line(target.store.url) + (
+            "error: no record for key 'not-there'\n"
+        )
 
 
 # list ------------------------------------------------------------------------------------
@@ -327,16 +338,18 @@ def test_list_filters(target: Target) -> None:
     # The table: one row per key, stale marked, tokens and attempts as stored.
     shown = on(target.url, "list")
     assert shown.exit_code == 0, shown.stderr
-    assert shown.stderr == ""
+    assert shown.stderr == store_line(target.store.url)
     cells = table(shown.stdout)
     assert sorted(cells) == everything
-    assert cells["b:stale"][:3] == ["in_progress (stale)", "1", "1"]
+    token = {k: str(r.fencing_token) for k in everything if (r := target.get(k)) is not None}
+    assert cells["b:stale"][:3] == ["in_progress (stale)", token["b:stale"], "1"]
     assert cells["b:stale"][3].startswith("expired ")
-    assert cells["b:live"][:3] == ["in_progress", "1", "1"]
+    assert cells["b:live"][:3] == ["in_progress", token["b:live"], "1"]
     assert cells["b:live"][3].endswith(" left")
-    assert cells["c:fail"][:4] == ["failed (permanent)", "1", "1", "-"]
-    assert cells["a:2"][:4] == ["completed", "1", "1", "-"]
-    assert stale.fencing_token == live.fencing_token == 1
+    assert cells["c:fail"][:4] == ["failed (permanent)", token["c:fail"], "1", "-"]
+    assert cells["a:2"][:4] == ["completed", token["a:2"], "1", "-"]
+    assert token["b:stale"] == str(stale.fencing_token)
+    assert token["b:live"] == str(live.fencing_token)
 
     # What list --stale shows is what unlock --stale frees: one key, so no question asked.
     assert list(table(on(target.url, "list", "--stale").stdout)) == ["b:stale"]
@@ -344,8 +357,14 @@ def test_list_filters(target: Target) -> None:
     freed = on(target.url, "unlock", "--stale")
     assert freed.exit_code == 0, freed.stderr
     assert freed.stdout.strip() == f"freed 1 lease(s) on {target.store.url}: b:stale"
-    assert "?" not in freed.stderr
-    assert table(on(target.url, "list", "--stale").stdout)["b:stale"][3] == "released"
+    assert "?" not in messages(freed)  # one key: no question asked
+    # Freed, it is no longer stale: released, waiting for the next delivery.
+    assert listed(target.url, "--stale") == []
+    assert listed(target.url, "--released") == ["b:stale"]
+    freed_row = table(on(target.url, "list", "--released").stdout)["b:stale"]
+    assert (freed_row[0], freed_row[3]) == ("in_progress (released)", "released")
+    both = on(target.url, "list", "--stale", "--released")
+    assert both.exit_code == ExitCode.USAGE and "pick one" in both.stderr
     record = target.get("b:live")
     assert record is not None and record.owner == live.owner
 
@@ -512,9 +531,11 @@ def test_stats_counts_what_was_made(target: Target) -> None:
     expected_at = oldest.to_json()["created_at"]
     assert document == {
         "store": target.store.url,
+        "store_source": "--store",
         "total": 9,
         "by_status": {"in_progress": 4, "completed": 3, "failed": 2},
-        "stale": 3,
+        "stale": 2,  # expired, never freed
+        "released": 1,  # freed, waiting for the next delivery: not stale
         "oldest_in_progress_at": document["oldest_in_progress_at"],
         "oldest_in_progress_age_seconds": document["oldest_in_progress_age_seconds"],
         "past_retention": past,
@@ -534,8 +555,10 @@ def test_stats_counts_what_was_made(target: Target) -> None:
     assert cells["completed"] == ["3"]
     assert cells["failed"] == ["2"]
     assert cells["total"] == ["9"]
-    assert cells["stale leases"][0] == "3"
-    assert "idemctl list --stale" in cells["stale leases"][1]
+    assert cells["stale leases"][0] == "2"
+    assert "idemctl unlock --stale" in cells["stale leases"][1]
+    assert cells["released"][0] == "1"
+    assert "idemctl list --released" in cells["released"][1]
     assert cells["oldest in progress"][1].startswith("created ")
     if past:
         assert cells["past retention"] == ["2", "kept until purged: idemctl purge"]
@@ -547,20 +570,20 @@ def test_stats_counts_what_was_made(target: Target) -> None:
     assert purged.exit_code == 0, purged.stderr
     assert "Delete" not in purged.stderr
     assert json_doc(purged, "action.schema.json") == {
-        "action": "purge", "store": target.store.url, "dry_run": False, "count": past,
-        "keys": None, "record": None,
+        "action": "purge", "store": target.store.url, "store_source": "--store",
+        "dry_run": False, "count": past, "keys": None, "record": None,
     }  # fmt: skip
     after = json_doc(on(target.url, "stats", "--json"), "stats.schema.json")
-    assert (after["past_retention"], after["total"], after["stale"]) == (0, 9, 3)
+    assert (after["past_retention"], after["total"], after["stale"]) == (0, 9, 2)
 
 
 def test_stats_empty_store(target: Target) -> None:
     result = on(target.url, "stats", "--json")
     assert result.exit_code == 0, result.stderr
     assert json_doc(result, "stats.schema.json") == {
-        "store": target.store.url, "total": 0,
+        "store": target.store.url, "store_source": "--store", "total": 0,
         "by_status": {"in_progress": 0, "completed": 0, "failed": 0}, "stale": 0,
-        "oldest_in_progress_at": None, "oldest_in_progress_age_seconds": None,
+        "released": 0, "oldest_in_progress_at": None, "oldest_in_progress_age_seconds": None,
         "past_retention": 0,
     }  # fmt: skip
     shown = grid(on(target.url, "stats").stdout)
@@ -586,12 +609,15 @@ def test_doctor_on_a_provisioned_store(target: Target) -> None:
     assert result.exit_code == expected, result.stdout + result.stderr
     document = json_doc(result, "doctor.schema.json")
     assert document["store"] == target.store.url
+    assert document["store_source"] == "--store"
     assert document["ok"] is (expected == ExitCode.OK)
     findings = document["findings"]
     assert findings[0] == {
-        "name": "store", "ok": True, "fix": None,
+        "name": "store", "ok": True, "level": "ok", "fix": None,
         "detail": f"{target.store.url} (from --store)",
     }  # fmt: skip
+    for f in findings:
+        assert f["level"] in (("warn", "ok") if f["ok"] else ("fail",))
     failing = [f for f in findings if not f["ok"]]
     names = {f["name"] for f in findings}
     if expected == ExitCode.OK:
@@ -602,6 +628,10 @@ def test_doctor_on_a_provisioned_store(target: Target) -> None:
         assert "CONFIG SET appendonly yes" in appendonly["fix"]
         assert {"connection", "scripts", "clock"} <= names
         assert not {"connection", "scripts"} & {f["name"] for f in failing}
+        # Redis's default appendfsync everysec is a trade-off: a warning, not a failure.
+        appendfsync = next(f for f in findings if f["name"] == "appendfsync")
+        assert appendfsync["level"] == "warn" and appendfsync["ok"] is True
+        assert "everysec" in appendfsync["detail"] and "always" in appendfsync["fix"]
     if target.name != "sqlite":  # SQLite runs on this machine's clock
         assert "clock" in names
 
@@ -616,6 +646,48 @@ def test_doctor_on_a_provisioned_store(target: Target) -> None:
         assert f"{len(failing)} problem(s) found" in shown.stderr
         assert re.search(r"FAIL\s+appendonly\s+appendonly no", shown.stdout)
         assert "fix: CONFIG SET appendonly yes" in shown.stdout
+
+
+def test_doctor_warns_of_redis_defaults_and_unloaded_scripts_without_failing(
+    tmp_path: Path,
+) -> None:
+    """A Redis with the AOF on and its default appendfsync everysec, whose scripts nobody
+    loaded yet: two warnings (the fsync trade-off; scripts load on first use), exit 0."""
+    from tests.backends import unique_prefix
+    from tests.servers import RedisServer
+
+    with RedisServer(tmp_path, "--appendonly", "yes") as server:
+        server.cli("SCRIPT", "FLUSH")
+        url = server.url(query=f"prefix={unique_prefix()}")
+        result = on(url, "doctor", "--json")
+        assert result.exit_code == ExitCode.OK, result.stdout + result.stderr
+        document = json_doc(result, "doctor.schema.json")
+        assert document["ok"] is True
+        found = {f["name"]: f for f in document["findings"]}
+        assert {n for n, f in found.items() if f["level"] != "ok"} == {"appendfsync", "scripts"}
+        fsync, scripts = found["appendfsync"], found["scripts"]
+        assert (fsync["level"], fsync["ok"], fsync["detail"]) == (
+            "warn",
+            True,
+            "appendfsync everysec",
+        )
+        assert "last second" in fsync["fix"] and "appendfsync always" in fsync["fix"]
+        assert (scripts["level"], scripts["ok"]) == ("warn", True)
+        assert "first use" in scripts["detail"] and "idemctl init" in scripts["fix"]
+
+        shown = on(url, "doctor")
+        assert shown.exit_code == ExitCode.OK, shown.stdout + shown.stderr
+        assert re.search(r"WARN\s+appendfsync\s+appendfsync everysec", shown.stdout)
+        assert re.search(r"WARN\s+scripts\s+not loaded yet", shown.stdout)
+        assert "note: a crash of the server's machine" in shown.stdout
+        assert "FAIL" not in shown.stdout
+        assert "all checks passed, 2 warning(s)" in shown.stderr
+
+        server.cli("CONFIG", "SET", "appendfsync", "no")  # this one is a failure
+        fails = on(url, "doctor", "--json")
+        assert fails.exit_code == ExitCode.UNEXPECTED, fails.stdout + fails.stderr
+        failing = [f for f in json_doc(fails, "doctor.schema.json")["findings"] if not f["ok"]]
+        assert [(f["name"], f["level"]) for f in failing] == [("appendfsync", "fail")]
 
 
 def test_doctor_every_problem_has_a_fix_redis(request: pytest.FixtureRequest) -> None:
@@ -643,7 +715,8 @@ def test_doctor_other_problems_are_exit_1(tmp_path: Path) -> None:
     assert "1 problem(s) found" in shown.stderr
 
 
-def test_doctor_on_an_unprovisioned_store_is_exit_4(bare: Target) -> None:
+def test_doctor_on_an_unprovisioned_store_is_exit_4(unprovisioned: Target) -> None:
+    bare = unprovisioned
     unprovisioned_before(bare)
     name = NOT_PROVISIONED_FINDING[bare.name]
     result = on(bare.url, "doctor", "--json")
@@ -706,7 +779,7 @@ def test_commands_on_an_unreachable_store_exit_3(name: str, aws_credentials: Non
         result = on(url, *args)
         assert result.exit_code == ExitCode.STORE_UNREACHABLE, result.stdout + result.stderr
         assert result.stdout == ""
-        assert result.stderr.startswith("error: ")
+        assert messages(result).startswith("error: ")
         assert ":pw@" not in result.stderr
 
 
@@ -725,9 +798,10 @@ def test_commands_on_an_unprovisioned_store_exit_4(unprovisioned: Target, args: 
     result = on(unprovisioned.url, *args)
     assert result.exit_code == ExitCode.NOT_PROVISIONED, result.stdout + result.stderr
     assert result.stdout == ""
-    assert result.stderr.startswith("error: ")
+    assert result.stderr.startswith("store: ")
+    assert messages(result).startswith("error: ")
     assert "idemctl init" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert len(messages(result).strip().splitlines()) == 1
     if unprovisioned.name == "sqlite":
         assert not sqlite_file(unprovisioned).exists()  # looking created nothing
 
@@ -737,7 +811,7 @@ def test_commands_on_an_unprovisioned_store_exit_4(unprovisioned: Target, args: 
 
 def test_unlock_key(target: Target) -> None:
     live = target.claim("u:live")
-    target.claim("u:stale", lease=STALE_LEASE)
+    held = target.claim("u:stale", lease=STALE_LEASE)
     target.claim("u:stale-2", lease=STALE_LEASE)
     target.claim("u:stale-3", lease=STALE_LEASE)
     target.completed("u:done")
@@ -750,16 +824,19 @@ def test_unlock_key(target: Target) -> None:
     assert "live lease" in refused.stderr and "--force" in refused.stderr
     record = target.get("u:live")
     assert record is not None
-    assert (record.owner, record.fencing_token) == (live.owner, 1)  # untouched
+    assert (record.owner, record.fencing_token) == (live.owner, live.fencing_token)  # untouched
 
     forced = on(target.url, "unlock", "u:live", "--force")
     assert forced.exit_code == 0, forced.stderr
-    assert forced.stdout.strip() == "unlocked 'u:live': fencing token 1, the next claim gets 2"
+    assert forced.stdout.strip() == (
+        f"unlocked 'u:live': fencing token {live.fencing_token}, "
+        f"the next claim gets {live.fencing_token + 1}"
+    )
     record = target.get("u:live")
     assert record is not None and record.owner is None
     assert record.status.value == "in_progress"
     again = target.claim("u:live")
-    assert (again.fencing_token, again.attempt) == (2, 2)
+    assert (again.fencing_token, again.attempt) == (live.fencing_token + 1, 2)
     # The old owner can no longer complete.
     with pytest.raises(idemctl.LeaseLost):
         target.store.complete("u:live", live.owner, live.fencing_token, "late")
@@ -771,14 +848,15 @@ def test_unlock_key(target: Target) -> None:
     after = target.get("u:stale")
     assert after is not None and after.owner is None
     assert {k: v for k, v in document.items() if k != "record"} == {
-        "action": "unlock", "store": target.store.url, "dry_run": False, "count": 1,
+        "action": "unlock", "store": target.store.url,
+        "store_source": "--store", "dry_run": False, "count": 1,
         "keys": ["u:stale"],
     }  # fmt: skip
     assert document["record"]["key"] == "u:stale"
     assert document["record"]["owner"] is None
     assert document["record"]["status"] == "in_progress"
-    assert document["record"]["fencing_token"] == 1
-    assert target.claim("u:stale").fencing_token == 2
+    assert document["record"]["fencing_token"] == held.fencing_token
+    assert target.claim("u:stale").fencing_token == held.fencing_token + 1
 
     for key in ("u:done", "u:failed"):
         for force in ([], ["--force"]):
@@ -794,7 +872,8 @@ def test_unlock_key(target: Target) -> None:
     assert rest.exit_code == 0, rest.stderr
     assert "Free" not in rest.stderr
     assert json_doc(rest, "action.schema.json") == {
-        "action": "unlock", "store": target.store.url, "dry_run": False, "count": 2,
+        "action": "unlock", "store": target.store.url,
+        "store_source": "--store", "dry_run": False, "count": 2,
         "keys": ["u:stale-2", "u:stale-3"], "record": None,
     }  # fmt: skip
     for key in ("u:stale-2", "u:stale-3"):
@@ -821,13 +900,73 @@ def test_unlock_json_record_is_the_stored_record(request: pytest.FixtureRequest,
     assert json_doc(result, "action.schema.json")["record"] == stored.to_json()
 
 
+def test_unlock_and_forget_one_key_dry_run_change_nothing(target: Target) -> None:
+    """The dry run makes the checks the real command makes (and refuses what it refuses),
+    shows what would change, and writes nothing."""
+    live = target.claim("d:live")
+    done = target.completed("d:done", result=1)
+    target.claim("d:stale", lease=STALE_LEASE)
+    time.sleep(PAST)
+    keys = ("d:live", "d:done", "d:stale")
+    before = {k: target.get(k) for k in keys}
+
+    dry = on(target.url, "unlock", "d:live", "--force", "--dry-run")
+    assert dry.exit_code == 0, dry.stdout + dry.stderr
+    assert dry.stdout.strip() == (
+        f"would unlock 'd:live': fencing token {live.fencing_token}, "
+        f"the next claim would get {live.fencing_token + 1}"
+    )
+    assert messages(dry) == f"dry run: nothing changed on {target.store.url}\n"
+    as_json = on(target.url, "unlock", "d:live", "--force", "--dry-run", "--json")
+    assert as_json.exit_code == 0, as_json.stderr
+    document = json_doc(as_json, "action.schema.json")
+    assert {k: v for k, v in document.items() if k != "record"} == {
+        "action": "unlock", "store": target.store.url, "store_source": "--store",
+        "dry_run": True, "count": 1, "keys": ["d:live"],
+    }  # fmt: skip
+    assert document["record"]["owner"] is None  # as the record would be
+    assert document["record"]["fencing_token"] == live.fencing_token
+    assert on(target.url, "unlock", "d:stale", "--dry-run").exit_code == 0  # expired: no force
+    for args, code in [
+        (["unlock", "d:live", "--dry-run"], ExitCode.REFUSED),  # live: needs --force
+        (["unlock", "d:done", "--force", "--dry-run"], ExitCode.REFUSED),  # no lease
+        (["unlock", "d:missing", "--dry-run"], ExitCode.KEY_NOT_FOUND),
+        (["forget", "d:live", "--dry-run"], ExitCode.REFUSED),  # in progress: needs --force
+        (["forget", "d:missing", "--dry-run"], ExitCode.KEY_NOT_FOUND),
+    ]:
+        refused = on(target.url, *args)
+        assert refused.exit_code == code, (args, refused.stdout + refused.stderr)
+        assert refused.stdout == ""
+
+    forget = on(target.url, "forget", "d:done", "--dry-run")
+    assert forget.exit_code == 0, forget.stdout + forget.stderr
+    assert forget.stdout.strip() == (
+        "would forget 'd:done' (it is completed): its next delivery would run the handler again"
+    )
+    assert messages(forget) == f"dry run: nothing changed on {target.store.url}\n"
+    forget_json = on(target.url, "forget", "d:live", "--force", "--dry-run", "--json")
+    assert forget_json.exit_code == 0, forget_json.stderr
+    document = json_doc(forget_json, "action.schema.json")
+    assert (document["action"], document["dry_run"], document["keys"]) == (
+        "forget", True, ["d:live"],
+    )  # fmt: skip
+    assert document["record"] == before["d:live"].to_json()  # type: ignore[union-attr]
+    assert (
+        json_doc(on(target.url, "forget", "d:done", "--dry-run", "--json"), "action.schema.json")[
+            "record"
+        ]
+        == done.to_json()
+    )
+
+    assert {k: target.get(k) for k in keys} == before  # nothing changed anywhere
+
+
 # unlock --stale --------------------------------------------------------------------------
 
 
 def test_unlock_stale(target: Target) -> None:
     stale = ["s:1", "s:2", "s:3"]
-    for key in stale:
-        target.claim(key, lease=STALE_LEASE)
+    first = {key: target.claim(key, lease=STALE_LEASE) for key in stale}
     live = target.claim("l:1")
     target.completed("c:1")
     released = target.claim("r:1")
@@ -852,7 +991,8 @@ def test_unlock_stale(target: Target) -> None:
     dry_json = on(target.url, "unlock", "--stale", "--dry-run", "--json")
     assert dry_json.exit_code == 0
     assert json_doc(dry_json, "action.schema.json") == {
-        "action": "unlock", "store": target.store.url, "dry_run": True, "count": 3,
+        "action": "unlock", "store": target.store.url,
+        "store_source": "--store", "dry_run": True, "count": 3,
         "keys": stale, "record": None,
     }  # fmt: skip
     assert owners() == held
@@ -863,7 +1003,8 @@ def test_unlock_stale(target: Target) -> None:
     none_yet = on(target.url, "unlock", "--stale", "--older-than", "1h", "--yes", "--json")
     assert none_yet.exit_code == 0
     assert json_doc(none_yet, "action.schema.json") == {
-        "action": "unlock", "store": target.store.url, "dry_run": False, "count": 0,
+        "action": "unlock", "store": target.store.url,
+        "store_source": "--store", "dry_run": False, "count": 0,
         "keys": [], "record": None,
     }  # fmt: skip
     assert owners() == held  # no lease ended an hour ago
@@ -884,14 +1025,15 @@ def test_unlock_stale(target: Target) -> None:
     assert [now[k] for k in stale] == [None, None, None]
     assert now["l:1"] == live.owner  # the live lease was left alone
     record = target.get("l:1")
-    assert record is not None and record.fencing_token == 1
+    assert record is not None and record.fencing_token == live.fencing_token
 
     # Nothing stale any more.
     empty = on(target.url, "unlock", "--stale", "--dry-run", "--json")
     assert json_doc(empty, "action.schema.json")["count"] == 0
 
-    assert target.claim("s:1").fencing_token == 2
-    assert target.claim("r:1").fencing_token == 2  # released, never "freed": still claimable
+    assert target.claim("s:1").fencing_token == first["s:1"].fencing_token + 1
+    # released, never "freed": still claimable
+    assert target.claim("r:1").fencing_token == released.fencing_token + 1
 
 
 # forget ----------------------------------------------------------------------------------
@@ -916,7 +1058,8 @@ def test_forget(target: Target) -> None:
     as_json = on(target.url, "forget", "f:failed", "--json")
     assert as_json.exit_code == 0, as_json.stderr
     assert json_doc(as_json, "action.schema.json") == {
-        "action": "forget", "store": target.store.url, "dry_run": False, "count": 1,
+        "action": "forget", "store": target.store.url,
+        "store_source": "--store", "dry_run": False, "count": 1,
         "keys": ["f:failed"], "record": failed.to_json(),
     }  # fmt: skip
     assert target.get("f:failed") is None
@@ -943,8 +1086,7 @@ def test_forget(target: Target) -> None:
 
 
 def test_purge(target: Target) -> None:
-    for n in range(3):
-        target.completed(f"x:{n}", retention=STALE_LEASE)
+    done = [target.completed(f"x:{n}", retention=STALE_LEASE) for n in range(3)]
     target.completed("k:kept")
     target.claim("k:busy")
     target.failed("x:failed", retention=STALE_LEASE)
@@ -968,7 +1110,8 @@ def test_purge(target: Target) -> None:
     )
     dry_json = on(target.url, "purge", "--dry-run", "--json")
     assert json_doc(dry_json, "action.schema.json") == {
-        "action": "purge", "store": target.store.url, "dry_run": True, "count": expected,
+        "action": "purge", "store": target.store.url,
+        "store_source": "--store", "dry_run": True, "count": expected,
         "keys": None, "record": None,
     }  # fmt: skip
     assert past() == expected  # the dry runs deleted nothing
@@ -1008,9 +1151,10 @@ def test_purge(target: Target) -> None:
     stats = json_doc(on(target.url, "stats", "--json"), "stats.schema.json")
     assert stats["total"] == 2
 
-    # Purged (or dropped by TTL), the record is gone with its fencing counter.
+    # Purged (or dropped by TTL), the record is gone; its fencing counter never goes back:
+    # the key starts again above every token it had.
     again = target.claim("x:0")
-    assert (again.fencing_token, again.attempt) == (1, 1)
+    assert again.attempt == 1 and again.fencing_token > done[0].fencing_token
 
 
 # Usage errors ----------------------------------------------------------------------------
@@ -1022,7 +1166,6 @@ def test_purge(target: Target) -> None:
         (["unlock"], "give a KEY, or --stale"),
         (["unlock", "k", "--stale"], "give a KEY, or --stale"),
         (["unlock", "--stale", "--force"], "--force"),
-        (["unlock", "k", "--dry-run"], "goes with --stale"),
         (["unlock", "k", "--yes"], "goes with --stale"),
         (["unlock", "k", "--older-than", "5m"], "goes with --stale"),
         (["unlock", "--stale", "--older-than", "soon"], "not a duration"),
@@ -1061,7 +1204,8 @@ def test_memory_store_commands() -> None:
     )
     init_json = on(url, "init", "--json")
     assert json_doc(init_json, "init.schema.json") == {
-        "store": url, "dry_run": False, "changed": False, "statements": [],
+        "store": url, "store_source": "--store", "dry_run": False, "changed": False,
+        "statements": [],
         "notes": ["memory store needs no provisioning"],
     }  # fmt: skip
 
@@ -1070,7 +1214,7 @@ def test_memory_store_commands() -> None:
     document = json_doc(doctor, "doctor.schema.json")
     assert document["ok"] is True
     assert document["findings"][0] == {
-        "name": "store", "ok": True, "fix": None,
+        "name": "store", "ok": True, "level": "ok", "fix": None,
         "detail": "memory:// (from --store)",
     }  # fmt: skip
     assert "durability" in {f["name"] for f in document["findings"]}
@@ -1090,7 +1234,78 @@ def test_memory_store_commands() -> None:
 def test_store_from_the_environment() -> None:
     result = run(["doctor", "--json"], env={"IDEMCTL_STORE": "memory://"})
     assert result.exit_code == 0, result.stderr
-    assert json_doc(result, "doctor.schema.json")["store"] == "memory://"
+    document = json_doc(result, "doctor.schema.json")
+    assert (document["store"], document["store_source"]) == ("memory://", "IDEMCTL_STORE")
+    assert result.stderr == store_line("memory://", "IDEMCTL_STORE")
+
+
+def test_flags_beat_the_environment(tmp_path: Path) -> None:
+    """--store, then --profile (on the root or the command), then IDEMCTL_STORE, then
+    IDEMCTL_PROFILE or the file's store: and each run says which store and why."""
+    prod, other = f"sqlite:///{tmp_path}/prod.db", f"sqlite:///{tmp_path}/other.db"
+    config = tmp_path / "idemctl.yaml"
+    config.write_text(f"store: {other}\nprofiles:\n  prod:\n    store: {prod}\n  bare: {{}}\n")
+    for url in (prod, other):
+        assert on(url, "init").exit_code == 0
+    files = {"IDEMCTL_CONFIG": str(config)}
+    env = {**files, "IDEMCTL_STORE": "memory://"}
+    cases: list[tuple[list[str], dict[str, str | None], str, str]] = [
+        (["--profile", "prod", "doctor"], env, prod, f"--profile prod in {config}"),  # seen
+        (["doctor", "--profile", "prod"], env, prod, f"--profile prod in {config}"),
+        (["--profile", "bare", "doctor"], env, other, f"{config}: store"),  # the file's own
+        (["--store", other, "--profile", "prod", "doctor"], env, other, "--store"),
+        (["doctor"], env, "memory://", "IDEMCTL_STORE"),
+        (["doctor"], {**env, "IDEMCTL_PROFILE": "prod"}, "memory://", "IDEMCTL_STORE"),
+        (
+            ["doctor"],
+            {**files, "IDEMCTL_PROFILE": "prod"},
+            prod,
+            f"IDEMCTL_PROFILE=prod in {config}",
+        ),
+        (["doctor"], files, other, f"{config}: store"),
+    ]
+    for args, environment, url, source in cases:
+        result = run(["--json", *args], env=environment)
+        assert result.exit_code == 0, (args, result.stdout, result.stderr)
+        document = json_doc(result, "doctor.schema.json")
+        assert (document["store"], document["store_source"]) == (url, source), args
+        assert document["findings"][0]["detail"] == f"{url} (from {source})"
+        assert result.stderr == store_line(url, source), args
+        shown = run(args, env=environment)
+        assert shown.stderr.startswith(store_line(url, source)), args  # for humans too
+
+
+def test_every_command_names_its_store(target: Target) -> None:
+    """On stderr always (stdout stays the command's own output); in every JSON document
+    that has a "store", with where it came from."""
+    target.completed("n:done")
+    target.claim("n:stale", lease=STALE_LEASE)
+    time.sleep(PAST)
+    line = store_line(target.store.url)
+    documents = {
+        ("init",): "init.schema.json",
+        ("stats",): "stats.schema.json",
+        ("doctor",): "doctor.schema.json",
+        ("unlock", "n:stale"): "action.schema.json",
+        ("unlock", "--stale", "--dry-run"): "action.schema.json",
+        ("forget", "n:done", "--dry-run"): "action.schema.json",
+        ("purge", "--dry-run"): "action.schema.json",
+    }
+    for args, schema in documents.items():
+        result = on(target.url, *args, "--json")
+        assert result.stderr == line, (args, result.stderr)
+        if result.exit_code == 0:  # doctor on the test's Redis finds appendonly off
+            document = json_doc(result, schema)
+            assert (document["store"], document["store_source"]) == (target.store.url, "--store")
+    for args in (["list", "--json"], ["inspect", "n:done", "--json"]):  # records: stderr only
+        result = on(target.url, *args)
+        assert result.exit_code == 0 and result.stderr == line, (args, result.stderr)
+        assert all("store_source" not in d for d in json_lines(result))
+    for args in (["list"], ["inspect", "n:done"], ["stats"], ["forget", "n:done"]):
+        result = on(target.url, *args)
+        assert result.exit_code == 0, (args, result.stderr)
+        assert result.stderr.startswith(line), (args, result.stderr)
+        assert "store: " not in result.stdout
 
 
 def test_version() -> None:

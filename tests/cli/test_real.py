@@ -88,8 +88,11 @@ def show(result: Result) -> str:
 
 
 def one_error_line(result: Result) -> str:
-    """The single ``error: ...`` line a failing command prints on stderr."""
+    """The single ``error: ...`` line a failing command prints on stderr (after the
+    ``store: URL (from SOURCE)`` line, when it got as far as opening the store)."""
     lines = result.stderr.strip().splitlines()
+    if lines and re.fullmatch(r"store: \S+ \(from .+\)", lines[0]):
+        lines = lines[1:]
     assert len(lines) == 1, show(result)
     assert lines[0].startswith("error: "), show(result)
     return lines[0]
@@ -144,6 +147,13 @@ def check_schema(document: Any, name: str) -> None:
 
 def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
+
+
+def tokens(url: str, *keys: str) -> dict[str, int]:
+    """The fencing tokens of ``keys`` as the store at ``url`` holds them now."""
+    with open_store(url) as store:
+        records = {key: store.get(key) for key in keys}
+    return {key: r.fencing_token for key, r in records.items() if r is not None}
 
 
 def seed(
@@ -545,15 +555,18 @@ def test_doctor_sqlite(db: tuple[Path, str]) -> None:
     check_schema(report, "doctor.schema.json")
     assert report["ok"] is True and report["store"] == url
     assert report["findings"][0] == {
-        "name": "store", "ok": True, "detail": f"{url} (from IDEMCTL_STORE)",
+        "name": "store", "ok": True, "level": "ok", "detail": f"{url} (from IDEMCTL_STORE)",
         "fix": None,
     }  # fmt: skip
+    assert report["store_source"] == "IDEMCTL_STORE"
+    assert human.stderr.startswith(f"store: {url} (from --store)\n")  # the flag, over the env
     assert all(f["ok"] for f in report["findings"])
 
 
 def test_unlock_by_key(db: tuple[Path, str]) -> None:
     cwd, url = db
     seed(url, stale=["s-1"], live=["l-1", "l-2"], completed=["c-1"])
+    token = tokens(url, "s-1", "l-2")
     freed, live, done, missing, forced_json = run_all(
         [
             ["--store", url, "unlock", "s-1"],
@@ -565,7 +578,9 @@ def test_unlock_by_key(db: tuple[Path, str]) -> None:
         cwd=cwd,
     )
     assert freed.returncode == 0, show(freed)
-    assert freed.stdout.strip() == "unlocked 's-1': fencing token 1, the next claim gets 2"
+    assert freed.stdout.strip() == (
+        f"unlocked 's-1': fencing token {token['s-1']}, the next claim gets {token['s-1'] + 1}"
+    )
     assert live.returncode == 6 and "live lease" in one_error_line(live), show(live)
     assert done.returncode == 6 and "is completed" in one_error_line(done), show(done)
     assert missing.returncode == 5 and "no record for key 'nope'" in one_error_line(missing)
@@ -579,7 +594,7 @@ def test_unlock_by_key(db: tuple[Path, str]) -> None:
         assert isinstance(store.claim("l-1", lease=1), Busy)  # the refused unlock left it held
         for key in ("s-1", "l-2"):
             again = store.claim(key, lease=1)
-            assert isinstance(again, Acquired) and again.fencing_token == 2
+            assert isinstance(again, Acquired) and again.fencing_token == token[key] + 1
 
 
 def test_unlock_usage_errors(tmp_path: Path) -> None:
@@ -588,7 +603,6 @@ def test_unlock_usage_errors(tmp_path: Path) -> None:
         ["unlock", "k", "--stale"],
         ["unlock", "--stale", "--force"],
         ["unlock", "k", "--yes"],
-        ["unlock", "k", "--dry-run"],
         ["unlock", "k", "--older-than", "5m"],
         ["unlock", "--stale", "--older-than", "later"],
     ]
@@ -600,6 +614,7 @@ def test_unlock_usage_errors(tmp_path: Path) -> None:
 def test_unlock_stale_asks_first(db: tuple[Path, str]) -> None:
     cwd, url = db
     seed(url, stale=["s-1", "s-2"], live=["l-1"])
+    token = tokens(url, "s-1")
     dry, no_input, none_so_old = run_all(
         [
             ["--store", url, "unlock", "--stale", "--dry-run"],
@@ -628,17 +643,20 @@ def test_unlock_stale_asks_first(db: tuple[Path, str]) -> None:
     action = json.loads(said_yes.stdout)
     check_schema(action, "action.schema.json")
     assert action == {
-        "action": "unlock", "store": url, "dry_run": False, "count": 2, "keys": ["s-1", "s-2"],
+        "action": "unlock", "store": url, "store_source": "--store", "dry_run": False,
+        "count": 2, "keys": ["s-1", "s-2"],
         "record": None,
     }  # fmt: skip
     with open_store(url) as store:
-        # Released, not deleted: still in progress (and listed by --stale) until claimed again.
-        assert {r.key: r.owner for r in store.scan(stale_only=True).records} == {
+        # Released, not deleted: still in progress (listed by --released, no longer by
+        # --stale) until claimed again.
+        assert {r.key: r.owner for r in store.scan(released_only=True).records} == {
             "s-1": None, "s-2": None,
         }  # fmt: skip
+        assert store.scan(stale_only=True).records == []
         assert isinstance(store.claim("l-1", lease=1), Busy)
         again = store.claim("s-1", lease=1)
-        assert isinstance(again, Acquired) and again.fencing_token == 2
+        assert isinstance(again, Acquired) and again.fencing_token == token["s-1"] + 1
 
 
 def test_forget(db: tuple[Path, str]) -> None:
@@ -904,7 +922,11 @@ def test_store_precedence(marked_stores: dict[str, str], tmp_path: Path) -> None
     env = {"IDEMCTL_STORE": urls["env"]}
     cases: list[tuple[list[str], dict[str, str], Path, str]] = [
         (["--store", urls["flag"], "--profile", "p", "list"], env, work, "flag"),
-        (["--profile", "p", "list"], env, work, "env"),
+        (["--profile", "p", "list"], env, work, "profile"),  # the flag beats IDEMCTL_STORE
+        (["list", "--profile", "p"], env, work, "profile"),
+        (["--profile", "empty", "list"], env, work, "file"),  # the file, as --profile empty sees it
+        (["list"], env, work, "env"),
+        (["list"], {**env, "IDEMCTL_PROFILE": "p"}, work, "env"),  # env profile: after env store
         (["--profile", "p", "list"], {}, work, "profile"),
         (["list"], {"IDEMCTL_PROFILE": "p"}, work, "profile"),
         (["list", "--profile", "p"], {}, work, "profile"),  # global options on the command
@@ -954,7 +976,7 @@ def test_config_file_by_option_and_env(marked_stores: dict[str, str], tmp_path: 
 
     doctor = idemctl("--json", "--config", str(other), "--profile", "p", "doctor", cwd=work)
     detail = json.loads(doctor.stdout)["findings"][0]["detail"]
-    assert detail == f"{urls['profile']} (from {other}: profiles.p.store)"
+    assert detail == f"{urls['profile']} (from --profile p in {other})"
 
 
 def test_config_variables(marked_stores: dict[str, str], tmp_path: Path) -> None:

@@ -836,7 +836,8 @@ def test_cli_replay_a_time_window_to_a_topic(pg: Pg, kafka_broker: KafkaBroker) 
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout) == {
-        "store": pg.url, "selected": 2, "sent": 2, "marked_published": 0, "failed": [],
+        "store": pg.url, "store_source": "--store", "selected": 2, "sent": 2,
+        "marked_published": 0, "failed": [],
     }  # fmt: skip
     messages = by_id(read_topic(kafka_broker, target, 2))
     assert set(messages) == {str(ids[1]), str(ids[2])}
@@ -961,6 +962,46 @@ def test_cli_outbox_on_an_unprovisioned_schema_exits_4(postgres_server: Postgres
         result = on(url, "outbox", *args)
         assert result.exit_code == 4, (args, result.stdout, result.stderr)
         assert "idemctl init" in result.stderr
+
+
+def test_cli_relay_that_cannot_deliver_exits_1_naming_the_brokers(pg: Pg) -> None:
+    ids = pg.write_many(3, "order")
+    brokers = dead_brokers()
+    args = [
+        "outbox", "relay", "--brokers", brokers, "--delivery-timeout", "1s",
+        "--exit-when-idle", "1s", "--poll-interval", "100ms", "--backoff", "60s",
+    ]  # fmt: skip
+    result = on(pg.url, *args)
+    assert result.exit_code == 1, result.stdout + result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 3 outbox row(s) not delivered to the brokers at "), last
+    assert brokers in last
+    assert "relayed 0 event(s) in 1 batch(es); 3 delivery failure(s)" in result.stderr
+    assert all(r["published_at"] is None and r["attempts"] == 1 for r in pg.rows().values())
+
+    pg.set(ids, retry_at=pg.now())  # due again
+    as_json = on(pg.url, *args, "--json")
+    assert as_json.exit_code == 1, as_json.stdout + as_json.stderr
+    doc = json.loads(as_json.stdout)
+    assert (doc["brokers"], doc["published"], doc["failed"], doc["undelivered"]) == (
+        brokers, 0, 3, 3,
+    )  # fmt: skip
+    assert doc["delivery_error"] and doc["store"] == pg.url
+    assert doc["store_source"] == "--store"
+
+
+def test_cli_relay_that_delivered_everything_exits_0(pg: Pg, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker)
+    pg.write_many(2, "order")
+    result = on(
+        pg.url, "outbox", "relay", "--brokers", kafka_broker.bootstrap,
+        "--topic-template", topic, "--exit-when-idle", "1s", "--poll-interval", "100ms",
+        "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stdout + result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["published"], doc["failed"], doc["undelivered"]) == (2, 0, 0)
+    assert doc["delivery_error"] is None
 
 
 def test_cli_replay_reports_failed_deliveries_and_exits_1(pg: Pg) -> None:
