@@ -647,10 +647,11 @@ def wait_for_a_look(world: World, relay: Proc, before: set[int]) -> None:
 
 
 def test_relays_killed_again_and_again_lose_no_event(world: World) -> None:
-    """A relay is SIGKILLed 0.5-1.5 s after it starts looking at the table and started
+    """A relay is SIGKILLed 0.25-0.75 s after it starts looking at the table and started
     again, until the outbox is drained (at most CHAOS_FOR s). A relay drains 3000 rows in
-    well under a second here, so batches are small and the table is locked now and then:
-    kills land while a relay has produced a batch and waits to mark it."""
+    about a second here (kills 0.5-1.5 s after the look left two rounds, too few), so
+    batches are small and the table is locked now and then: kills land while a relay has
+    produced a batch and waits to mark it."""
     rows = world.write(CHAOS_ROWS)
     rng = random.Random(5)
     kills, rounds = 0, 0
@@ -665,7 +666,7 @@ def test_relays_killed_again_and_again_lose_no_event(world: World) -> None:
             rounds += 1
             try:
                 wait_for_a_look(world, relay, before)
-                time.sleep(rng.uniform(0.5, 1.5))
+                time.sleep(rng.uniform(0.25, 0.75))
                 if relay.popen.poll() is None:
                     os.kill(relay.pid, signal.SIGKILL)
                     kills += 1
