@@ -126,7 +126,7 @@ class Summary:
     partitions: int = 0
     """Partitions assigned to this consumer now."""
     state: str = "starting"
-    """joining group, consuming, no partitions assigned, brokers unreachable for ..."""
+    """joining group, consuming, no partitions assigned, brokers unreachable for ..., stopped"""
     lag: int | None = None
     """Messages behind the end of the assigned partitions, where the broker reports it."""
 
@@ -263,7 +263,7 @@ class Consumer:
                     break
         finally:
             self._close()
-            self._progress(force=True)
+            self._progress(force=True, state="stopped")
         return self.summary
 
     def _close(self) -> None:
@@ -381,7 +381,7 @@ class Consumer:
                     self._kafka_error,
                 )
 
-    def _progress(self, force: bool = False) -> None:
+    def _progress(self, force: bool = False, state: str | None = None) -> None:
         """Tell ``on_progress`` where the run stands, at most every PROGRESS_EVERY s."""
         now = time.monotonic()
         if self._on_progress is None or (not force and now - self._progressed < PROGRESS_EVERY):
@@ -390,7 +390,9 @@ class Consumer:
         summary = self.summary
         summary.paused = len(self._paused)
         summary.partitions = len(self._partitions)
-        if self._down_since is not None and self._joined:
+        if state is not None:
+            summary.state = state
+        elif self._down_since is not None and self._joined:
             summary.state = f"brokers unreachable for {now - self._down_since:.0f}s"
         elif not self._joined:
             summary.state = "joining group"
