@@ -13,19 +13,7 @@ from idemctl.model import Acquired
 from idemctl.stores.base import RowStore, first_token
 from idemctl.stores.memory import MemoryStore
 from idemctl.stores.sqlite import SQLiteStore
-
-START = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+from tests.unit.test_runner import START, Clock
 
 
 def test_first_token_is_the_clock_in_microseconds() -> None:
