@@ -100,15 +100,16 @@ def unlock(
 @command()
 def forget(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(metavar="KEY", help="The key to delete")],
+    key: Annotated[str, typer.Argument(metavar="KEY", help="The key to forget")],
     force: Annotated[bool, typer.Option("--force", help="Forget an in-progress key too")] = False,
     dry_run: DryRunOption = False,
 ) -> None:
-    """Delete a key so its next delivery runs the handler again.
+    """Forget a key so its next delivery runs the handler again.
 
     For completed or failed keys. An in-progress key needs --force (exit 6 without): its
-    worker may still be running. --dry-run shows the record that would be deleted and
-    changes nothing.
+    worker may still be running. What stays is a tombstone that keeps the key's fencing
+    counter (the next claim gets token + 1) until purge. --dry-run shows the record that
+    would be forgotten and changes nothing.
     """
     validate_key(key)
     with cli_store(ctx) as store:
