@@ -79,6 +79,24 @@ def consume(
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Messages per poll and store round trip")
     ] = 100,
+    complete_batch: Annotated[
+        int,
+        typer.Option(
+            "--complete-batch",
+            min=1,
+            metavar="N",
+            help="A finished key's completion leaves once N are waiting ...",
+        ),
+    ] = 20,
+    complete_wait: Annotated[
+        str,
+        typer.Option(
+            "--complete-wait",
+            metavar="DUR",
+            help="... or it has waited DUR, whichever comes first: a SIGKILL repeats the "
+            "handlers it cuts off and the completions not sent yet",
+        ),
+    ] = "5ms",
     concurrency: Annotated[
         int,
         typer.Option(
@@ -121,7 +139,8 @@ def consume(
     """Run a handler for each message of the topics, effectively once per key.
 
     Offsets are stored only after a message is completed, replayed or dead-lettered.
-    SIGTERM or Ctrl-C finishes the batch in hand, commits and exits 0. Before anything is
+    SIGTERM or Ctrl-C drains: the running handlers finish and are completed, the batch's
+    other claims are released, offsets are committed, exit 0. Before anything is
     claimed it checks the handler's signature and the Kafka settings (exit 2).
     """
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
@@ -132,6 +151,7 @@ def consume(
         brokers=brokers, topics=topic, group=group, key=key, on_missing_key=on_missing_key,
         lease=duration(lease, "--lease"), max_attempts=max_attempts,
         backoff=duration(backoff, "--backoff"), dlq_topic=dlq_topic, batch_size=batch_size,
+        complete_batch=complete_batch, complete_wait=duration(complete_wait, "--complete-wait"),
         concurrency=concurrency,
         max_messages=max_messages,
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,

@@ -1,7 +1,10 @@
 """The consume loop: Kafka's at-least-once delivery made effectively-once by a store.
 
 Per poll batch: claim every key in one round trip (``claim_many``), run the handlers of the
-keys acquired, complete them in one round trip (``complete_many``), then store offsets.
+keys acquired, and complete each as soon as its handler returns: a completer thread sends
+finished keys' completions (``complete_many``) while later handlers run, so a consumer killed
+mid-batch repeats only the handlers it was running and the few completions not yet sent.
+Once every completion of the round is acknowledged, offsets are stored.
 Offsets are stored only for messages that are finished (completed, replayed or
 dead-lettered), in partition order: a partition stops at its first unfinished message,
 seeks back to it, and waits (paused) for a back-off. The store being unreachable stops
@@ -80,6 +83,11 @@ class ConsumeOptions:
     dlq_topic: str | None = None
     """Default: ``<topic>.dlq`` for each input topic."""
     batch_size: int = 100
+    complete_batch: int = 20
+    """Completions the completer sends in one round trip at most before it stops waiting."""
+    complete_wait: float = 0.005
+    """Seconds a finished key's completion waits for others to go with it, at most: with
+    ``complete_batch``, what a SIGKILL can cost beyond the handlers it cuts off."""
     concurrency: int = 1
     """Partitions whose handlers run side by side (each partition's in order), for
     handlers that wait on I/O."""
@@ -103,8 +111,13 @@ class ConsumeOptions:
     def __post_init__(self) -> None:
         if self.on_missing_key not in ("dlq", "offset", "fail"):
             raise ConfigError(f"--on-missing-key {self.on_missing_key!r}: use dlq, offset or fail")
-        if min(self.max_attempts, self.batch_size, self.concurrency) < 1:
-            raise ConfigError("--max-attempts, --batch-size and --concurrency must be at least 1")
+        if min(self.max_attempts, self.batch_size, self.concurrency, self.complete_batch) < 1:
+            raise ConfigError(
+                "--max-attempts, --batch-size, --complete-batch and --concurrency must be at "
+                "least 1"
+            )
+        if self.complete_wait < 0:
+            raise ConfigError("--complete-wait cannot be negative")
         if self.dlq_breaker < 0 or self.join_timeout < 0:
             raise ConfigError("--dlq-breaker and --join-timeout cannot be negative")
         key_strategy(self.key)  # fails early on a bad strategy
@@ -190,7 +203,8 @@ class Consumer:
         self._first_keyed = False
 
     def stop(self) -> None:
-        """Finish the batch in hand, store its offsets, commit and return (signal-safe)."""
+        """Drain and return (signal-safe): the running handlers finish, their keys are
+        completed, the batch's other claims released, offsets stored and committed."""
         self._stop.set()
 
     def _count(self, outcome: str) -> None:
@@ -242,6 +256,9 @@ class Consumer:
         lease = self.store.default_lease if o.lease is None else o.lease
         self._heartbeat = _Heartbeat(self.store, lease)
         self._heartbeat.start()
+        self._completer = _Completer(
+            self.store, o.complete_batch, o.complete_wait, self._heartbeat.done
+        )
         started = self._unassigned_since = self._idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -262,6 +279,7 @@ class Consumer:
                 if o.max_messages is not None and self.summary.finished >= o.max_messages:
                     break
         finally:
+            self._progress(force=True)  # where it stood when it stopped consuming
             self._close()
             self._progress(force=True, state="stopped")
         return self.summary
@@ -270,6 +288,7 @@ class Consumer:
         from confluent_kafka import KafkaException
 
         self._heartbeat.stop()
+        self._completer.stop()
         if self._pool is not None:
             self._pool.shutdown()
         try:
@@ -521,6 +540,8 @@ class Consumer:
             self._round(round_items)
             if self._storm_tripped is not None:
                 raise ConsumeStopped(self._storm_tripped)  # no offset of this batch stored
+            if self._stop.is_set():
+                break  # draining: later rounds were never claimed
             # A partition that stopped in this round skips the rest of the batch.
             stopped = {self._tp(i) for i in round_items if i.blocked}
             pending = [items for items in later if self._tp(items[0]) not in stopped]
@@ -557,14 +578,17 @@ class Consumer:
             self._round_transactional(items)
             return
         o = self.options
-        blocked: set[tuple[str, int]] = set()
+        blocked: dict[tuple[str, int], int] = {}
+        """Each held partition's offset: it goes on from there after the back-off."""
 
         def usable(item: _Item) -> bool:
-            return self._tp(item) not in blocked
+            """Not behind a message its partition is held at."""
+            at = blocked.get(self._tp(item))
+            return at is None or item.msg.offset() < at
 
         def block(item: _Item, seconds: float, why: str) -> None:
             item.blocked = True
-            blocked.add(self._tp(item))
+            blocked[self._tp(item)] = item.msg.offset()
             self._count(why)
             self._hold(item, seconds)
 
@@ -599,50 +623,55 @@ class Consumer:
         for item in items:
             partitions[self._tp(item)].append(item)
 
-        def work(part: list[_Item]) -> tuple[list[tuple[_Item, Completion]], tuple[Any, ...]]:
-            """One partition's messages in order; stops at the first that must wait."""
-            done: list[tuple[_Item, Completion]] = []
+        def release_from(part: list[_Item], i: int) -> None:
+            for later in part[i:]:  # not run now: give their claims back
+                held = claimed.get(id(later))
+                if isinstance(held, Acquired):
+                    self._release(held)
+
+        def work(part: list[_Item]) -> tuple[Any, ...]:
+            """One partition's messages in order, each completion handed to the completer
+            as its handler returns; stops at the first that must wait, or on stop()."""
             for i, item in enumerate(part):
+                if self._stop.is_set():  # SIGTERM: finish the handler in hand, no more
+                    release_from(part, i)
+                    return ()
                 try:
                     wait = self._settle(item, claimed.get(id(item)))
                 except StoreUnavailable as exc:  # recording a failure: fail closed
                     log.warning("store unavailable, will retry: %s", exc)
                     wait = (o.backoff, "store_unavailable")
                 if isinstance(wait, Completion):
-                    done.append((item, wait))
+                    self._completer.put(item, wait)
                 elif wait is not None:
-                    for later in part[i + 1 :]:  # behind a stopped message: not now
-                        held = claimed.get(id(later))
-                        if isinstance(held, Acquired):
-                            self._release(held)
-                    return done, (item, *wait)
-            return done, ()
+                    release_from(part, i + 1)  # behind a stopped message: not now
+                    return (item, *wait)
+            return ()
 
         parts = list(partitions.values())
-        if self._pool is not None and len(parts) > 1:  # partitions side by side
-            results = list(self._pool.map(work, parts))
-        else:
-            results = [work(part) for part in parts]
-        completions: list[tuple[_Item, Completion]] = []
-        for finished, stop in results:
-            completions += finished
+        try:
+            if self._pool is not None and len(parts) > 1:  # partitions side by side
+                stops = list(self._pool.map(work, parts))
+            else:
+                stops = [work(part) for part in parts]
+        finally:
+            acknowledged = self._completer.drain()  # every completion handed over, answered
+        for stop in stops:
             if stop:
                 block(*stop)
-        if not completions:
-            return
-        try:
-            done = self.store.complete_many([c for _, c in completions])
-        except StoreUnavailable as exc:
-            log.warning("store unavailable at completion, will retry: %s", exc)
-            for item, _ in completions:
-                if usable(item):
-                    block(item, o.backoff, "store_unavailable")
-            return
-        for (item, _), ok in zip(completions, done, strict=True):
-            if ok:
+        # A completion that failed holds its partition at that message, even where a later
+        # message of it stopped the partition already: nothing past it may be stored.
+        for item, answer in sorted(acknowledged, key=lambda done: done[0].msg.offset()):
+            if answer is True:
                 item.done = True
                 self._count("executed")
-            elif usable(item):
+                continue
+            if not usable(item):
+                continue
+            if isinstance(answer, StoreUnavailable):
+                log.warning("store unavailable at completion, will retry: %s", answer)
+                block(item, o.backoff, "store_unavailable")
+            else:
                 block(item, o.backoff, "lease_lost")
 
     def _round_transactional(self, items: list[_Item]) -> None:
@@ -864,18 +893,24 @@ class _Heartbeat(threading.Thread):
     def __init__(self, store: Store, lease: float) -> None:
         super().__init__(name="idemctl-heartbeat", daemon=True)
         self.store, self.lease = store, lease
-        self._held: list[Acquired] = []
+        self._held: dict[str, Acquired] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
 
     def hold(self, acquired: list[Acquired]) -> None:
         with self._lock:
-            self._held = acquired
+            self._held = {a.key: a for a in acquired}
+
+    def done(self, keys: list[str]) -> None:
+        """Completed: their leases need no more extending."""
+        with self._lock:
+            for key in keys:
+                self._held.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:
-            self._held = []
+            self._held = {}
 
     def stop(self) -> None:
         self._stopped = True
@@ -886,12 +921,102 @@ class _Heartbeat(threading.Thread):
         interval = self.lease / 3
         while not self._wake.wait(interval) and not self._stopped:
             with self._lock:
-                held = list(self._held)
+                held = list(self._held.values())
             for a in held:
                 try:
                     self.store.extend(a.key, a.owner, a.fencing_token, self.lease)
                 except IdemctlError as exc:  # lost or unreachable: completion will tell
                     log.debug("heartbeat for %s: %s", a.key, exc)
+
+
+class _Completer:
+    """Sends finished keys' completions while the round's later handlers run: a batch leaves
+    once it holds ``batch`` completions or its oldest has waited ``wait`` seconds, whichever
+    comes first; one round trip at a time, those finished meanwhile go in the next. What a
+    SIGKILL can cost beyond the handlers it cuts off is what waits here or is on its way.
+
+    ``drain()`` sends what is left at once and returns every answer since the last drain:
+    True (completed), False (the lease was lost) or the StoreUnavailable that failed it."""
+
+    def __init__(
+        self, store: Store, batch: int, wait: float, completed: Callable[[list[str]], None]
+    ) -> None:
+        self.store, self.batch, self.wait, self._completed = store, batch, wait, completed
+        self._cond = threading.Condition()
+        self._queue: list[tuple[_Item, Completion]] = []
+        self._since = 0.0
+        self._sending = 0
+        self._answers: list[tuple[_Item, bool | StoreUnavailable]] = []
+        self._failure: BaseException | None = None
+        self._now = self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def put(self, item: _Item, completion: Completion) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="idemctl-completer", daemon=True
+                )
+                self._thread.start()
+            if not self._queue:
+                self._since = time.monotonic()
+            self._queue.append((item, completion))
+            if len(self._queue) == 1 or len(self._queue) >= self.batch:
+                self._cond.notify_all()  # the first starts the wait for company
+
+    def drain(self) -> list[tuple[_Item, bool | StoreUnavailable]]:
+        with self._cond:
+            self._now = True
+            self._cond.notify_all()
+            while self._queue or self._sending:
+                self._cond.wait()
+            self._now = False
+            answers, self._answers = self._answers, []
+            failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+        return answers
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                while len(self._queue) < self.batch and not (self._now or self._stopped):
+                    left = self._since + self.wait - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                sending, self._queue = self._queue, []
+                self._sending = len(sending)
+            answers = self._send(sending)
+            with self._cond:
+                self._answers += answers
+                self._sending = 0
+                self._cond.notify_all()
+
+    def _send(
+        self, sending: list[tuple[_Item, Completion]]
+    ) -> list[tuple[_Item, bool | StoreUnavailable]]:
+        try:
+            done = self.store.complete_many([c for _, c in sending])
+        except StoreUnavailable as exc:
+            return [(item, exc) for item, _ in sending]
+        except BaseException as exc:  # raised again by drain(), in the consumer's thread
+            with self._cond:
+                self._failure = exc
+            return []
+        self._completed([c.key for (_, c), ok in zip(sending, done, strict=True) if ok])
+        return [(item, ok) for (item, _), ok in zip(sending, done, strict=True)]
 
 
 def _fingerprint(value: bytes | None) -> str | None:
