@@ -122,7 +122,7 @@ class AttemptsExhausted(Permanent):
 
 class ConsumeStopped(IdemctlError):
     """``idemctl consume`` stopped on purpose before a message it must not pass: a
-    dead-letter storm (``--dlq-breaker``) or ``--on-missing-key fail``. Nothing past that
+    dead-letter storm (``--dlq-breaker``) or ``--on-missing-key stop``. Nothing past that
     message was committed."""
 
 

@@ -71,7 +71,7 @@ def _from_header(m: Message, name: str) -> str:
     try:
         return validate_key(values[-1].decode("utf-8"))
     except UnicodeDecodeError:
-        raise MissingKey(f"header {name!r} is not UTF-8") from None
+        raise InvalidKey(f"header {name!r} is not UTF-8: {values[-1][:60]!r}") from None
 
 
 def _from_template(m: Message, template: str) -> str:

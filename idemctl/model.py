@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from typing import Any, TypeAlias
 from idemctl.errors import InvalidKey, InvalidPayload
 
 MAX_KEY_BYTES = 512
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 JSON: TypeAlias = Any
 """A value that ``json.dumps`` accepts: the stored result of a handler."""
@@ -228,11 +230,21 @@ class Provisioning:
 
 
 def validate_key(key: str) -> str:
-    """Return ``key`` if it is a usable idempotency key, else raise InvalidKey."""
+    """Return ``key`` if it is a usable idempotency key, else raise InvalidKey.
+
+    One rule for every store: a non-empty string of valid Unicode, at most MAX_KEY_BYTES in
+    UTF-8, without control characters (U+0000-U+001F, U+007F-U+009F: PostgreSQL cannot
+    store NUL in text, and none of them shows in a terminal or a log as it is)."""
     if not isinstance(key, str):
         raise InvalidKey(f"idempotency key must be a string, not {type(key).__name__}")
     if not key:
         raise InvalidKey("idempotency key is empty")
+    control = _CONTROL.search(key)
+    if control is not None:
+        raise InvalidKey(
+            f"idempotency key {key[:60]!r} holds a control character (U+"
+            f"{ord(control.group()):04X} at position {control.start()}); keys may hold none"
+        )
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError:

@@ -41,6 +41,7 @@ from idemctl.model import (
     Mismatch,
     Record,
     canonical_json,
+    validate_key,
 )
 from idemctl.model import (
     fingerprint as fingerprint_of,
@@ -192,6 +193,7 @@ def run(
     restarts, redeliveries and duplicates): the last run's failure is recorded as final,
     and a claim past the bound fails the key with AttemptsExhausted without running it.
     """
+    validate_key(key)  # InvalidKey before anything is claimed, the same on every store
     if transactional:
         return _run_transactional(
             store, key, handler, fingerprint, lease, retention, permanent, max_attempts, logger

@@ -45,7 +45,12 @@ def consume(
         ),
     ] = "header:idempotency-key",
     on_missing_key: Annotated[
-        str, typer.Option("--on-missing-key", help="dlq, offset or fail")
+        str,
+        typer.Option(
+            "--on-missing-key",
+            help="A message without a usable key, or with an unreadable payload: dlq, offset "
+            "(topic-partition-offset as its key), skip or stop",
+        ),
     ] = "dlq",
     dlq_breaker: Annotated[
         int,
@@ -185,7 +190,13 @@ def consume(
     counts = dict(sorted(summary.counts.items()))
     if current.json:
         emit_json(
-            {**store_fields(ctx, store.url), "topics": topic, "group": group, "counts": counts}
+            {
+                **store_fields(ctx, store.url),
+                "topics": topic,
+                "group": group,
+                "counts": counts,
+                "dead_letters": dict(sorted(summary.dead_letters.items())),
+            }
         )
     else:
         shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()) or "nothing"

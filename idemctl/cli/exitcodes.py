@@ -54,7 +54,7 @@ MEANINGS: dict[ExitCode, str] = {
     ),
     ExitCode.CONSUME_STOPPED: (
         "consume stopped before a message it must not pass: a dead-letter storm "
-        "(--dlq-breaker) or --on-missing-key fail"
+        "(--dlq-breaker) or --on-missing-key stop"
     ),
     ExitCode.INTERRUPTED: "interrupted",
 }

@@ -32,6 +32,7 @@ from idemctl.errors import (
     ConfigError,
     ConsumeStopped,
     IdemctlError,
+    InvalidKey,
     InvalidPayload,
     KafkaUnavailable,
     StoreUnavailable,
@@ -74,8 +75,10 @@ class ConsumeOptions:
     group: str
     key: str = DEFAULT_KEY_STRATEGY
     on_missing_key: str = "dlq"
-    """dlq: dead-letter the message; offset: use topic-partition-offset as its key;
-    fail: stop the consumer without storing its offset."""
+    """For a message without a usable key (none, or one ``validate_key`` refuses) or with a
+    payload the fingerprint or the key template cannot read: dlq: dead-letter it; offset: use
+    topic-partition-offset as its key; skip: pass it by (its offset is stored); stop (or
+    fail): stop the consumer without storing its offset."""
     lease: float | None = None
     max_attempts: int = 5
     backoff: float = 1.0
@@ -109,8 +112,10 @@ class ConsumeOptions:
     0: never."""
 
     def __post_init__(self) -> None:
-        if self.on_missing_key not in ("dlq", "offset", "fail"):
-            raise ConfigError(f"--on-missing-key {self.on_missing_key!r}: use dlq, offset or fail")
+        if self.on_missing_key not in ("dlq", "offset", "skip", "stop", "fail"):
+            raise ConfigError(
+                f"--on-missing-key {self.on_missing_key!r}: use dlq, offset, skip or stop"
+            )
         if min(self.max_attempts, self.batch_size, self.concurrency, self.complete_batch) < 1:
             raise ConfigError(
                 "--max-attempts, --batch-size, --complete-batch and --concurrency must be at "
@@ -124,7 +129,7 @@ class ConsumeOptions:
 
 
 class ConsumeAborted(ConsumeStopped):
-    """The consumer stopped on purpose (``--on-missing-key fail``, a dead-letter storm, a
+    """The consumer stopped on purpose (``--on-missing-key stop``, a dead-letter storm, a
     dead letter the broker refused); nothing past the message that stopped it was stored."""
 
 
@@ -133,7 +138,10 @@ class Summary:
     """What a run did, message by message, and where it stands now."""
 
     counts: Counter[str] = field(default_factory=Counter)
-    """executed, replayed, dead_lettered, retried, busy, store_unavailable, lease_lost"""
+    """executed, replayed, dead_lettered, skipped, retried, busy, store_unavailable,
+    lease_lost"""
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    """Dead letters by reason (no idempotency key, invalid idempotency key, ...)."""
     paused: int = 0
     """Partitions held now (busy keys, retries, an unreachable store)."""
     partitions: int = 0
@@ -152,8 +160,10 @@ class Summary:
 class _Item:
     msg: Any  # confluent_kafka.Message
     key: str | None = None
-    missing: str | None = None
-    """Why the message has no key (it goes to the dead-letter topic)."""
+    fingerprint: str | None = None
+    bad: tuple[str, str] | None = None
+    """Why the message cannot be claimed (reason, detail): it goes to the dead-letter topic,
+    or is skipped."""
     done: bool = False
     blocked: bool = False
 
@@ -552,25 +562,39 @@ class Consumer:
         return item.msg.topic(), item.msg.partition()
 
     def _keyed(self, m: Any) -> _Item:
+        """The message with its key and fingerprint, or why it has none usable: a bad
+        message goes to the dead-letter topic (or ``on_missing_key``); a key template the
+        very first message cannot fill stops the consumer."""
         message = Message(m.topic(), m.partition(), m.offset(), m.value(), m.headers() or ())
         first, self._first_keyed = not self._first_keyed, True
+        o = self.options
         try:
-            return _Item(m, key=self._strategy(message))
-        except (MissingKey, InvalidPayload) as exc:
-            if first and isinstance(exc, MissingField) and self.options.on_missing_key == "dlq":
+            key = self._strategy(message)
+            return _Item(m, key=key, fingerprint=_fingerprint(m.value()))
+        except (InvalidKey, InvalidPayload) as exc:
+            if first and isinstance(exc, MissingField) and o.on_missing_key == "dlq":
                 raise ConfigError(
-                    f"--key {self.options.key} cannot work: the first message, "
+                    f"--key {o.key} cannot work: the first message, "
                     f"{m.topic()}[{m.partition()}]@{m.offset()}, is a JSON object but {exc}; "
                     "stopping before anything is claimed or dead-lettered"
                 ) from None
-            if self.options.on_missing_key == "offset":
-                return _Item(m, key=self._offset_strategy(message))
-            if self.options.on_missing_key == "fail":
+            reason = (
+                "no idempotency key" if isinstance(exc, MissingKey)
+                else "invalid idempotency key" if isinstance(exc, InvalidKey)
+                else "unreadable payload"
+            )  # fmt: skip
+            if o.on_missing_key == "offset":
+                try:
+                    fp = _fingerprint(m.value())
+                except InvalidPayload:
+                    fp = None  # the offset is the key: nothing to compare it with
+                return _Item(m, key=self._offset_strategy(message), fingerprint=fp)
+            if o.on_missing_key in ("stop", "fail"):
                 raise ConsumeAborted(
-                    f"message {m.topic()}[{m.partition()}]@{m.offset()} has no idempotency "
-                    f"key ({exc}); stopping (--on-missing-key fail)"
+                    f"message {m.topic()}[{m.partition()}]@{m.offset()}: {reason} ({exc}); "
+                    f"stopping (--on-missing-key {o.on_missing_key})"
                 ) from None
-            return _Item(m, missing=str(exc))
+            return _Item(m, bad=(reason, str(exc)))
 
     def _round(self, items: list[_Item]) -> None:
         """Claim, run and complete ``items`` (distinct keys), partitions in order."""
@@ -595,7 +619,7 @@ class Consumer:
         keyed = [i for i in items if i.key is not None]
         try:
             outcomes = self.store.claim_many(
-                [ClaimRequest(i.key, _fingerprint(i.msg.value())) for i in keyed],  # type: ignore[arg-type]
+                [ClaimRequest(i.key, i.fingerprint) for i in keyed],  # type: ignore[arg-type]
                 o.lease,
             )
         except StoreUnavailable as exc:
@@ -684,7 +708,7 @@ class Consumer:
             if self._storm_tripped is not None:
                 return
             if item.key is None:
-                self._dead_letter(item, "no idempotency key", item.missing or "")
+                self._unusable(item)
                 continue
             try:
                 wait = self._run_transactional(item)
@@ -704,7 +728,7 @@ class Consumer:
         assert item.key is not None
         result = run(
             self.store, item.key, lambda ctx: self.handler(event, ctx),
-            fingerprint=_fingerprint(item.msg.value()), lease=self.options.lease,
+            fingerprint=item.fingerprint, lease=self.options.lease,
             permanent=self.options.permanent_errors, transactional=True,
             max_attempts=self.options.max_attempts, logger=log,
         )  # fmt: skip
@@ -723,6 +747,21 @@ class Consumer:
                 wait = self._failure(item, result.error, result.retriable, result.attempt or 1)
                 return None if wait is None else (wait, "retried")
         return None
+
+    def _unusable(self, item: _Item) -> None:
+        """A message that cannot be claimed: dead-lettered, or passed by (``skip``)."""
+        assert item.bad is not None
+        reason, detail = item.bad
+        if self.options.on_missing_key != "skip":
+            self._dead_letter(item, reason, detail)
+            return
+        item.done = True
+        self._count("skipped")
+        m = item.msg
+        log.warning(
+            "skipped %s[%d]@%d: %s: %s (--on-missing-key skip)",
+            m.topic(), m.partition(), m.offset(), reason, detail,
+        )  # fmt: skip
 
     def _mismatch(self, item: _Item) -> None:
         detail = f"key {item.key!r} was seen before with another payload"
@@ -760,7 +799,7 @@ class Consumer:
         """What a claim outcome comes to: a completion to make; a back-off (seconds, why)
         before the partition goes on from this message; or None when it is finished."""
         if item.key is None:
-            self._dead_letter(item, "no idempotency key", item.missing or "")
+            self._unusable(item)
         elif isinstance(outcome, Completed):
             item.done = True
             self._count("replayed")
@@ -841,6 +880,8 @@ class Consumer:
             )
         item.done = True
         self._count("dead_lettered")
+        with self._counting:
+            self.summary.dead_letters[reason] += 1
         log.warning(
             "dead-lettered %s[%d]@%d to %s: %s: %s",
             m.topic(), m.partition(), m.offset(), topic, reason, detail,

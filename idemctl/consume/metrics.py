@@ -5,8 +5,8 @@ from __future__ import annotations
 from idemctl.consume.loop import Summary
 from idemctl.metrics import family
 
-OUTCOMES = ("executed", "replayed", "dead_lettered", "retried", "busy", "store_unavailable",
-            "lease_lost")  # fmt: skip
+OUTCOMES = ("executed", "replayed", "dead_lettered", "skipped", "retried", "busy",
+            "store_unavailable", "lease_lost")  # fmt: skip
 
 
 def render(summary: Summary) -> str:
@@ -14,6 +14,10 @@ def render(summary: Summary) -> str:
         *family(
             "idemctl_messages_total", "counter", "Messages by what became of them.",
             {f'outcome="{o}"': summary.counts[o] for o in OUTCOMES},
+        ),
+        *family(
+            "idemctl_dead_letters_total", "counter", "Dead letters by reason.",
+            {f'reason="{_label(r)}"': n for r, n in sorted(summary.dead_letters.items())},
         ),
         *family(
             "idemctl_paused_partitions", "gauge",
@@ -29,3 +33,8 @@ def render(summary: Summary) -> str:
         ) if summary.lag is not None else ()),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

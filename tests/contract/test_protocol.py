@@ -612,3 +612,35 @@ def test_provision_twice_changes_nothing(store: Store) -> None:
     assert second.changed is False
     assert store.provision(dry_run=True).changed is False
     assert all(f.name for f in store.check())
+
+
+BAD_KEYS = {
+    "empty": "",
+    "513 bytes": "k" * 513,
+    "NUL": "order\x00-1",
+    "tab": "order\t1",
+    "C1 control": "order\x851",
+    "lone surrogate": "order-\udcff",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_KEYS))
+def test_one_key_rule_refuses_the_same_keys_on_every_store(store: Store, name: str) -> None:
+    key = BAD_KEYS[name]
+    with pytest.raises(InvalidKey):
+        store.claim(key)
+    with pytest.raises(InvalidKey):
+        store.claim_many([ClaimRequest(key, None)])
+    ran: list[str] = []
+    with pytest.raises(InvalidKey):
+        run(store, key, lambda ctx: ran.append(ctx.key))
+    assert ran == [] and store.stats().total == 0  # nothing claimed
+
+
+def test_one_key_rule_accepts_512_bytes_of_any_printable_unicode(store: Store) -> None:
+    for key in ("é" * 256, "🙂" * 128, "tenant/ä:order 1 (retry)"):
+        result = run(store, key, lambda ctx: {"key": ctx.key})
+        assert result.outcome is Outcome.EXECUTED and result.result == {"key": key}
+        record = store.get(key)
+        assert record is not None and record.key == key
+        assert run(store, key, lambda ctx: None).outcome is Outcome.REPLAYED

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
         (Refused("live lease"), 6),
         (KafkaUnavailable("no partitions within 60s"), 7),
         (ConsumeStopped("20 messages in a row were dead-lettered"), 8),
-        (ConsumeAborted("--on-missing-key fail"), 8),
+        (ConsumeAborted("--on-missing-key stop"), 8),
         (KeyboardInterrupt(), 130),
         (LeaseLost("taken over"), 1),
         (StoreError("odd"), 1),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from idemctl.consume import Event, adapt, load_handler
-from idemctl.errors import ConfigError, InvalidPayload
+from idemctl.errors import ConfigError, InvalidKey, InvalidPayload
 from idemctl.keys import Message, MissingKey, key_strategy
 from idemctl.model import fingerprint
 
@@ -27,8 +27,11 @@ def test_header_strategy_reads_the_last_value_as_utf8() -> None:
     )
     with pytest.raises(MissingKey, match="no 'idempotency-key' header"):
         by_header(msg(headers=[("other", b"x")]))
-    with pytest.raises(MissingKey, match="not UTF-8"):
-        by_header(msg(headers=[("idempotency-key", b"\xff")]))
+    # There but unusable: an invalid key (dead-lettered as such), not a missing one.
+    for unusable, why in ((b"\xff", "not UTF-8"), (b"", "empty"), (b"a\x00b", "control")):
+        with pytest.raises(InvalidKey, match=why) as refused:
+            by_header(msg(headers=[("idempotency-key", unusable)]))
+        assert not isinstance(refused.value, MissingKey)
     with pytest.raises(MissingKey):
         by_header(msg(headers=[("idempotency-key", None)]))
 
