@@ -16,7 +16,7 @@ import pytest
 
 from idemctl import open_store
 from tests.backends import unique_prefix, unique_schema, unique_table
-from tests.consume.test_consume import REPO, committed, names, read_all
+from tests.consume.test_consume import REPO, committed, kafka_flags, names, read_all
 from tests.servers import KafkaBroker
 
 BAD: dict[str, tuple[bytes | None, bytes, str]] = {
@@ -69,8 +69,7 @@ def test_bad_messages_are_dead_lettered_and_the_good_ones_run_once(
         "        f.write(ctx.key + '\\n')\n"
     )
     ledger = tmp_path / "ledger.txt"
-    kafka = [x for k, v in kafka_broker.client_config().items() if k != "bootstrap.servers"
-             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
+    kafka = kafka_flags(kafka_broker)
     done = subprocess.run(
         [sys.executable, "-m", "idemctl", "--store", store_url, "--json", "consume",
          "--brokers", kafka_broker.bootstrap, "--topic", topic, "--group", group,

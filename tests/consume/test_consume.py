@@ -80,6 +80,12 @@ def committed(broker: KafkaBroker, topic: str, group: str, partitions: int) -> d
     return {tp.partition: tp.offset for tp in tps}
 
 
+def kafka_flags(broker: KafkaBroker, **extra: Any) -> list[str]:
+    """``--kafka-config k=v`` for each of the test broker's client settings but its address."""
+    return [x for k, v in broker.client_config(**extra).items() if k != "bootstrap.servers"
+            for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
+
+
 def options(broker: KafkaBroker, topic: str, group: str, **kw: Any) -> ConsumeOptions:
     kafka = {k: str(v) for k, v in broker.client_config().items() if k != "bootstrap.servers"}
     kw.setdefault("exit_when_idle", 3.0)
@@ -238,8 +244,7 @@ def test_cli_consume_runs_a_handler_module_and_sigterm_drains(
     from tests.servers import free_port
 
     metrics_port = free_port()
-    kafka = [x for k, v in kafka_broker.client_config().items() if k != "bootstrap.servers"
-             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
+    kafka = kafka_flags(kafka_broker)
     proc = subprocess.Popen(
         [sys.executable, "-m", "idemctl", "--store", f"sqlite:///{tmp_path}/keys.db", "consume",
          "--brokers", kafka_broker.bootstrap, "--topic", topic, "--group", group,

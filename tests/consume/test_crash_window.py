@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from idemctl.model import Status
-from tests.consume.test_consume import REPO, committed, names, produce
+from tests.consume.test_consume import REPO, committed, kafka_flags, names, produce
 from tests.servers import KafkaBroker
 
 MESSAGES = 300
@@ -49,9 +49,7 @@ def test_a_kill_mid_batch_repeats_only_the_running_handlers(
     (tmp_path / "effects.py").write_text(HANDLER)
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
-    config = kafka_broker.client_config()
-    kafka = [x for k, v in config.items() if k != "bootstrap.servers"
-             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
+    kafka = kafka_flags(kafka_broker)
     command = [
         sys.executable, "-m", "idemctl", "--store", f"sqlite:///{tmp_path}/keys.db", "consume",
         "--brokers", kafka_broker.bootstrap, "--topic", topic, "--group", group,
@@ -126,8 +124,7 @@ def test_sigterm_mid_batch_finishes_the_running_handler_and_releases_the_rest(
     )
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
-    kafka = [x for k, v in kafka_broker.client_config().items() if k != "bootstrap.servers"
-             for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
+    kafka = kafka_flags(kafka_broker)
     url = f"sqlite:///{tmp_path}/keys.db"
     command = [
         sys.executable, "-m", "idemctl", "--store", url, "consume", "--brokers",

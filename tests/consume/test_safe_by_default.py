@@ -20,7 +20,15 @@ from idemctl import open_store
 from idemctl.consume import ConsumeOptions, Consumer, Event, adapt
 from idemctl.errors import ConfigError, ConsumeStopped, KafkaUnavailable
 from idemctl.runner import Context
-from tests.consume.test_consume import REPO, committed, names, options, produce, read_all
+from tests.consume.test_consume import (
+    REPO,
+    committed,
+    kafka_flags,
+    names,
+    options,
+    produce,
+    read_all,
+)
 from tests.servers import KafkaBroker
 
 
@@ -31,11 +39,6 @@ def cli(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.Complete
         check=False, cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
-
-
-def kafka_flags(broker: KafkaBroker) -> list[str]:
-    return [x for k, v in broker.client_config().items() if k != "bootstrap.servers"
-            for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
 
 
 # 1. --max-messages N runs at most N handlers --------------------------------------------
