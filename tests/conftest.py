@@ -10,7 +10,7 @@ import pytest
 from tests.fixtures_dynamodb import aws_credentials, moto_server
 from tests.fixtures_kafka import kafka_broker
 from tests.fixtures_postgres import postgres_server
-from tests.fixtures_redis import redis_cluster, redis_server
+from tests.fixtures_redis import redis_cluster, redis_server, redis_with_password
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -23,6 +23,7 @@ __all__ = [
     "postgres_server",
     "redis_cluster",
     "redis_server",
+    "redis_with_password",
 ]
 
 

@@ -32,7 +32,8 @@ from idemctl import Acquired, Busy, __version__, open_store
 from idemctl.config import load_config
 from idemctl.errors import ConfigError
 from tests.backends import BACKENDS, unique_prefix, unique_schema
-from tests.servers import RedisServer, free_port
+from tests.fixtures_redis import REDIS_PASSWORD
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -719,7 +720,6 @@ def test_purge(db: tuple[Path, str]) -> None:
 
 # 3. Secrets: a URL's password shows nowhere ---------------------------------------------
 
-REDIS_PASSWORD = "Rpw-5e1f0c9b7a"
 PG_PASSWORD = "Pg/pw@7c%3d1e"
 """Characters that are quoted in a URL: neither the quoted nor the plain form may show."""
 
@@ -728,16 +728,6 @@ def _secret_forms(password: str) -> list[str]:
     from urllib.parse import quote
 
     return sorted({password, quote(password, safe="")})
-
-
-@pytest.fixture(scope="module")
-def redis_with_password(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-auth"), password=REDIS_PASSWORD)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
 
 
 COMMANDS: list[tuple[list[str], int]] = [

@@ -20,6 +20,7 @@ from click.testing import Result
 from idemctl.cli.exitcodes import ExitCode
 from tests.backends import unique_prefix, unique_schema, unique_table
 from tests.cli.helpers import json_doc, messages, on
+from tests.fixtures_redis import REDIS_PASSWORD
 from tests.servers import (
     PG_OS_USER,
     PG_USER,
@@ -142,18 +143,8 @@ def test_postgres_refused_port_exits_3_at_once() -> None:
 # Redis --------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def password_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-password"), password=PASSWORD)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-
-
-def test_redis_refused_password_exits_2_at_once(password_redis: RedisServer) -> None:
-    port, query = password_redis.port, f"prefix={unique_prefix()}"
+def test_redis_refused_password_exits_2_at_once(redis_with_password: RedisServer) -> None:
+    port, query = redis_with_password.port, f"prefix={unique_prefix()}"
     wrong = f"redis://:{WRONG}@127.0.0.1:{port}/0?{query}"
     on(wrong, "stats")  # the first run imports the driver: not timed
     result, took = timed(wrong, "stats")
@@ -168,7 +159,7 @@ def test_redis_refused_password_exits_2_at_once(password_redis: RedisServer) -> 
     assert "the URL has no password" in error_line(missing)
     assert took < 0.5
 
-    right = on(f"redis://:{PASSWORD}@127.0.0.1:{port}/0?{query}", "stats", "--json")
+    right = on(f"redis://:{REDIS_PASSWORD}@127.0.0.1:{port}/0?{query}", "stats", "--json")
     assert right.exit_code == 0, right.stdout + right.stderr
 
 
