@@ -79,6 +79,10 @@ class Refused(StoreError):
         self.record = record
 
 
+class IncompleteTransaction(StoreError):
+    """A transaction block acquired its key but ended without ``complete()``: rolled back."""
+
+
 class LeaseLost(StoreError):
     """This owner no longer holds the key: its lease was taken over, released or
     unlocked, or the record is gone. Whatever the attempt produced must be discarded."""
@@ -124,6 +128,11 @@ class ConsumeStopped(IdemctlError):
     """``idemctl consume`` stopped on purpose before a message it must not pass: a
     dead-letter storm (``--dlq-breaker``) or ``--on-missing-key stop``. Nothing past that
     message was committed."""
+
+
+class ConsumeAborted(ConsumeStopped):
+    """The consumer stopped on purpose (``--on-missing-key stop``, a dead-letter storm, a
+    dead letter the broker refused); nothing past the message that stopped it was stored."""
 
 
 class KafkaUnavailable(IdemctlError):

@@ -47,6 +47,7 @@ from idemctl.model import (
     fingerprint as fingerprint_of,
 )
 from idemctl.outbox.writer import NoOutbox, Outbox
+from idemctl.stores.base import TransactionalStore
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
@@ -235,12 +236,11 @@ def _run_transactional(
     max_attempts: int | None,
     logger: logging.Logger,
 ) -> RunResult:
-    transaction = getattr(store, "transaction", None)
-    if transaction is None:
+    if not isinstance(store, TransactionalStore):
         raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
     failure: Exception | None = None
     try:
-        with transaction(key, fingerprint, lease) as unit:
+        with store.transaction(key, fingerprint, lease) as unit:
             if not isinstance(unit.outcome, Acquired):
                 return _settled(key, unit.outcome)
             a = unit.outcome
@@ -249,7 +249,7 @@ def _run_transactional(
                 raise _Rollback
             ctx = Context(
                 key, a.fencing_token, a.attempt, a.takeover, a.owner, store, logger,
-                unit.connection, Outbox(unit.connection, getattr(store, "outbox_table", None)),
+                unit.connection, Outbox(unit.connection, store.outbox_table),
             )  # fmt: skip
             try:
                 value = stored_form(_call_in_context(ctx, handler))

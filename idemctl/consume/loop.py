@@ -30,6 +30,7 @@ from idemctl.consume.event import Event
 from idemctl.errors import (
     AttemptsExhausted,
     ConfigError,
+    ConsumeAborted,
     ConsumeStopped,
     IdemctlError,
     InvalidKey,
@@ -126,11 +127,6 @@ class ConsumeOptions:
         if self.dlq_breaker < 0 or self.join_timeout < 0:
             raise ConfigError("--dlq-breaker and --join-timeout cannot be negative")
         key_strategy(self.key)  # fails early on a bad strategy
-
-
-class ConsumeAborted(ConsumeStopped):
-    """The consumer stopped on purpose (``--on-missing-key stop``, a dead-letter storm, a
-    dead letter the broker refused); nothing past the message that stopped it was stored."""
 
 
 @dataclass

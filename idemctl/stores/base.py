@@ -143,6 +143,39 @@ class Store(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
+class TransactionUnit(Protocol):
+    """One key inside an open transaction (``TransactionalStore.transaction``)."""
+
+    outcome: ClaimOutcome
+    connection: Any
+    """The transaction's connection while the key is Acquired; run your own SQL on it."""
+
+    def complete(self, result: JSON = None, retention: float | None = None) -> Record:
+        """Complete the key in this transaction: it commits with the rest or not at all."""
+        ...
+
+
+@runtime_checkable
+class TransactionalStore(Protocol):
+    """A store whose claim, the handler's own SQL and completion share one transaction
+    (PostgreSQL): ``run(..., transactional=True)`` and ``consume --transactional``."""
+
+    outbox_table: str
+    """The outbox table that ``ctx.outbox`` writes to, in the same transaction."""
+
+    def transaction(
+        self, key: str, fingerprint: str | None = None, lease: float | None = None
+    ) -> AbstractContextManager[TransactionUnit]: ...
+
+
+@runtime_checkable
+class SelfProvisioning(Protocol):
+    """A store that can create its own schema when first opened (SQLite): the CLI's
+    admin commands turn that off, so they never create a store by looking at it."""
+
+    auto_provision: bool
+
+
 def new_owner() -> str:
     """A random owner token for one attempt."""
     return secrets.token_hex(16)
@@ -172,10 +205,49 @@ class BaseStore(ABC):
     def _retention(self, retention: float | None) -> float:
         return self.default_retention if retention is None else retention
 
-    @abstractmethod
     def claim(
         self, key: str, fingerprint: str | None = None, lease: float | None = None
-    ) -> ClaimOutcome: ...
+    ) -> ClaimOutcome:
+        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]:
+        """Claim each key, in order: InvalidKey before anything is claimed."""
+        for r in requests:
+            validate_key(r.key)
+        return self._claim_many(requests, self._lease(lease))
+
+    @abstractmethod
+    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
+        """``claim_many`` for keys already validated, ``lease`` in seconds."""
+
+    def scan(
+        self,
+        status: Status | None = None,
+        stale_only: bool = False,
+        prefix: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        older_than: float = 0.0,
+        released_only: bool = False,
+    ) -> Page:
+        if nothing_to_scan(status, stale_only, released_only):
+            return Page([], None)
+        return self._scan_page(status, stale_only, prefix, limit, cursor, older_than, released_only)
+
+    @abstractmethod
+    def _scan_page(
+        self,
+        status: Status | None,
+        stale_only: bool,
+        prefix: str | None,
+        limit: int,
+        cursor: str | None,
+        older_than: float,
+        released_only: bool,
+    ) -> Page:
+        """``scan`` for filters that can match something."""
 
     @abstractmethod
     def complete(
@@ -187,12 +259,7 @@ class BaseStore(ABC):
         retention: float | None = None,
     ) -> Record: ...
 
-    # Batch forms, one call per item: backends with a cheaper round trip override these.
-
-    def claim_many(
-        self, requests: Sequence[ClaimRequest], lease: float | None = None
-    ) -> list[ClaimOutcome]:
-        return [self.claim(r.key, r.fingerprint, lease) for r in requests]
+    # One call per item: backends with a cheaper round trip override this.
 
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
@@ -301,23 +368,54 @@ def check_holder(
     ran the work, so finishing it is still safe.
     """
     if existing is None or existing.retention_over(now):
-        raise LeaseLost(f"key {key!r} is gone: it was forgotten or purged", existing)
+        raise lease_lost(key, owner, fencing_token, None)
     if (
         existing.status is not Status.IN_PROGRESS
         or existing.owner != owner
         or existing.fencing_token != fencing_token
     ):
-        holder = (
-            f"now {existing.status.value} with fencing token {existing.fencing_token}"
-            if existing.owner != owner or existing.fencing_token != fencing_token
-            else f"already {existing.status.value}"
-        )
-        raise LeaseLost(
-            f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
-            f"the key is {holder}",
-            existing,
-        )
+        raise lease_lost(key, owner, fencing_token, existing)
     return existing
+
+
+def lease_lost(key: str, owner: str, fencing_token: int, record: Record | None) -> LeaseLost:
+    """What every backend says when ``owner`` with ``fencing_token`` no longer holds
+    ``key``: ``record`` is the key as it is now, None when it is gone."""
+    if record is None:
+        return LeaseLost(f"key {key!r} is gone: it was forgotten, purged or expired")
+    holder = (
+        f"already {record.status.value}"
+        if record.owner == owner and record.fencing_token == fencing_token
+        else f"now {record.status.value} with fencing token {record.fencing_token}"
+    )
+    return LeaseLost(
+        f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
+        f"the key is {holder}",
+        record,
+    )
+
+
+def not_unlockable(record: Record) -> Refused:
+    """What every backend says when asked to unlock a key that holds no lease."""
+    return Refused(
+        f"key {record.key!r} is {record.status.value}: there is no lease to unlock", record
+    )
+
+
+def live_lease(record: Record, now: datetime | None = None) -> Refused:
+    """What every backend says when asked, without force, to unlock a key whose lease
+    is live (with ``now``, how long it has left)."""
+    left = (
+        f" ({(record.lease_expires_at - now).total_seconds():.1f}s left)"
+        if now is not None and record.lease_expires_at is not None
+        else ""
+    )
+    return Refused(
+        f"key {record.key!r} has a live lease{left} held by {record.owner}; "
+        "unlocking it lets a second worker run it concurrently "
+        "(use --force, or force=True, to do it anyway)",
+        record,
+    )
 
 
 def completed(record: Record, now: datetime, result: JSON, retention: float) -> Record:
@@ -435,23 +533,12 @@ class RowStore(BaseStore):
         now = self._clock()
         return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
-    def claim(
-        self, key: str, fingerprint: str | None = None, lease: float | None = None
-    ) -> ClaimOutcome:
-        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
-
-    def claim_many(
-        self, requests: Sequence[ClaimRequest], lease: float | None = None
-    ) -> list[ClaimOutcome]:
-        for r in requests:
-            validate_key(r.key)
+    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
         outcomes = []
         with self._transaction() as tx:
             now = self.now()
             for r in requests:
-                outcome, record = decide_claim(
-                    tx.get(r.key), r.key, r.fingerprint, now, self._lease(lease)
-                )
+                outcome, record = decide_claim(tx.get(r.key), r.key, r.fingerprint, now, lease)
                 if record is not None:
                     tx.put(record)
                 outcomes.append(outcome)
@@ -540,23 +627,22 @@ class RowStore(BaseStore):
             record = tx.get(key)
         return None if record is None or record.retention_over(self.now()) else record
 
-    def scan(
+    def _scan_page(
         self,
-        status: Status | None = None,
-        stale_only: bool = False,
-        prefix: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        older_than: float = 0.0,
-        released_only: bool = False,
+        status: Status | None,
+        stale_only: bool,
+        prefix: str | None,
+        limit: int,
+        cursor: str | None,
+        older_than: float,
+        released_only: bool,
     ) -> Page:
-        now = self.now()
         query = replace(
-            scan_query(now, status, stale_only, older_than, released_only), prefix=prefix,
-            after=cursor, limit=limit + 1,
-        )  # fmt: skip
-        if nothing_to_scan(status, stale_only, released_only):
-            return Page([], None)
+            scan_query(self.now(), status, stale_only, older_than, released_only),
+            prefix=prefix,
+            after=cursor,
+            limit=limit + 1,
+        )
         with self._transaction(write=False) as tx:
             records = tx.select(query)
         more = len(records) > limit
@@ -666,18 +752,9 @@ def nothing_to_scan(status: Status | None, stale_only: bool, released_only: bool
 def unlocked(record: Record, now: datetime, force: bool) -> Record:
     """The record freed by an operator, or Refused when that would be unsafe."""
     if record.status is not Status.IN_PROGRESS:
-        raise Refused(
-            f"key {record.key!r} is {record.status.value}: there is no lease to unlock", record
-        )
+        raise not_unlockable(record)
     if record.lease_live(now) and not force:
-        assert record.lease_expires_at is not None
-        left = (record.lease_expires_at - now).total_seconds()
-        raise Refused(
-            f"key {record.key!r} has a live lease ({left:.1f}s left) held by {record.owner}; "
-            "unlocking it lets a second worker run it concurrently "
-            "(use --force, or force=True, to do it anyway)",
-            record,
-        )
+        raise live_lease(record, now)
     return released(record, now) if record.owner is not None else record
 
 

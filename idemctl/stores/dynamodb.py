@@ -55,7 +55,6 @@ from idemctl.model import (
     Stats,
     Status,
     canonical_json,
-    validate_key,
 )
 from idemctl.resources import read_resource
 from idemctl.stores.base import (
@@ -67,8 +66,8 @@ from idemctl.stores.base import (
     Query,
     check_forgettable,
     decide_claim,
+    lease_lost,
     new_owner,
-    nothing_to_scan,
     scan_query,
     stats_of,
     unlocked,
@@ -310,13 +309,10 @@ class DynamoDBStore(BaseStore):
 
     # The protocol ------------------------------------------------------------------------------
 
-    def claim(
-        self, key: str, fingerprint: str | None = None, lease: float | None = None
-    ) -> ClaimOutcome:
-        validate_key(key)
+    def _claim_one(self, key: str, fingerprint: str | None, lease: float) -> ClaimOutcome:
         now, owner = self._now(), new_owner()
         first = _first_token()
-        lease_ms = _ms(self._lease(lease))
+        lease_ms = _ms(lease)
         expires = now + lease_ms
         values: dict[str, Any] = {
             ":now": _n(now), ":inprog": _s("in_progress"), ":failed": _s("failed"),
@@ -428,20 +424,12 @@ class DynamoDBStore(BaseStore):
             return _record(self._update(key, update, condition, values, "ALL_NEW"))
         except ClientError as exc:
             item = exc.response.get("Item")
-            if not item:
-                raise LeaseLost(f"key {key!r} is gone: it was forgotten or purged") from None
-            record = _record(item)
-            raise LeaseLost(
-                f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
-                f"the key is now {record.status.value} with fencing token {record.fencing_token}",
-                record,
-            ) from None
+            record = _record(item) if item else None
+            raise lease_lost(key, owner, fencing_token, record) from None
 
-    def claim_many(
-        self, requests: Sequence[ClaimRequest], lease: float | None = None
-    ) -> list[ClaimOutcome]:
+    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
         def claim(i: int) -> ClaimOutcome:
-            return self.claim(requests[i].key, requests[i].fingerprint, lease)
+            return self._claim_one(requests[i].key, requests[i].fingerprint, lease)
 
         return self._each([r.key for r in requests], claim)
 
@@ -575,19 +563,17 @@ class DynamoDBStore(BaseStore):
             if not start:
                 return
 
-    def scan(
+    def _scan_page(
         self,
-        status: Status | None = None,
-        stale_only: bool = False,
-        prefix: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        older_than: float = 0.0,
-        released_only: bool = False,
+        status: Status | None,
+        stale_only: bool,
+        prefix: str | None,
+        limit: int,
+        cursor: str | None,
+        older_than: float,
+        released_only: bool,
     ) -> Page:
         """Records in DynamoDB's scan order (not by key), at most ``limit`` a page."""
-        if nothing_to_scan(status, stale_only, released_only):
-            return Page([], None)
         query = replace(
             scan_query(datetime.now(UTC), status, stale_only, older_than, released_only),
             prefix=prefix,

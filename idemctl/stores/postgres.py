@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from idemctl.errors import (
     ConfigError,
+    IncompleteTransaction,
     KeyNotFound,
     LeaseLost,
     NotProvisioned,
@@ -57,8 +58,8 @@ from idemctl.stores.base import (
     Progress,
     check_forgettable,
     decide_claim,
+    lease_lost,
     new_owner,
-    nothing_to_scan,
     server_clock_finding,
     unlocked,
 )
@@ -140,14 +141,10 @@ class Unit:
             records = self._store._complete_on(
                 self.connection, [Completion(a.key, a.owner, a.fencing_token, result)], retention
             )
-        if not records:
-            raise LeaseLost(f"key {a.key!r} could not be completed in its own transaction")
+            if not records:
+                raise self._store._lost(self.connection, a.key, a.owner, a.fencing_token)
         self.completed = records[0]
         return records[0]
-
-
-class IncompleteTransaction(StoreError):
-    """A transaction block acquired its key but ended without ``complete()``: rolled back."""
 
 
 class PostgresStore(BaseStore):
@@ -443,16 +440,7 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
 
     # The protocol ------------------------------------------------------------------------------
 
-    def claim(
-        self, key: str, fingerprint: str | None = None, lease: float | None = None
-    ) -> ClaimOutcome:
-        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
-
-    def claim_many(
-        self, requests: Sequence[ClaimRequest], lease: float | None = None
-    ) -> list[ClaimOutcome]:
-        for r in requests:
-            validate_key(r.key)
+    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
         try:
             with self._connection() as conn:
                 return self._claim_on(conn, requests, lease)
@@ -541,7 +529,7 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
             )
             if records:
                 return records[0]
-            raise self._lost(conn, key, fencing_token)
+            raise self._lost(conn, key, owner, fencing_token)
 
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
@@ -570,25 +558,22 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
             "retention": self._retention(retention),
         }
 
-    def _held(self, statement: str, key: str, fencing_token: int, params: dict[str, Any]) -> Record:
+    def _held(
+        self, statement: str, key: str, owner: str, fencing_token: int, params: dict[str, Any]
+    ) -> Record:
         with self._connection() as conn:
             row = conn.execute(
-                self._sql[statement], {"key": key, "token": fencing_token, **params}
+                self._sql[statement], {"key": key, "owner": owner, "token": fencing_token, **params}
             ).fetchone()
             if row is not None:
                 return _record(row)
-            raise self._lost(conn, key, fencing_token)
+            raise self._lost(conn, key, owner, fencing_token)
 
-    def _lost(self, conn: psycopg.Connection[Any], key: str, fencing_token: int) -> LeaseLost:
+    def _lost(
+        self, conn: psycopg.Connection[Any], key: str, owner: str, fencing_token: int
+    ) -> LeaseLost:
         row = conn.execute(self._sql["get"], {"key": key}).fetchone()
-        if row is None:
-            return LeaseLost(f"key {key!r} is gone: it was forgotten or purged")
-        record = _record(row)
-        return LeaseLost(
-            f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
-            f"the key is now {record.status.value} with fencing token {record.fencing_token}",
-            record,
-        )
+        return lease_lost(key, owner, fencing_token, None if row is None else _record(row))
 
     def fail(
         self,
@@ -600,27 +585,24 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         retention: float | None = None,
     ) -> Record:
         params = {
-            "owner": owner,
             "error": error,
             "retriable": retriable,
             "retention": self._retention(retention),
         }
-        return self._held("fail", key, fencing_token, params)
+        return self._held("fail", key, owner, fencing_token, params)
 
     def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
-        record = self._held(
-            "extend", key, fencing_token, {"owner": owner, "lease": self._lease(lease)}
-        )
+        record = self._held("extend", key, owner, fencing_token, {"lease": self._lease(lease)})
         assert record.lease_expires_at is not None
         return record.lease_expires_at
 
     def release(
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
     ) -> Record:
-        params = {"owner": owner, "unrun": int(not handler_ran)}
-        return self._held("release", key, fencing_token, params)
+        params = {"unrun": int(not handler_ran)}
+        return self._held("release", key, owner, fencing_token, params)
 
     # Transactional mode ---------------------------------------------------------------------------
 
@@ -676,18 +658,16 @@ RETURNING {_prefixed(COLUMNS, "k.")}""",
         rows = self._fetch(self._sql["get"], {"key": key})
         return _record(rows[0]) if rows else None
 
-    def scan(
+    def _scan_page(
         self,
-        status: Status | None = None,
-        stale_only: bool = False,
-        prefix: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        older_than: float = 0.0,
-        released_only: bool = False,
+        status: Status | None,
+        stale_only: bool,
+        prefix: str | None,
+        limit: int,
+        cursor: str | None,
+        older_than: float,
+        released_only: bool,
     ) -> Page:
-        if nothing_to_scan(status, stale_only, released_only):
-            return Page([], None)
         where = ["(expires_at IS NULL OR expires_at > now())"]
         if older_than:
             where.append("created_at <= now() - %(older)s * interval '1 second'")
@@ -992,4 +972,4 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["IncompleteTransaction", "PostgresStore", "Unit"]
+__all__ = ["PostgresStore", "Unit"]

@@ -39,8 +39,6 @@ from idemctl.errors import (
     ConfigError,
     InvalidCursor,
     KeyNotFound,
-    LeaseLost,
-    Refused,
     StoreError,
     StoreUnavailable,
 )
@@ -71,8 +69,10 @@ from idemctl.stores.base import (
     Progress,
     Query,
     check_forgettable,
+    lease_lost,
+    live_lease,
     new_owner,
-    nothing_to_scan,
+    not_unlockable,
     scan_query,
     server_clock_finding,
     stats_of,
@@ -461,16 +461,7 @@ class RedisStore(BaseStore):
 
     # The protocol ----------------------------------------------------------------------------
 
-    def claim(
-        self, key: str, fingerprint: str | None = None, lease: float | None = None
-    ) -> ClaimOutcome:
-        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
-
-    def claim_many(
-        self, requests: Sequence[ClaimRequest], lease: float | None = None
-    ) -> list[ClaimOutcome]:
-        for r in requests:
-            validate_key(r.key)
+    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
         owners = [new_owner() for _ in requests]
         shared = (self._ms(self._lease(lease)), self._ms(self.default_retention))
         items = [(r.key, (r.fingerprint or "", o)) for r, o in zip(requests, owners, strict=True)]
@@ -489,7 +480,7 @@ class RedisStore(BaseStore):
         text = canonical_json(result)
         reply = self._one("complete", (keep, "1"), key, owner, fencing_token, text, durable=True)
         if _text(reply[0]) != "done":
-            return self._held(key, fencing_token, reply)
+            return self._held(key, owner, fencing_token, reply)
         # This call completed it: the script sent only what the call does not know.
         created, attempts, fp, now = (_text(x) for x in reply[1:])
         at = _ms(now)
@@ -519,14 +510,16 @@ class RedisStore(BaseStore):
     ) -> Record:
         shared = (self._ms(self._retention(retention)),)
         args = (owner, fencing_token, error, "1" if retriable else "0")
-        return self._held(key, fencing_token, self._one("fail", shared, key, *args, durable=True))
+        return self._held(
+            key, owner, fencing_token, self._one("fail", shared, key, *args, durable=True)
+        )
 
     def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
         shared = (self._ms(self._lease(lease)), self._ms(self.default_retention))
         reply = self._one("extend", shared, key, owner, fencing_token)
-        expires = self._held(key, fencing_token, reply).lease_expires_at
+        expires = self._held(key, owner, fencing_token, reply).lease_expires_at
         assert expires is not None
         return expires
 
@@ -534,20 +527,14 @@ class RedisStore(BaseStore):
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
     ) -> Record:
         reply = self._one("release", (int(not handler_ran),), key, owner, fencing_token)
-        return self._held(key, fencing_token, reply)
+        return self._held(key, owner, fencing_token, reply)
 
-    def _held(self, key: str, fencing_token: int, reply: Sequence[Any]) -> Record:
+    def _held(self, key: str, owner: str, fencing_token: int, reply: Sequence[Any]) -> Record:
         code, fields = _parse(reply)
         if fields is not None and code == "ok":
             return _record(key, fields)
-        if fields is None:
-            raise LeaseLost(f"key {key!r} is gone: it was forgotten, purged or expired")
-        record = _record(key, fields)
-        raise LeaseLost(
-            f"lease on key {key!r} lost: this attempt held fencing token {fencing_token}, "
-            f"the key is now {record.status.value} with fencing token {record.fencing_token}",
-            record,
-        )
+        record = None if fields is None else _record(key, fields)
+        raise lease_lost(key, owner, fencing_token, record)
 
     # Admin ----------------------------------------------------------------------------------
 
@@ -607,23 +594,21 @@ class RedisStore(BaseStore):
                     node_index += 1
                 yield at, records
 
-    def scan(
+    def _scan_page(
         self,
-        status: Status | None = None,
-        stale_only: bool = False,
-        prefix: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        older_than: float = 0.0,
-        released_only: bool = False,
+        status: Status | None,
+        stale_only: bool,
+        prefix: str | None,
+        limit: int,
+        cursor: str | None,
+        older_than: float,
+        released_only: bool,
     ) -> Page:
         """Pages in SCAN order, sorted by key within each SCAN batch. A cursor is the
         position of a batch and the last key taken from it: SCAN cannot stop mid-batch,
         so the next page scans that batch again and goes on after that key. A full page
         gets a cursor only if a record after it matches: SCAN goes on until it finds one
         or ends."""
-        if nothing_to_scan(status, stale_only, released_only):
-            return Page([], None)
         with self._guard():
             query = scan_query(self._now(), status, stale_only, older_than, released_only)
         position, after = _parse_cursor(cursor)
@@ -657,15 +642,9 @@ class RedisStore(BaseStore):
             raise KeyNotFound(key)
         record = _record(key, fields)
         if code == "not_in_progress":
-            raise Refused(
-                f"key {key!r} is {record.status.value}: there is no lease to unlock", record
-            )
+            raise not_unlockable(record)
         if code == "live":
-            raise Refused(
-                f"key {key!r} has a live lease held by {record.owner}; unlocking it lets a second "
-                "worker run it concurrently (use --force, or force=True, to do it anyway)",
-                record,
-            )
+            raise live_lease(record)
         return record
 
     def _batches(self, query: Callable[[datetime], Query]) -> Iterator[list[Record]]:
