@@ -22,7 +22,8 @@ from idemctl.cli.common import (
 )
 from idemctl.errors import KeyNotFound
 from idemctl.model import Record, validate_key
-from idemctl.stores.base import Store, check_forgettable, unlocked
+from idemctl.stores.base import Store
+from idemctl.stores.machine import check_forgettable, unlocked
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Show what would change and change nothing")

@@ -64,14 +64,11 @@ from idemctl.stores.base import (
     BaseStore,
     Progress,
     Query,
-    check_forgettable,
-    decide_claim,
-    lease_lost,
     new_owner,
     scan_query,
     stats_of,
-    unlocked,
 )
+from idemctl.stores.machine import check_forgettable, decide_claim, lease_lost, unlocked
 
 ITEMS_PER_BATCH = 100
 DEFAULT_CONCURRENCY = 16

@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from idemctl.model import Finding, Provisioning, Record, canonical_json
-from idemctl.stores.base import Query, RowStore
+from idemctl.stores.base import Query
+from idemctl.stores.rows import RowStore
 
 # Results are kept as JSON text, as other stores keep them: a caller that changes a
 # returned result changes nothing stored, and a replay gives what SQLite's would.

@@ -56,13 +56,10 @@ from idemctl.stores.base import (
     DEFAULT_RETENTION,
     BaseStore,
     Progress,
-    check_forgettable,
-    decide_claim,
-    lease_lost,
     new_owner,
     server_clock_finding,
-    unlocked,
 )
+from idemctl.stores.machine import check_forgettable, decide_claim, lease_lost, unlocked
 
 COLUMNS = (
     "key, status::text, fingerprint, owner, fencing_token, attempts, lease_expires_at, "

@@ -68,15 +68,12 @@ from idemctl.stores.base import (
     BaseStore,
     Progress,
     Query,
-    check_forgettable,
-    lease_lost,
-    live_lease,
     new_owner,
-    not_unlockable,
     scan_query,
     server_clock_finding,
     stats_of,
 )
+from idemctl.stores.machine import check_forgettable, lease_lost, live_lease, not_unlockable
 
 _pack: Callable[[tuple[Any, ...]], bytes] | None
 try:

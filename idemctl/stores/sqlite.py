@@ -21,7 +21,8 @@ from typing import Any
 from idemctl.errors import ConfigError, NotProvisioned, StoreError, StoreUnavailable
 from idemctl.model import Finding, Provisioning, Record, Stats, Status
 from idemctl.resources import read_resource
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query, RowStore
+from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query
+from idemctl.stores.rows import RowStore
 
 SCHEMA_VERSION = 1
 _COLUMNS = (

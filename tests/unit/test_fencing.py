@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from idemctl.model import Acquired
-from idemctl.stores.base import RowStore, first_token
+from idemctl.stores.machine import first_token
 from idemctl.stores.memory import MemoryStore
+from idemctl.stores.rows import RowStore
 from idemctl.stores.sqlite import SQLiteStore
 from tests.unit.test_runner import START, Clock
 

@@ -1,0 +1,251 @@
+"""Stores built on row transactions (memory, SQLite): every operation from the state
+machine in ``machine.py``, applied to a row read and written back in one transaction."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from idemctl.errors import KeyNotFound, LeaseLost
+from idemctl.model import JSON, ClaimOutcome, ClaimRequest, Completion, Page, Record, Stats, Status
+from idemctl.stores.base import (
+    BATCH,
+    BaseStore,
+    Progress,
+    Query,
+    batched,
+    scan_query,
+    stats_of,
+    utcnow,
+)
+from idemctl.stores.machine import (
+    check_forgettable,
+    check_holder,
+    completed,
+    decide_claim,
+    failed,
+    forgotten,
+    released,
+    unlocked,
+)
+
+
+class RowTx(Protocol):
+    """One atomic transaction over the records of a row store."""
+
+    def get(self, key: str) -> Record | None: ...
+    def put(self, record: Record) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def select(self, query: Query) -> list[Record]:
+        """Matching records in key order, at most ``query.limit``."""
+        ...
+
+
+class RowStore(BaseStore):
+    """Every store operation, written once over ``_transaction()``."""
+
+    def __init__(self, url: str, *, clock: Callable[[], datetime] = utcnow, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self._clock = clock
+
+    @abstractmethod
+    def _transaction(self, write: bool = True) -> AbstractContextManager[RowTx]:
+        """Exclusive until it exits when ``write``; rolled back if the block raises."""
+
+    def now(self) -> datetime:
+        # Milliseconds: what SQLite keeps, so a returned record equals the stored one.
+        now = self._clock()
+        return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
+        outcomes = []
+        with self._transaction() as tx:
+            now = self.now()
+            for r in requests:
+                outcome, record = decide_claim(tx.get(r.key), r.key, r.fingerprint, now, lease)
+                if record is not None:
+                    tx.put(record)
+                outcomes.append(outcome)
+        return outcomes
+
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = completed(
+                check_holder(tx.get(key), key, owner, fencing_token, now),
+                now,
+                result,
+                self._retention(retention),
+            )
+            tx.put(record)
+        return record
+
+    def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        done = []
+        with self._transaction() as tx:
+            now = self.now()
+            for c in completions:
+                try:
+                    held = check_holder(tx.get(c.key), c.key, c.owner, c.fencing_token, now)
+                except LeaseLost:
+                    done.append(False)
+                    continue
+                tx.put(completed(held, now, c.result, self._retention(retention)))
+                done.append(True)
+        return done
+
+    def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = failed(
+                check_holder(tx.get(key), key, owner, fencing_token, now),
+                now,
+                error,
+                retriable,
+                self._retention(retention),
+            )
+            tx.put(record)
+        return record
+
+    def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime:
+        with self._transaction() as tx:
+            now = self.now()
+            held = check_holder(tx.get(key), key, owner, fencing_token, now)
+            expires = now + timedelta(seconds=self._lease(lease))
+            tx.put(replace(held, lease_expires_at=expires, updated_at=now))
+        return expires
+
+    def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            held = check_holder(tx.get(key), key, owner, fencing_token, now)
+            record = released(held, now, handler_ran)
+            tx.put(record)
+        return record
+
+    # Admin ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Record | None:
+        with self._transaction(write=False) as tx:
+            record = tx.get(key)
+        return None if record is None or record.retention_over(self.now()) else record
+
+    def _scan_page(
+        self,
+        status: Status | None,
+        stale_only: bool,
+        prefix: str | None,
+        limit: int,
+        cursor: str | None,
+        older_than: float,
+        released_only: bool,
+    ) -> Page:
+        query = replace(
+            scan_query(self.now(), status, stale_only, older_than, released_only),
+            prefix=prefix,
+            after=cursor,
+            limit=limit + 1,
+        )
+        with self._transaction(write=False) as tx:
+            records = tx.select(query)
+        more = len(records) > limit
+        records = records[:limit]
+        return Page(records, records[-1].key if more and records else None)
+
+    def stats(self) -> Stats:
+        now = self.now()
+        with self._transaction(write=False) as tx:
+            records = tx.select(Query())
+        return stats_of(records, now)
+
+    def unlock(self, key: str, force: bool = False) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = tx.get(key)
+            if record is None or record.retention_over(now):
+                raise KeyNotFound(key)
+            record = unlocked(record, now, force)
+            tx.put(record)
+        return record
+
+    def unlock_stale(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> list[str]:
+        def stale(now: datetime) -> Query:
+            return Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
+
+        with self._transaction(write=False) as tx:
+            found = [r.key for r in tx.select(stale(self.now()))]
+        if dry_run:
+            return found
+        freed: list[str] = []
+        for batch in batched(found, BATCH):
+            with self._transaction() as tx:
+                now = self.now()
+                query = stale(now)
+                for key in batch:  # looked at again: it may have been claimed meanwhile
+                    record = tx.get(key)
+                    if record is not None and query.matches(record):
+                        tx.put(released(record, now))
+                        freed.append(key)
+            if progress is not None:
+                progress(len(batch))
+        return freed
+
+    def forget(self, key: str, force: bool = False) -> Record:
+        with self._transaction() as tx:
+            now = self.now()
+            record = tx.get(key)
+            if record is None or record.retention_over(now):
+                raise KeyNotFound(key)
+            check_forgettable(record, force)
+            tx.put(forgotten(record, now))
+        return record
+
+    def purge(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> int:
+        def over(now: datetime) -> Query:
+            return Query(retention_over_at=now - timedelta(seconds=older_than))
+
+        with self._transaction(write=False) as tx:
+            found = [r.key for r in tx.select(over(self.now()))]
+        if dry_run:
+            return len(found)
+        purged = 0
+        for batch in batched(found, BATCH):
+            with self._transaction() as tx:
+                query = over(self.now())
+                for key in batch:
+                    record = tx.get(key)
+                    if record is not None and query.matches(record):
+                        tx.delete(key)
+                        purged += 1
+            if progress is not None:
+                progress(len(batch))
+        return purged
