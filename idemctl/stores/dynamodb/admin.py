@@ -1,0 +1,198 @@
+"""The operator's operations on a DynamoDB store: get, scan, stats, unlock, unlock_stale,
+forget and purge. Bulk operations scan the table and change each item by a conditional
+write of its own, which skips an item changed since the scan read it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from idemctl.errors import InvalidCursor, KeyNotFound, StoreError
+from idemctl.model import Page, Record, Stats, Status
+from idemctl.stores import dynamodb as package
+from idemctl.stores.base import Progress, Query, scan_query, stats_of
+from idemctl.stores.dynamodb.core import DynamoDBCore
+from idemctl.stores.dynamodb.items import from_ms, n, s, to_ms, to_record
+from idemctl.stores.machine import check_forgettable, unlocked
+
+
+class DynamoDBAdmin(DynamoDBCore):
+    """The operator's operations: a part of DynamoDBStore."""
+
+    def get(self, key: str) -> Record | None:
+        item = self._call("get_item", Key={"key": s(key)}, ConsistentRead=True).get("Item")
+        if not item:
+            return None
+        record = to_record(item)
+        return None if record.retention_over(datetime.now(UTC)) else record
+
+    def _scan(
+        self, start: dict[str, Any] | None = None
+    ) -> Iterator[tuple[list[Record], dict[str, Any] | None]]:
+        """Every item, a page at a time, with the key to continue from (None at the end)."""
+        while True:
+            kwargs: dict[str, Any] = {"ConsistentRead": True}
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            response = self._call("scan", **kwargs)
+            start = response.get("LastEvaluatedKey")
+            yield [to_record(item) for item in response.get("Items", [])], start
+            if not start:
+                return
+
+    def _scan_page(
+        self,
+        status: Status | None,
+        stale_only: bool,
+        prefix: str | None,
+        limit: int,
+        cursor: str | None,
+        older_than: float,
+        released_only: bool,
+    ) -> Page:
+        """Records in DynamoDB's scan order (not by key), at most ``limit`` a page."""
+        query = replace(
+            scan_query(datetime.now(UTC), status, stale_only, older_than, released_only),
+            prefix=prefix,
+        )
+        found: list[Record] = []
+        for records, after in self._scan(_start_key(cursor)):
+            for i, record in enumerate(records):
+                if query.matches(record):
+                    found.append(record)
+                    if len(found) == limit:
+                        if after is None and not any(query.matches(r) for r in records[i + 1 :]):
+                            return Page(found, None)  # nothing left: offer no empty page
+                        # DynamoDB resumes a Scan after any item's key: go on after this one.
+                        return Page(found, json.dumps({"key": s(record.key)}))
+            if after is None:
+                break
+        return Page(found, None)
+
+    def stats(self) -> Stats:
+        return stats_of([r for records, _ in self._scan() for r in records], datetime.now(UTC))
+
+    def _free(self, record: Record, lease_ended_by: int | None, now: int | None = None) -> bool:
+        """Take the lease from its owner, if that owner still holds it with that token and
+        (``lease_ended_by``, ms) its lease ended by then; False when anything changed.
+        ``now`` (ms) is the time written, by default this moment's."""
+        assert record.owner is not None
+        values = {
+            ":now": n(self._now() if now is None else now),
+            ":owner": s(record.owner),
+            ":tok": n(record.fencing_token),
+        }
+        condition = "#ow = :owner AND #tok = :tok"
+        if lease_ended_by is not None:
+            values[":cut"] = n(lease_ended_by)
+            condition += " AND #lease <= :cut"
+        try:
+            self._update(
+                record.key, "SET #lease = :now, #up = :now REMOVE #ow", condition, values, "NONE"
+            )
+        except ClientError:
+            return False
+        return True
+
+    def unlock(self, key: str, force: bool = False) -> Record:
+        record = self.get(key)
+        if record is None:
+            raise KeyNotFound(key)
+        now = self._now()  # one reading: the record returned is the record written
+        freed = unlocked(record, datetime.fromtimestamp(now / 1000, UTC), force)
+        if freed is not record and not self._free(record, None if force else now, now):
+            raise StoreError(f"key {key!r} changed while it was being unlocked; try again")
+        return freed
+
+    def _batches(self, query: Query) -> Iterator[list[Record]]:
+        """The records matching ``query``, at most ``ITEMS_PER_BATCH`` at a time: each is
+        written by a request of its own, so a batch is only how often progress is told."""
+        size = package.ITEMS_PER_BATCH  # read from the package at each call: it may be set
+        for records, _ in self._scan():
+            matching = [r for r in records if query.matches(r)]
+            for i in range(0, len(matching), size):
+                yield matching[i : i + size]
+
+    def unlock_stale(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> list[str]:
+        cutoff = datetime.fromtimestamp(time.time() - older_than, UTC)
+        keys: list[str] = []
+        for batch in self._batches(Query(lease_expired_at=cutoff, owned=True)):
+            # Each is freed by a conditional write: skipped if claimed meanwhile.
+            keys += (r.key for r in batch if dry_run or self._free(r, to_ms(cutoff.timestamp())))
+            if batch and not dry_run and progress is not None:
+                progress(len(batch))
+        return sorted(keys)
+
+    def forget(self, key: str, force: bool = False) -> Record:
+        record = self.get(key)
+        if record is None:
+            raise KeyNotFound(key)
+        check_forgettable(record, force)
+        # A tombstone past retention, not a deletion: it keeps the fencing counter, and the
+        # TTL deletes it a retention later. done_by goes too: a retried complete or fail of
+        # the old owner must not bring the key back.
+        now = self._now()
+        values = {
+            ":tok": n(record.fencing_token),
+            ":now": n(now),
+            ":ttl": n((now + to_ms(self.default_retention)) // 1000),
+        }
+        try:
+            self._update(
+                key,
+                "SET #exp = :now, #up = :now, #ttl = :ttl REMOVE #ow, #lease, #res, #by",
+                "#tok = :tok",
+                values,
+                "NONE",
+            )
+        except ClientError as exc:
+            raise StoreError(
+                f"key {key!r} changed while it was being forgotten; try again"
+            ) from exc
+        return record
+
+    def purge(
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> int:
+        cutoff = self._now() - to_ms(older_than)
+        purged = 0
+        for batch in self._batches(Query(retention_over_at=from_ms(cutoff))):
+            purged += sum(1 for r in batch if dry_run or self._delete_over(r.key, cutoff))
+            if batch and not dry_run and progress is not None:
+                progress(len(batch))
+        return purged
+
+    def _delete_over(self, key: str, cutoff: int) -> bool:
+        """Delete ``key`` if its retention ended by ``cutoff`` (ms); False if claimed again."""
+        try:
+            self._call(
+                "delete_item",
+                Key={"key": s(key)},
+                ConditionExpression="#exp <= :cut",
+                ExpressionAttributeNames={"#exp": "expires_at"},
+                ExpressionAttributeValues={":cut": n(cutoff)},
+            )
+        except ClientError:
+            return False
+        return True
+
+
+def _start_key(cursor: str | None) -> dict[str, Any] | None:
+    """The ExclusiveStartKey a ``scan`` cursor stands for."""
+    if not cursor:
+        return None
+    try:
+        start = json.loads(cursor)
+        if isinstance(start, dict) and isinstance(start["key"]["S"], str):
+            return start
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise InvalidCursor(f"not a cursor of this DynamoDB store: {cursor!r}")

@@ -1,0 +1,124 @@
+"""Provisioning a DynamoDB store (its table, and TTL on ``ttl``) and checking its health:
+the endpoint, the table, TTL, and this machine's clock, which leases are judged by."""
+
+from __future__ import annotations
+
+import json
+import time
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from botocore.exceptions import BotoCoreError
+
+from idemctl.errors import NotProvisioned, StoreError
+from idemctl.model import Finding, Provisioning
+from idemctl.resources import read_resource
+from idemctl.stores.base import CLOCK_SKEW_TOLERANCE
+from idemctl.stores.dynamodb.core import DynamoDBCore
+
+
+class DynamoDBProvisioning(DynamoDBCore):
+    """provision() and check(): a part of DynamoDBStore."""
+
+    def spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = json.loads(read_resource("schemas", "dynamodb.json"))
+        return spec
+
+    def _ttl_enabled(self) -> bool:
+        response = self._call("describe_time_to_live")
+        description = response.get("TimeToLiveDescription", {})
+        return bool(
+            description.get("TimeToLiveStatus") in ("ENABLED", "ENABLING")
+            and description.get("AttributeName") == "ttl"
+        )
+
+    def _table_exists(self) -> bool:
+        try:
+            self._call("describe_table")
+        except NotProvisioned:
+            return False
+        return True
+
+    def provision(self, dry_run: bool = False) -> Provisioning:
+        spec = self.spec()
+        steps: list[str] = []
+        exists = self._table_exists()
+        if not exists:
+            steps.append(
+                f"CreateTable {json.dumps({'TableName': self.table, **spec['CreateTable']})}"
+            )
+            steps.append(f"wait until table {self.table} is ACTIVE")
+        if not exists or not self._ttl_enabled():
+            ttl = {"TableName": self.table, "TimeToLiveSpecification": spec["TimeToLive"]}
+            steps.append(f"UpdateTimeToLive {json.dumps(ttl)}")
+        if not steps:
+            return Provisioning(
+                [], changed=False, dry_run=dry_run, notes=[f"table {self.table} is ready"]
+            )
+        if not dry_run:
+            if not exists:
+                try:
+                    self._call("create_table", **spec["CreateTable"])
+                except StoreError as exc:
+                    if "ResourceInUseException" not in str(exc.__cause__ or exc):
+                        raise  # another process creating it at the same time is fine
+                try:
+                    self.client.get_waiter("table_exists").wait(
+                        TableName=self.table, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+                    )
+                except BotoCoreError as exc:
+                    raise StoreError(f"table {self.table} did not become ACTIVE: {exc}") from exc
+            if not self._ttl_enabled():
+                self._call("update_time_to_live", TimeToLiveSpecification=spec["TimeToLive"])
+        return Provisioning(steps, changed=not dry_run, dry_run=dry_run)
+
+    def check(self) -> list[Finding]:
+        started = time.perf_counter()
+        try:
+            response = self._call("describe_table")
+        except NotProvisioned:
+            response = None
+        latency = (time.perf_counter() - started) * 1000
+        exists = response is not None
+        findings = [
+            Finding("connection", True, f"table {self.table} at {self.url}, {latency:.1f} ms"),
+            Finding(
+                "table",
+                exists,
+                f"table {self.table} {'exists' if exists else 'is missing'}",
+                None if exists else "run 'idemctl init'",
+            ),
+        ]
+        if exists:
+            ttl = self._ttl_enabled()
+            findings.append(
+                Finding(
+                    "ttl",
+                    ttl,
+                    f"TTL on 'ttl' {'enabled' if ttl else 'disabled'}",
+                    None if ttl else "run 'idemctl init' (else expired items stay forever)",
+                )
+            )
+        findings.append(self._clock_finding(response, started))
+        return findings
+
+    def _clock_finding(self, response: dict[str, Any] | None, sent: float) -> Finding:
+        """Leases are judged by this machine's clock: compare it with the endpoint's HTTP
+        Date header (whole seconds), which is all DynamoDB tells of its time."""
+        headers = ((response or {}).get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+        if "date" not in headers:
+            return Finding("clock", True, "the endpoint sent no Date header to compare clocks with")
+        try:
+            server = parsedate_to_datetime(headers["date"])
+        except (TypeError, ValueError):
+            return Finding("clock", True, f"cannot read the endpoint's Date {headers['date']!r}")
+        midway = time.time() - (time.perf_counter() - sent) / 2
+        skew = server.timestamp() - midway
+        fine = abs(skew) < CLOCK_SKEW_TOLERANCE + 1  # + 1: Date has whole seconds
+        return Finding(
+            "clock",
+            fine,
+            f"this machine's clock is {-skew:+.1f} s from the endpoint's (Date header, 1 s "
+            "resolution); leases use this machine's clock",
+            None if fine else "sync this machine's clock (NTP): leases expire early or late",
+        )

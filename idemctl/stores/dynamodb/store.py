@@ -1,0 +1,312 @@
+"""DynamoDBStore: the claim/complete protocol, each operation one conditional write."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from botocore.exceptions import ClientError
+
+from idemctl.errors import ConfigError, LeaseLost
+from idemctl.model import (
+    JSON,
+    Acquired,
+    Busy,
+    ClaimOutcome,
+    ClaimRequest,
+    Completion,
+    Record,
+    canonical_json,
+)
+from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, new_owner
+from idemctl.stores.dynamodb.admin import DynamoDBAdmin
+from idemctl.stores.dynamodb.core import DEFAULT_CONCURRENCY
+from idemctl.stores.dynamodb.items import first_token, from_ms, n, s, to_ms, to_record, value_of
+from idemctl.stores.dynamodb.provision import DynamoDBProvisioning
+from idemctl.stores.machine import decide_claim, lease_lost
+from idemctl.urls import UrlOptions, redact_url
+
+T = TypeVar("T")
+
+
+class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
+    scheme = "dynamodb"
+
+    @classmethod
+    def from_url(cls, url: str) -> DynamoDBStore:
+        options = UrlOptions(url)
+        table = options.parts.netloc or options.parts.path.strip("/")
+        if not table:
+            raise ConfigError(
+                f"DynamoDB URL {redact_url(url)} names no table: dynamodb://TABLE?region=..."
+            )
+        settings: dict[str, Any] = {
+            "region": options.text("region"),
+            "endpoint_url": options.text("endpoint_url"),
+            "lease": options.duration("lease", DEFAULT_LEASE),
+            "retention": options.duration("retention", DEFAULT_RETENTION),
+            "connect_timeout": options.duration("connect_timeout", 2.0),
+            "read_timeout": options.duration("read_timeout", 5.0),
+            "max_attempts": options.whole("max_attempts", 3, minimum=1),
+            "concurrency": options.whole("concurrency", DEFAULT_CONCURRENCY, minimum=1),
+        }
+        options.finish()
+        return cls(table, url=url, **settings)
+
+    def _claim_one(self, key: str, fingerprint: str | None, lease: float) -> ClaimOutcome:
+        now, owner = self._now(), new_owner()
+        first = first_token()
+        lease_ms = to_ms(lease)
+        expires = now + lease_ms
+        values: dict[str, Any] = {
+            ":now": n(now),
+            ":inprog": s("in_progress"),
+            ":failed": s("failed"),
+            ":true": {"BOOL": True},
+            ":owner": s(owner),
+            ":one": n(1),
+            ":zero": n(0),
+            ":lease": n(expires),
+            ":ttl": n((expires + to_ms(self.default_retention)) // 1000),
+            ":tok0": n(first - 1),
+        }
+        sets = (
+            "SET #st = :inprog, #ow = :owner, #tok = if_not_exists(#tok, :tok0) + :one, "
+            "#att = if_not_exists(#att, :zero) + :one, #lease = :lease, "
+            "#cr = if_not_exists(#cr, :now), #up = :now, #ttl = :ttl"
+        )
+        fp_check = ""
+        if fingerprint is not None:
+            values[":fp"] = s(fingerprint)
+            sets += ", #fp = if_not_exists(#fp, :fp)"
+            fp_check = " AND (attribute_not_exists(#fp) OR #fp = :fp)"
+        update = sets + " REMOVE #exp, #done, #by"
+        # Absent; or within retention, with no other fingerprint, and either in progress
+        # with its lease ended (or released) or failed retriably.
+        condition = (
+            "attribute_not_exists(#k) OR ((attribute_not_exists(#exp) OR #exp > :now)"
+            f"{fp_check} AND ((#st = :inprog AND (attribute_not_exists(#ow) OR #lease <= :now))"
+            " OR (#st = :failed AND #retr = :true)))"
+        )
+        try:
+            old = self._update(key, update, condition, values, "ALL_OLD")
+        except ClientError as exc:
+            item = exc.response.get("Item")
+            if not item:  # gone between the condition and now: try once more
+                return self._renew(key, fingerprint, lease_ms, owner, None) or Busy(None)
+            record = to_record(item)
+            if record.owner == owner and record.lease_expires_at is not None:
+                # This very claim, sent again by botocore after its answer was lost. Whether
+                # it took over is not on the item: say so when an attempt came before it.
+                return Acquired(
+                    key,
+                    owner,
+                    record.fencing_token,
+                    record.attempts,
+                    record.lease_expires_at,
+                    takeover=record.attempts > 1,
+                )
+            if record.retention_over(from_ms(now) or datetime.now(UTC)):
+                return self._renew(key, fingerprint, lease_ms, owner, record) or Busy(record)
+            outcome, _ = decide_claim(
+                record, key, fingerprint, from_ms(now) or datetime.now(UTC), 0.0
+            )
+            return Busy(record) if isinstance(outcome, Acquired) else outcome
+        old_token = value_of(old, "fencing_token")
+        token = first if old_token is None else old_token + 1
+        attempts = (value_of(old, "attempts") or 0) + 1
+        takeover = value_of(old, "status") == "in_progress"
+        lease_at = from_ms(expires)
+        assert lease_at is not None
+        return Acquired(key, owner, token, attempts, lease_at, takeover=takeover)
+
+    def _renew(
+        self, key: str, fingerprint: str | None, lease_ms: int, owner: str, old: Record | None
+    ) -> Acquired | None:
+        """A key past retention (or forgotten) starts a new life: attempts 1, the fencing
+        counter going on; with no item at all, starting at the clock (``first_token``).
+        Conditional on the old item being what was read; None when somebody was faster."""
+        now = self._now()
+        expires = now + lease_ms
+        values: dict[str, Any] = {
+            ":now": n(now),
+            ":inprog": s("in_progress"),
+            ":owner": s(owner),
+            ":one": n(1),
+            ":lease": n(expires),
+            ":ttl": n((expires + to_ms(self.default_retention)) // 1000),
+        }
+        token = first_token() if old is None else old.fencing_token + 1
+        values[":tok"] = n(token)
+        update = (
+            "SET #st = :inprog, #ow = :owner, #tok = :tok, #att = :one, #lease = :lease, "
+            "#cr = :now, #up = :now, #ttl = :ttl"
+        )
+        if fingerprint is not None:
+            values[":fp"] = s(fingerprint)
+            update += ", #fp = :fp REMOVE #exp, #done, #by, #res, #err, #retr"
+        else:
+            update += " REMOVE #exp, #done, #by, #res, #err, #retr, #fp"
+        if old is None:
+            condition = "attribute_not_exists(#k)"
+        else:
+            values[":oldtok"] = n(old.fencing_token)
+            condition = "#tok = :oldtok AND #exp <= :now"
+        try:
+            self._update(key, update, condition, values, "NONE")
+        except ClientError:
+            return None
+        lease_at = from_ms(expires)
+        assert lease_at is not None
+        return Acquired(key, owner, token, 1, lease_at, takeover=False)
+
+    def _held(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        update: str,
+        values: dict[str, Any],
+        retried: str | None = None,
+    ) -> Record:
+        """An update only the holder may make: LeaseLost otherwise. ``retried`` names the
+        status a repeat of this very request would have left (botocore retries requests)."""
+        values = {
+            **values,
+            ":owner": s(owner),
+            ":tok": n(fencing_token),
+            ":inprog": s("in_progress"),
+        }
+        condition = "(#ow = :owner AND #tok = :tok AND #st = :inprog)"
+        if retried:
+            values[":again"] = s(retried)
+            condition += " OR (#by = :owner AND #tok = :tok AND #st = :again)"
+        try:
+            return to_record(self._update(key, update, condition, values, "ALL_NEW"))
+        except ClientError as exc:
+            item = exc.response.get("Item")
+            record = to_record(item) if item else None
+            raise lease_lost(key, owner, fencing_token, record) from None
+
+    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
+        def claim(i: int) -> ClaimOutcome:
+            return self._claim_one(requests[i].key, requests[i].fingerprint, lease)
+
+        return self._each([r.key for r in requests], claim)
+
+    def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        def complete(i: int) -> bool:
+            c = completions[i]
+            try:
+                self.complete(c.key, c.owner, c.fencing_token, c.result, retention)
+            except LeaseLost:
+                return False
+            return True
+
+        return self._each([c.key for c in completions], complete)
+
+    def _each(self, keys: list[str], call: Callable[[int], T]) -> list[T]:
+        """call(i) for every item of a batch: DynamoDB has no conditional write of many
+        items that can succeed one by one, so the requests go out side by side (at most
+        ``concurrency`` at once), a key's first item before any later one of the same key,
+        which then sees its effect as the single forms would. Every request is waited for;
+        then the first error, if any, is raised."""
+        first: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        leading = list(first.values())
+        if len(leading) <= 1 or self.concurrency == 1:
+            return [call(i) for i in range(len(keys))]
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = ThreadPoolExecutor(self.concurrency, "idemctl-dynamodb")
+        futures = {i: self._workers.submit(call, i) for i in leading}
+        errors = [f.exception() for f in futures.values()]  # waits for every one
+        if error := next((e for e in errors if e is not None), None):
+            raise error
+        results = {i: f.result() for i, f in futures.items()}
+        return [results[i] if i in results else call(i) for i in range(len(keys))]
+
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record:
+        now = self._now()
+        expires = now + to_ms(self._retention(retention))
+        values = {
+            ":now": n(now),
+            ":exp": n(expires),
+            ":ttl": n(expires // 1000),
+            ":done": s("completed"),
+            ":res": s(canonical_json(result).decode()),
+            ":false": {"BOOL": False},
+        }
+        update = (
+            "SET #st = :done, #done = :now, #up = :now, #exp = :exp, #ttl = :ttl, #res = :res, "
+            "#retr = :false, #by = :owner REMOVE #ow, #lease, #err"
+        )
+        return self._held(key, owner, fencing_token, update, values, retried="completed")
+
+    def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        now = self._now()
+        expires = now + to_ms(self._retention(retention))
+        values = {
+            ":now": n(now),
+            ":exp": n(expires),
+            ":ttl": n(expires // 1000),
+            ":failed": s("failed"),
+            ":err": s(error),
+            ":retr": {"BOOL": retriable},
+        }
+        update = (
+            "SET #st = :failed, #up = :now, #exp = :exp, #ttl = :ttl, #err = :err, "
+            "#retr = :retr, #by = :owner REMOVE #ow, #lease"
+        )
+        return self._held(key, owner, fencing_token, update, values, retried="failed")
+
+    def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime:
+        now = self._now()
+        expires = now + to_ms(self._lease(lease))
+        values = {
+            ":now": n(now),
+            ":lease": n(expires),
+            ":ttl": n((expires + to_ms(self.default_retention)) // 1000),
+        }
+        record = self._held(
+            key, owner, fencing_token, "SET #lease = :lease, #up = :now, #ttl = :ttl", values
+        )
+        assert record.lease_expires_at is not None
+        return record.lease_expires_at
+
+    def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record:
+        now = self._now()
+        values = {":now": n(now)}
+        update = "SET #lease = :now, #up = :now, #by = :owner REMOVE #ow"
+        if handler_ran:
+            return self._held(key, owner, fencing_token, update, values, retried="in_progress")
+        # Taking the attempt back is not idempotent, so a request botocore repeats after a
+        # lost answer must not count as this owner's: it then reports LeaseLost, and the key
+        # is released all the same.
+        values[":one"] = n(1)
+        update = "SET #lease = :now, #up = :now, #by = :owner, #att = #att - :one REMOVE #ow"
+        return self._held(key, owner, fencing_token, update, values)

@@ -1,0 +1,86 @@
+"""The redis-py client a store URL asks for: its client options, and the retry policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry
+
+from idemctl.errors import ConfigError
+from idemctl.stores.redis.client import PlainClient
+from idemctl.stores.redis.errors import translate
+from idemctl.urls import UrlOptions, redact_url
+
+T = TypeVar("T")
+
+# redis-py options a URL may carry through to the client.
+_CLIENT_DURATIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
+_CLIENT_TEXTS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "client_name")
+
+
+def connect(url: str, options: UrlOptions) -> PlainClient | RedisCluster:
+    """The client for ``url``. Reads the client's options from ``options`` and finishes
+    them: the store's own must have been read before."""
+    parts = options.parts
+    cluster = parts.scheme == "redis+cluster"
+    client_options: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
+    for name in _CLIENT_DURATIONS:
+        client_options[name] = options.duration(name, client_options.get(name, 0.0))
+    for name in _CLIENT_TEXTS:
+        value = options.text(name)
+        if value is not None:
+            client_options[name] = value
+    options.finish()
+    if not parts.hostname:
+        raise ConfigError(f"Redis URL {redact_url(url)} names no host")
+    # A few quick retries ride out a reconnect; a dead server is reported in about a second,
+    # a closed port or refused credentials at once.
+    retry = _Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+    plain = urlunsplit(parts._replace(scheme="redis" if cluster else parts.scheme, query=""))
+    try:
+        if cluster:
+            return RedisCluster.from_url(
+                plain, decode_responses=True, retry=retry, **client_options
+            )
+        return redis.Redis.from_url(plain, decode_responses=True, retry=retry, **client_options)
+    except (RedisClusterException, RedisError) as exc:
+        raise translate(exc, redact_url(url)) from exc
+
+
+class _Retry(Retry):
+    """redis-py's retries, except for what another try cannot mend: refused credentials,
+    and a connection refused (nothing listens on that port; a restarting server is waited
+    for by the caller's own back-off, as any unreachable store is)."""
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[[Exception], Any] | Callable[[Exception, int], Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        def retryable(error: Exception) -> bool:
+            return not _final(error) and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def _final(error: BaseException) -> bool:
+    """True for an error no retry can mend (see _Retry)."""
+    if isinstance(error, AuthenticationError):
+        return True
+    if not isinstance(error, RedisConnectionError):
+        return False
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return "Connection refused" in str(error)

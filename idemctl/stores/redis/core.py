@@ -1,0 +1,90 @@
+"""What every part of the Redis store stands on: its client and settings, its keys, the
+server's clock, and the script calls."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+from redis.cluster import RedisCluster
+
+from idemctl.errors import ConfigError
+from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, BaseStore
+from idemctl.stores.redis.client import Client, ClusterClient, PlainClient
+from idemctl.stores.redis.connections import Connections
+from idemctl.stores.redis.errors import guard
+from idemctl.stores.redis.records import server_time
+from idemctl.stores.redis.scripts import ScriptRunner
+
+
+class RedisCore(BaseStore):
+    """The base of RedisStore's parts: settings, keys, clock, script calls, errors."""
+
+    def __init__(
+        self,
+        client: PlainClient | RedisCluster,
+        *,
+        url: str,
+        prefix: str = "idem:",
+        lease: float = DEFAULT_LEASE,
+        retention: float = DEFAULT_RETENTION,
+        durable: bool = False,
+        replicas: int = 0,
+        durable_timeout: float = 1.0,
+    ) -> None:
+        super().__init__(url, lease=lease, retention=retention)
+        self._client: Client = client
+        self._cluster: ClusterClient | None = client if isinstance(client, RedisCluster) else None
+        self.prefix = prefix
+        self.cluster = self._cluster is not None
+        direct = None if isinstance(client, RedisCluster) else Connections(client.connection_pool)
+        if durable and self.cluster:
+            raise ConfigError(
+                "durable=1 is not available on redis+cluster: WAIT only covers writes sent on "
+                "its own connection, which a cluster client does not guarantee"
+            )
+        self.durable = durable
+        self.replicas = replicas
+        self.durable_timeout = durable_timeout
+        self._scripts = ScriptRunner(
+            client, self._cluster, direct, self.url, replicas=replicas, timeout=durable_timeout
+        )
+        self.scripts = self._scripts.scripts
+
+    def _rkey(self, key: str) -> str:
+        return f"{self.prefix}{{{key}}}"
+
+    def _key_of(self, rkey: str) -> str:
+        return rkey[len(self.prefix) + 1 : -1]
+
+    def _guard(self) -> AbstractContextManager[None]:
+        return guard(self.url)
+
+    def _now(self) -> datetime:
+        return server_time(*self._client.time())
+
+    def _ms(self, seconds: float) -> int:
+        return max(1, round(seconds * 1000))
+
+    def _call(
+        self,
+        name: str,
+        shared: Sequence[Any],
+        items: Sequence[tuple[str, Sequence[Any]]],
+        durable: bool = False,
+    ) -> list[Any]:
+        """Run script ``name`` over ``items`` (key, per-key values): one reply per item.
+        A write (``durable``) is confirmed under durable=1 (see ScriptRunner.call)."""
+        keyed = [(self._rkey(key), values) for key, values in items]
+        return self._scripts.call(name, shared, keyed, confirm=durable and self.durable)
+
+    def _one(
+        self, name: str, shared: Sequence[Any], key: str, *args: Any, durable: bool = False
+    ) -> Any:
+        return self._call(name, shared, [(key, args)], durable)[0]
+
+    def close(self) -> None:
+        self._scripts.close()
+        self._client.close()

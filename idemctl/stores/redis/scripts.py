@@ -1,0 +1,225 @@
+"""The Lua scripts from ``lua/``, and how a store runs them.
+
+A call is one EVALSHA per group of keys: over the store's own connections on one server
+(see ``connections``), or in one pipelined round trip (one per node on a cluster), then
+what confirms the writes under durable=1. Every script is safe to repeat with the same
+arguments, so the calls a server that lost its scripts refused (NOSCRIPT) are simply sent
+again after loading them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+
+from idemctl.errors import StoreError
+from idemctl.resources import read_resource
+from idemctl.stores.redis.client import Client, ClusterClient, Pipeline
+from idemctl.stores.redis.connections import Connections
+from idemctl.stores.redis.errors import translate
+
+SCRIPT_NAMES = ("claim", "complete", "fail", "extend", "release", "unlock", "forget", "purge")
+MAX_CALL_KEYS = 500
+"""Keys per script call on one server: Redis runs nothing else while a script runs."""
+
+Item = tuple[str, Sequence[Any]]
+"""A Redis key and its own values for the script."""
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str
+
+
+LIB = read_resource("lua", "_lib.lua")
+
+
+def load_scripts() -> dict[str, Script]:
+    """The scripts as sent to the server: ``_lib.lua`` followed by the script's own file."""
+    scripts = {}
+    for name in SCRIPT_NAMES:
+        source = LIB + "\n" + read_resource("lua", f"{name}.lua")
+        sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts so
+        scripts[name] = Script(name, source, sha)
+    return scripts
+
+
+class ScriptRunner:
+    """Runs the scripts for one store: on ``cluster`` when it is one, else on one server
+    through ``direct``; ``replicas`` and ``timeout`` are durable=1's."""
+
+    def __init__(
+        self,
+        client: Client,
+        cluster: ClusterClient | None,
+        direct: Connections | None,
+        url: str,
+        *,
+        replicas: int,
+        timeout: float,
+    ) -> None:
+        self._client = client
+        self._cluster = cluster
+        self._direct = direct
+        self.url = url
+        self.replicas = replicas
+        self.timeout = timeout
+        self._waitaof: bool | None = None  # whether the server has WAITAOF, found on first use
+        self.scripts = load_scripts()
+
+    def load(self) -> None:
+        for script in self.scripts.values():
+            if self._direct is not None:  # on the connection the scripts then run on
+                self._direct.execute(("SCRIPT", "LOAD", script.source))
+            else:
+                self._client.script_load(script.source)
+
+    def loaded(self) -> dict[str, bool]:
+        """Whether each script is loaded (on every primary of a cluster)."""
+        names = list(self.scripts)
+        answers = self._client.script_exists(*(self.scripts[n].sha for n in names))
+        if isinstance(answers, dict):  # a cluster answers per primary: loaded means everywhere
+            answers = [all(col) for col in zip(*answers.values(), strict=True)]
+        return dict(zip(names, (bool(a) for a in answers), strict=True))
+
+    def call(
+        self, name: str, shared: Sequence[Any], items: Sequence[Item], confirm: bool = False
+    ) -> list[Any]:
+        """Run script ``name`` over ``items``: one reply per item.
+
+        On one server, a plain EVALSHA over the store's own connections. Otherwise one
+        EVALSHA per group of keys (see _groups), all in one pipelined round trip (one per
+        node on a cluster), followed by what confirms them when ``confirm``."""
+        sha = self.scripts[name].sha
+        try:
+            if self._direct is not None and not confirm and len(items) <= MAX_CALL_KEYS:
+                command = ("EVALSHA", *self._evalsha_args(sha, shared, items, range(len(items))))
+                for _ in range(2):
+                    try:
+                        return list(self._direct.execute(command))
+                    except NoScriptError:
+                        self.load()
+            else:
+                return self._pipelined(sha, shared, items, confirm)
+        except (RedisError, RedisClusterException) as exc:
+            raise translate(exc, self.url) from exc
+        raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
+
+    def _groups(self, keys: Sequence[str]) -> list[list[int]]:
+        """Which items go in one script call: a script may only touch keys of one slot on a
+        cluster; on one server, any keys, in chunks that keep each call short."""
+        if self._cluster is not None:
+            by_slot: dict[int, list[int]] = {}
+            for i, key in enumerate(keys):
+                by_slot.setdefault(self._cluster.keyslot(key), []).append(i)
+            return list(by_slot.values())
+        return [
+            list(range(i, min(i + MAX_CALL_KEYS, len(keys))))
+            for i in range(0, len(keys), MAX_CALL_KEYS)
+        ]
+
+    def _pipelined(
+        self, sha: str, shared: Sequence[Any], items: Sequence[Item], confirm: bool
+    ) -> list[Any]:
+        calls = [
+            (group, self._evalsha_args(sha, shared, items, group))
+            for group in self._groups([key for key, _ in items])
+        ]
+        replies: list[Any] = [None] * len(items)
+        for _ in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for _, command in calls:
+                # The cluster pipeline refuses .evalsha() by name, but routes the
+                # command by its first key like any other.
+                pipe.execute_command("EVALSHA", *command)
+            confirmations = self._add_confirmation(pipe) if confirm else 0
+            results = pipe.execute(raise_on_error=False)
+            if confirmations:
+                self._check_confirmation(results[-confirmations:])
+                del results[-confirmations:]
+            lost = []
+            for (group, command), result in zip(calls, results, strict=True):
+                if isinstance(result, NoScriptError):
+                    lost.append((group, command))
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    for i, reply in zip(group, result, strict=True):
+                        replies[i] = reply
+            if not lost:
+                return replies
+            self.load()
+            calls = lost
+        raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    def _evalsha_args(
+        self, sha: str, shared: Sequence[Any], items: Sequence[Item], group: Sequence[int]
+    ) -> list[Any]:
+        """EVALSHA's arguments for the items at ``group``: the keys, the shared values, then
+        each key's own values in key order (as lua/_lib.lua's each() reads them)."""
+        args: list[Any] = [sha, len(group), *(items[i][0] for i in group), *shared]
+        for i in group:
+            args += items[i][1]
+        return args
+
+    # durable=1 ------------------------------------------------------------------------------
+
+    def _add_confirmation(self, pipe: Pipeline) -> int:
+        """Queue what confirms the writes before it on this connection; returns how many replies.
+
+        WAITAOF where the server has it (7.2+). Older servers have only WAIT, for replicas;
+        that the write reached their own disk is read from their fsync settings, in the same
+        round trip every time, since CONFIG SET can change them at any moment."""
+        timeout_ms = int(self.timeout * 1000)
+        if self._waitaof is None:
+            version = str(self._client.info("server").get("redis_version", "0"))
+            self._waitaof = tuple(int(p) for p in version.split(".")[:2]) >= (7, 2)
+            if not self._waitaof:  # refuse a server that cannot confirm before writing to it
+                self._check_fsync(self._client.config_get("append*"))
+        if self._waitaof:
+            pipe.execute_command("WAITAOF", 1, self.replicas, timeout_ms)
+            return 1
+        pipe.config_get("append*")
+        pipe.execute_command("WAIT", self.replicas, timeout_ms)
+        return 2
+
+    def _check_fsync(self, config: Mapping[Any, Any]) -> None:
+        if config.get("appendonly") != "yes" or config.get("appendfsync") != "always":
+            raise StoreError(
+                f"durable=1: Redis at {self.url} cannot confirm writes reach its disk: it has "
+                f"appendonly {config.get('appendonly')} and appendfsync "
+                f"{config.get('appendfsync')}, and no WAITAOF (Redis 7.2+); set appendonly yes "
+                "and appendfsync always"
+            )
+
+    def _check_confirmation(self, replies: list[Any]) -> None:
+        failed = [r for r in replies if isinstance(r, Exception)]
+        if failed:
+            raise StoreError(
+                f"durable=1: Redis at {self.url} could not confirm the write: {failed[0]}"
+            )
+        if self._waitaof:
+            local, replicas = (int(x) for x in replies[0])
+            if local < 1 or replicas < self.replicas:
+                raise StoreError(
+                    f"durable=1: Redis at {self.url} confirmed the write on {local} local AOF and "
+                    f"{replicas} of {self.replicas} replicas within {self.timeout:g}s"
+                )
+            return
+        config, acked = replies
+        self._check_fsync(config)
+        if int(acked) < self.replicas:
+            raise StoreError(
+                f"durable=1: only {int(acked)} of {self.replicas} replicas confirmed the write "
+                f"within {self.timeout:g}s"
+            )
