@@ -28,6 +28,7 @@ from idemctl import (
 )
 from idemctl.runner import Outcome, run
 from idemctl.stores.base import Store
+from tests.backends import Backend
 
 SHORT = 0.4  # a lease or retention that the test waits out
 WAIT = 0.7  # long enough for SHORT to pass on any store's clock
@@ -140,6 +141,42 @@ def test_expired_lease_is_taken_over_and_old_owner_is_fenced(store: Store) -> No
     assert record.status is Status.COMPLETED
     assert record.result == "B's result"
     assert record.fencing_token == new.fencing_token
+
+
+def test_takeover_between_two_workers(backend: Backend) -> None:
+    """Two workers, each with its own connection to one store: A stalls past its lease, B
+    takes the key over and finishes it, and A is fenced out before B finishes and after."""
+    worker_a, worker_b = backend.open(), backend.open()
+    try:
+        a = acquire(worker_a, "payment-1", fingerprint({"amount": 5}), lease=SHORT)
+        assert isinstance(worker_b.claim("payment-1", fingerprint({"amount": 5})), Busy)
+        time.sleep(WAIT)  # A stalls past its lease
+        b = acquire(worker_b, "payment-1", fingerprint({"amount": 5}))
+        assert b.takeover is True and b.fencing_token == a.fencing_token + 1 and b.attempt == 2
+
+        def fenced_out() -> None:
+            for call in (
+                lambda: worker_a.complete("payment-1", a.owner, a.fencing_token, {"by": "A"}),
+                lambda: worker_a.extend("payment-1", a.owner, a.fencing_token, LONG),
+                lambda: worker_a.release("payment-1", a.owner, a.fencing_token),
+                lambda: worker_a.fail("payment-1", a.owner, a.fencing_token, "A gives up"),
+            ):
+                with pytest.raises(LeaseLost) as lost:
+                    call()
+                assert lost.value.record is not None
+                assert lost.value.record.fencing_token == b.fencing_token
+
+        fenced_out()  # while B holds the key
+        worker_b.complete("payment-1", b.owner, b.fencing_token, {"by": "B"})
+        fenced_out()  # and once B has finished it
+        replay = worker_a.claim("payment-1", fingerprint({"amount": 5}))
+        assert isinstance(replay, Completed)
+        assert replay.record.result == {"by": "B"}
+        assert replay.record.fencing_token == b.fencing_token and replay.record.attempts == 2
+        assert replay.record.status is Status.COMPLETED
+    finally:
+        worker_a.close()
+        worker_b.close()
 
 
 def test_owner_may_finish_an_expired_lease_nobody_took(store: Store) -> None:
@@ -453,14 +490,14 @@ def test_unlock_stale(store: Store) -> None:
 def test_unlock_stale_and_purge_work_in_batches(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import idemctl.stores.base
     import idemctl.stores.dynamodb
     import idemctl.stores.postgres
     import idemctl.stores.redis
+    import idemctl.stores.rows
 
     # Batches of 40 (Redis: SCAN COUNT 40), so 120 keys take several on every store.
     for module, name in (
-        (idemctl.stores.base, "BATCH"), (idemctl.stores.postgres, "BATCH"),
+        (idemctl.stores.rows, "BATCH"), (idemctl.stores.postgres, "BATCH"),
         (idemctl.stores.dynamodb, "ITEMS_PER_BATCH"), (idemctl.stores.redis, "SCAN_COUNT"),
     ):  # fmt: skip
         monkeypatch.setattr(module, name, 40)

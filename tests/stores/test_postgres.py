@@ -992,29 +992,3 @@ def test_a_password_in_the_url_is_never_shown(postgres_server: PostgresServer, d
         assert all("s3cret" not in text for text in shown)
     finally:
         store.close()
-
-
-# The takeover scenario ----------------------------------------------------------------------------
-
-
-def test_takeover_between_two_workers(url: str, store: PostgresStore) -> None:
-    worker_a, worker_b = open_pg(url), open_pg(url)
-    try:
-        a = acquire(worker_a, "payment-1", lease=0.3, fp=fingerprint({"amount": 5}))
-        assert isinstance(worker_b.claim("payment-1", fingerprint({"amount": 5})), Busy)
-        time.sleep(0.6)  # A stalls past its lease
-        b = acquire(worker_b, "payment-1", fp=fingerprint({"amount": 5}))
-        assert b.takeover is True and b.fencing_token == a.fencing_token + 1
-        worker_b.complete("payment-1", b.owner, b.fencing_token, {"by": "B"})
-        with pytest.raises(LeaseLost):
-            worker_a.complete("payment-1", a.owner, a.fencing_token, {"by": "A"})
-        with pytest.raises(LeaseLost):
-            worker_a.fail("payment-1", a.owner, a.fencing_token, "A gives up")
-        replay = worker_a.claim("payment-1", fingerprint({"amount": 5}))
-        assert isinstance(replay, Completed)
-        assert replay.record.result == {"by": "B"}
-        assert replay.record.fencing_token == b.fencing_token
-        assert replay.record.attempts == 2
-    finally:
-        worker_a.close()
-        worker_b.close()

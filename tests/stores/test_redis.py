@@ -506,7 +506,7 @@ def test_script_calls_use_one_connection_per_caller(
 def test_an_interrupted_call_leaves_no_reply_behind_for_the_next(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import idemctl.stores.redis as redis_store
+    import idemctl.stores.redis.connections as redis_store
 
     a = acquire(store, "done")
     store.complete("done", a.owner, a.fencing_token, "result")
@@ -803,33 +803,6 @@ def test_password_works_and_is_never_shown(tmp_path: Path, prefix: str) -> None:
             shown = "".join(traceback.format_exception(info.value))
             assert "wr0ngpass" not in shown and "s3cret" not in shown
             assert re.search(r"(?i)auth|password|credential", str(info.value)), info.value
-
-
-# The takeover scenario --------------------------------------------------------------------------
-
-
-def test_takeover_between_two_workers(redis_server: RedisServer, prefix: str) -> None:
-    url = redis_url(redis_server, prefix)
-    worker_a, worker_b = open_store(url), open_store(url)
-    try:
-        a = acquire(worker_a, "payment-1", lease=0.3, fp=fingerprint({"amount": 5}))
-        assert isinstance(worker_b.claim("payment-1", fingerprint({"amount": 5})), Busy)
-        time.sleep(0.6)  # A stalls past its lease
-        b = acquire(worker_b, "payment-1", fp=fingerprint({"amount": 5}))
-        assert b.takeover is True and b.fencing_token == a.fencing_token + 1
-        worker_b.complete("payment-1", b.owner, b.fencing_token, {"by": "B"})
-        with pytest.raises(LeaseLost):
-            worker_a.complete("payment-1", a.owner, a.fencing_token, {"by": "A"})
-        with pytest.raises(LeaseLost):
-            worker_a.fail("payment-1", a.owner, a.fencing_token, "A gives up")
-        replay = worker_a.claim("payment-1", fingerprint({"amount": 5}))
-        assert isinstance(replay, Completed)
-        assert replay.record.result == {"by": "B"}
-        assert replay.record.fencing_token == b.fencing_token
-        assert replay.record.attempts == 2
-    finally:
-        worker_a.close()
-        worker_b.close()
 
 
 # URLs ---------------------------------------------------------------------------------------------
