@@ -175,19 +175,24 @@ def metrics_text(summary: RelaySummary) -> str:
 
     lines = [
         *family(
-            "idemctl_outbox_events_total", "counter",
+            "idemctl_outbox_events_total",
+            "counter",
             "Outbox rows the relay published, and deliveries that failed (retried later).",
             {'outcome="published"': summary.published, 'outcome="failed"': summary.failed},
         ),
         *family(
-            "idemctl_outbox_batches_total", "counter", "Batches committed.",
+            "idemctl_outbox_batches_total",
+            "counter",
+            "Batches committed.",
             {"": summary.batches},
         ),
         *family(
-            "idemctl_outbox_store_unavailable_total", "counter",
-            "Rounds that found the database unreachable.", {"": summary.store_unavailable},
+            "idemctl_outbox_store_unavailable_total",
+            "counter",
+            "Rounds that found the database unreachable.",
+            {"": summary.store_unavailable},
         ),
-    ]  # fmt: skip
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -273,9 +278,17 @@ class Relay:
                 "%d of %d outbox row(s) not delivered to the brokers at %s, each retried "
                 "after its back-off (from %gs, doubling); the last: %s (%s %s) to %s, "
                 "attempt %d: %s",
-                len(failed), len(rows), o.brokers, o.backoff, row.id, row.aggregatetype,
-                row.type, o.topic_of(row), row.attempts + 1, error,
-            )  # fmt: skip
+                len(failed),
+                len(rows),
+                o.brokers,
+                o.backoff,
+                row.id,
+                row.aggregatetype,
+                row.type,
+                o.topic_of(row),
+                row.attempts + 1,
+                error,
+            )
         return len(rows)
 
     def _progress(self) -> None:

@@ -43,19 +43,33 @@ class OutboxRow:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": str(self.id), "aggregatetype": self.aggregatetype,
-            "aggregateid": self.aggregateid, "type": self.type, "payload": self.payload,
-            "headers": self.headers, "created_at": self.created_at.isoformat(),
+            "id": str(self.id),
+            "aggregatetype": self.aggregatetype,
+            "aggregateid": self.aggregateid,
+            "type": self.type,
+            "payload": self.payload,
+            "headers": self.headers,
+            "created_at": self.created_at.isoformat(),
             "published_at": None if self.published_at is None else self.published_at.isoformat(),
-            "attempts": self.attempts, "last_error": self.last_error,
-        }  # fmt: skip
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+        }
 
 
 def _row(values: Sequence[Any]) -> OutboxRow:
     return OutboxRow(
-        values[0], values[1], values[2], values[3], values[4], dict(values[5] or {}),
-        values[6].astimezone(UTC), _utc(values[7]), values[8], values[9], values[10],
-    )  # fmt: skip
+        id=values[0],
+        aggregatetype=values[1],
+        aggregateid=values[2],
+        type=values[3],
+        payload=values[4],
+        headers=dict(values[5] or {}),
+        created_at=values[6].astimezone(UTC),
+        published_at=_utc(values[7]),
+        attempts=values[8],
+        last_error=values[9],
+        seq=values[10],
+    )
 
 
 @dataclass(frozen=True)
@@ -105,14 +119,17 @@ class TypeStatus:
     def to_json(self, now: datetime) -> dict[str, Any]:
         oldest, last = self.oldest_unpublished, self.last_published
         return {
-            "aggregatetype": self.aggregatetype, "unpublished": self.unpublished,
-            "failing": self.failing, "published": self.published,
+            "aggregatetype": self.aggregatetype,
+            "unpublished": self.unpublished,
+            "failing": self.failing,
+            "published": self.published,
             "oldest_unpublished_at": None if oldest is None else oldest.isoformat(),
-            "oldest_unpublished_age_seconds": None if oldest is None
-            else (now - oldest).total_seconds(),
+            "oldest_unpublished_age_seconds": (
+                None if oldest is None else (now - oldest).total_seconds()
+            ),
             "last_published_at": None if last is None else last.isoformat(),
             "last_error": self.last_error,
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -145,7 +162,7 @@ class OutboxTable:
         if not isinstance(store, PostgresStore):
             raise ConfigError(f"the outbox lives in a PostgreSQL store, not {store.url}")
         self.store: PostgresStore = store
-        self.name = store.outbox_table
+        self.name = store.names.outbox_table
 
     def check(self) -> None:
         """Raise NotProvisioned (run 'idemctl init') unless the table is at the current

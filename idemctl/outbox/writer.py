@@ -25,9 +25,9 @@ DEFAULT_SCHEMA = "idem"
 
 def outbox_table(schema: str = DEFAULT_SCHEMA, prefix: str = "") -> str:
     """The quoted name of the outbox table (as ``postgresql://...?schema=&prefix=`` names it)."""
-    from idemctl.stores.postgres import quote_ident
+    from idemctl.stores.postgres.sql import names  # loads psycopg: not on `import idemctl`
 
-    return f"{quote_ident(schema)}.{quote_ident(prefix + 'outbox')}"
+    return names(schema, prefix).outbox_table
 
 
 class Outbox:

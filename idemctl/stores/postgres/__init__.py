@@ -1,0 +1,29 @@
+"""``postgresql://``: the store whose keys can commit together with the handler's own data.
+
+- ``sql``: the names of the schema's tables and indexes, its migrations, the statements
+- ``pool``: the connection pool, and the driver's errors as idemctl's
+- ``transactional``: transactional mode (``PostgresStore.transaction`` and its ``Unit``)
+- ``store``: ``PostgresStore`` itself
+
+Imported only when a ``postgresql://`` store is opened (``idemctl.stores.open_store``):
+importing it loads psycopg.
+"""
+
+from idemctl.stores import base
+from idemctl.stores.postgres.sql import Names, migrations, names, quote_ident
+from idemctl.stores.postgres.store import ADMIN_LOCK_WAIT, PostgresStore
+from idemctl.stores.postgres.transactional import Unit
+
+BATCH = base.BATCH
+"""Rows per statement of unlock-stale and purge. Read from here at every call: it may be set."""
+
+__all__ = [
+    "ADMIN_LOCK_WAIT",
+    "BATCH",
+    "Names",
+    "PostgresStore",
+    "Unit",
+    "migrations",
+    "names",
+    "quote_ident",
+]

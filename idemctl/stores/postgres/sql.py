@@ -1,0 +1,194 @@
+"""The PostgreSQL store's SQL: the names of its tables and indexes (``names``), its schema
+as migrations (schemas/postgres.sql) and the statements of the protocol.
+
+Every identifier of a store's schema comes from ``names(schema, prefix)``: the store and
+the outbox both take theirs from it."""
+
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+from psycopg.sql import quote as quote_literal
+
+from idemctl.errors import ConfigError
+from idemctl.resources import read_resource
+
+DEFAULT_SCHEMA = "idem"
+
+COLUMNS = (
+    "key, status::text, fingerprint, owner, fencing_token, attempts, lease_expires_at, "
+    "created_at, updated_at, completed_at, expires_at, result, error, retriable"
+)
+"""A key's row as ``Record`` reads it."""
+
+
+def quote_ident(name: str) -> str:
+    """A SQL identifier, always quoted: any schema name or prefix is safe."""
+    if not name or "\x00" in name:
+        raise ConfigError(f"not a usable SQL identifier: {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every identifier of one store's schema, quoted.
+
+    The fields are the placeholders of schemas/postgres.sql (``{schema}``, ``{keys}``, ...);
+    every table, type, constraint and index is named ``prefix`` + its field's name. The
+    properties are the tables, schema-qualified, as statements name them."""
+
+    schema: str
+    schema_version: str
+    status: str
+    keys: str
+    outbox: str
+    keys_lease: str
+    keys_expires: str
+    keys_owner_in_progress: str
+    outbox_unpublished: str
+    outbox_created: str
+    outbox_published: str
+
+    @property
+    def version_table(self) -> str:
+        return f"{self.schema}.{self.schema_version}"
+
+    @property
+    def keys_table(self) -> str:
+        return f"{self.schema}.{self.keys}"
+
+    @property
+    def outbox_table(self) -> str:
+        return f"{self.schema}.{self.outbox}"
+
+    def placeholders(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def names(schema: str = DEFAULT_SCHEMA, prefix: str = "") -> Names:
+    """The names of the store at ``postgresql://...?schema=&prefix=``; ConfigError when the
+    schema or prefix cannot make an identifier."""
+    return Names(
+        quote_ident(schema),
+        **{f.name: quote_ident(prefix + f.name) for f in fields(Names) if f.name != "schema"},
+    )
+
+
+def migrations(names: Names) -> dict[int, list[str]]:
+    """The statements of each migration in schemas/postgres.sql, identifiers substituted."""
+    text = read_resource("schemas", "postgres.sql")
+    placeholders = names.placeholders()
+    found: dict[int, list[str]] = {}
+    for part in re.split(r"^-- migration (\d+)[^\n]*\n", text, flags=re.M)[1:]:
+        if part.isdigit():
+            version = int(part)
+            continue
+        body = "\n".join(line for line in part.splitlines() if not line.startswith("--"))
+        body = re.sub(r"\{(\w+)\}", lambda m: placeholders[m.group(1)], body)
+        found[version] = [s.strip() for s in body.split(";\n") if s.strip().rstrip(";")]
+    return found
+
+
+def provision_lock(names: Names) -> str:
+    """The statement that makes provisioners of one schema wait for each other."""
+    return (
+        "SELECT pg_advisory_xact_lock(hashtextextended("
+        + quote_literal(f"idemctl provision {names.schema}")
+        + ", 0))"
+    )
+
+
+def prefixed(columns: str, alias: str) -> str:
+    return ", ".join(alias + c.strip() for c in columns.split(","))
+
+
+def protocol_statements(names: Names) -> dict[str, str]:
+    """The protocol's statements on the keys table, by name."""
+    # complete, fail, extend and release match the owner, not the status: an owner is set
+    # only while in progress (a CHECK constraint), and a status condition would let the
+    # planner prefer the partial lease index, whose dead entries grow with every completion.
+    t = names.keys_table
+    live = "(k.expires_at IS NULL OR k.expires_at > now())"
+    complete = f"""
+WITH req AS (
+    SELECT * FROM unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[],
+                         %(results)s::text[]) AS r(key, owner, token, result)
+)
+UPDATE {t} k SET status = 'completed', owner = NULL, lease_expires_at = NULL,
+    updated_at = now(), completed_at = now(),
+    expires_at = now() + %(retention)s * interval '1 second',
+    result = req.result::jsonb, error = NULL, retriable = false
+FROM req
+WHERE k.key = req.key AND k.owner = req.owner
+  AND k.fencing_token = req.token"""
+    return {
+        "claim": f"""
+WITH req AS (
+    SELECT * FROM unnest(%(keys)s::text[], %(fps)s::text[], %(owners)s::text[])
+        AS r(key, fingerprint, owner)
+), old AS (
+    SELECT k.* FROM {t} k JOIN req USING (key)
+), claimed AS (
+    -- A key with no row starts its fencing counter at the clock in microseconds (not now():
+    -- the transaction's start), above every token of a deleted earlier life of the key.
+    INSERT INTO {t} AS k (key, status, fingerprint, owner, fencing_token, attempts,
+                          lease_expires_at, created_at, updated_at)
+    SELECT key, 'in_progress', fingerprint, owner,
+           (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 1,
+           now() + %(lease)s * interval '1 second', now(), now()
+    FROM req ORDER BY key
+    ON CONFLICT (key) DO UPDATE SET
+        status = 'in_progress',
+        owner = excluded.owner,
+        fencing_token = k.fencing_token + 1,
+        attempts = CASE WHEN k.expires_at <= now() THEN 1 ELSE k.attempts + 1 END,
+        fingerprint = CASE WHEN k.expires_at <= now() OR k.fingerprint IS NULL
+                           THEN excluded.fingerprint ELSE k.fingerprint END,
+        lease_expires_at = excluded.lease_expires_at,
+        created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
+        updated_at = now(),
+        completed_at = NULL,
+        expires_at = NULL,
+        result = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.result END,
+        error = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.error END,
+        retriable = CASE WHEN k.expires_at <= now() THEN false ELSE k.retriable END
+    WHERE k.expires_at <= now()
+       OR ((excluded.fingerprint IS NULL OR k.fingerprint IS NULL
+            OR k.fingerprint = excluded.fingerprint)
+           AND ((k.status = 'in_progress' AND (k.owner IS NULL OR k.lease_expires_at <= now()))
+                OR (k.status = 'failed' AND k.retriable)))
+    RETURNING k.key, k.fencing_token, k.attempts, k.lease_expires_at
+)
+SELECT req.key, c.fencing_token, c.attempts, c.lease_expires_at,
+       coalesce(o.status = 'in_progress' AND (o.expires_at IS NULL OR o.expires_at > now()),
+                false) AS takeover,
+       o.key, o.status::text, o.fingerprint, o.owner, o.fencing_token, o.attempts,
+       o.lease_expires_at, o.created_at, o.updated_at, o.completed_at, o.expires_at,
+       o.result, o.error, o.retriable, now()
+FROM req LEFT JOIN claimed c USING (key) LEFT JOIN old o USING (key)""",
+        "complete": f"{complete}\nRETURNING {prefixed(COLUMNS, 'k.')}",
+        "complete_keys": f"{complete}\nRETURNING k.key",
+        "fail": f"""
+UPDATE {t} k SET status = 'failed', owner = NULL, lease_expires_at = NULL, updated_at = now(),
+    expires_at = now() + %(retention)s * interval '1 second', error = %(error)s,
+    retriable = %(retriable)s
+WHERE k.key = %(key)s AND k.owner = %(owner)s
+  AND k.fencing_token = %(token)s
+RETURNING {prefixed(COLUMNS, "k.")}""",
+        "extend": f"""
+UPDATE {t} k SET lease_expires_at = now() + %(lease)s * interval '1 second', updated_at = now()
+WHERE k.key = %(key)s AND k.owner = %(owner)s
+  AND k.fencing_token = %(token)s
+RETURNING {prefixed(COLUMNS, "k.")}""",
+        "release": f"""
+UPDATE {t} k SET owner = NULL, lease_expires_at = now(), updated_at = now(),
+    attempts = greatest(k.attempts - %(unrun)s, 0)
+WHERE k.key = %(key)s AND k.owner = %(owner)s
+  AND k.fencing_token = %(token)s
+RETURNING {prefixed(COLUMNS, "k.")}""",
+        "get": f"SELECT {prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = %(key)s AND {live}",
+        "get_any": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s",
+        "lock": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s FOR UPDATE",
+    }
