@@ -1,7 +1,8 @@
 """``idemctl consume``: run a handler against Kafka topics, effectively once per key."""
 
 from idemctl.consume.event import Event, Handler, adapt, load_handler
-from idemctl.consume.loop import ConsumeOptions, Consumer, Summary
+from idemctl.consume.loop import Consumer
+from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.errors import ConsumeAborted
 
 __all__ = [

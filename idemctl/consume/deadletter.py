@@ -1,0 +1,149 @@
+"""The dead-letter topic: where a message goes that will never be handled, so its partition
+can go on. A dead letter is finished only once the broker acknowledged it; one the broker
+refuses (too large, no rights, no such topic, brokers down) leaves its message unfinished:
+the partition waits at it, with back-off, until the dead letter is written."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from idemctl.consume.options import ConsumeOptions
+from idemctl.errors import ConfigError
+
+log = logging.getLogger("idemctl.consume")
+kafka_log = logging.getLogger("idemctl.consume.kafka")
+
+SHARED = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
+"""Settings the dead-letter producer takes from the consumer's: the connection, no more."""
+RECEIVE_MAX = 100_000_000
+"""librdkafka's default ``receive.message.max.bytes``: the largest message a consumer reads."""
+HEADROOM = 64 * 1024
+"""Bytes a dead letter adds to its message: the headers that say where and why."""
+TRUNCATE_TO = 64 * 1024
+"""Payload bytes kept by ``--dlq-oversize truncate``."""
+OVERSIZE = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "MESSAGE_TOO_LARGE"})
+"""Error names that mean the record is too large for the producer or the topic."""
+
+
+def producer_config(consumer: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The dead-letter producer's settings: the consumer's connection; a message size limit
+    that takes any message the consumer can read (``receive.message.max.bytes``) with its
+    dead-letter headers, unless ``message.max.bytes`` is set; ``timeout`` seconds for the
+    broker's acknowledgement."""
+    config = {k: v for k, v in consumer.items() if k.startswith(SHARED)}
+    largest = int(consumer.get("receive.message.max.bytes", RECEIVE_MAX)) + HEADROOM
+    return {
+        **config,
+        "enable.idempotence": True,
+        "message.max.bytes": consumer.get("message.max.bytes", min(largest, 1_000_000_000)),
+        "message.timeout.ms": max(int(timeout * 1000), 1),
+    }
+
+
+class DeadLetters:
+    """Writes dead letters with Spring Kafka's header names and encodings (so Java tools read
+    them) and waits for each acknowledgement."""
+
+    def __init__(self, options: ConsumeOptions, consumer_config: dict[str, Any]) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        self.options = options
+        try:
+            self._producer = Producer(
+                producer_config(consumer_config, options.dlq_timeout), logger=kafka_log
+            )
+        except KafkaException as exc:
+            raise ConfigError(f"Kafka client settings: {kafka_text(exc)}") from None
+
+    def topic(self, msg: Any) -> str:
+        return self.options.dlq_topic or f"{msg.topic()}.dlq"
+
+    def send(self, msg: Any, reason: str, detail: str, exc: BaseException | None) -> str | None:
+        """Write ``msg`` to its dead-letter topic and wait for the broker: None once it is
+        acknowledged, else why it is not (one line). A record refused as too large is
+        written again with its payload cut under ``--dlq-oversize truncate``."""
+        topic = self.topic(msg)
+        headers = [
+            *(msg.headers() or ()),
+            ("kafka_dlt-original-topic", msg.topic().encode()),
+            ("kafka_dlt-original-partition", msg.partition().to_bytes(4, "big", signed=True)),
+            ("kafka_dlt-original-offset", msg.offset().to_bytes(8, "big", signed=True)),
+            ("kafka_dlt-original-consumer-group", self.options.group.encode()),
+            ("kafka_dlt-exception-fqcn", fqcn(exc).encode()),
+            ("kafka_dlt-exception-message", f"{reason}: {detail}".encode()[:4000]),
+            ("idemctl-dlt-reason", reason.encode()),
+        ]
+        value: bytes | None = msg.value()
+        refused = self._produce(topic, msg.key(), value, headers)
+        if refused is None or refused[0] not in OVERSIZE or value is None:
+            return None if refused is None else refused[1]
+        if self.options.dlq_oversize != "truncate":
+            return f"{refused[1]} (--dlq-oversize truncate writes it with the payload cut)"
+        cut = [
+            *headers,
+            ("idemctl-dlt-truncated", f"{len(value)} bytes, cut to {TRUNCATE_TO}".encode()),
+        ]
+        again = self._produce(topic, msg.key(), value[:TRUNCATE_TO], cut)
+        if again is None:
+            log.warning(
+                "dead letter of %s[%d]@%d cut from %d to %d payload bytes (%s); the original "
+                "stays at that offset while the topic's retention lasts",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                len(value),
+                TRUNCATE_TO,
+                refused[1],
+            )
+            return None
+        return again[1]
+
+    def _produce(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[Any]
+    ) -> tuple[str, str] | None:
+        """Produce one record and wait for its delivery report: None when acknowledged,
+        else (error name, one line). Waits at most ``dlq_timeout`` and a little more: the
+        producer's own ``message.timeout.ms`` fails the record by then."""
+        from confluent_kafka import KafkaException
+
+        delivered: list[Any] = []
+        try:
+            self._producer.produce(
+                topic,
+                value=value,
+                key=key,
+                headers=headers,
+                on_delivery=lambda err, _msg: delivered.append(err),
+            )
+        except KafkaException as exc:  # refused before sending: too large, bad topic, ...
+            error = exc.args[0] if exc.args else None
+            return _name(error), f"could not dead-letter to {topic}: {kafka_text(exc)}"
+        except BufferError as exc:
+            return "QUEUE_FULL", f"could not dead-letter to {topic}: {exc}"
+        self._producer.flush(self.options.dlq_timeout + 5)
+        if not delivered:
+            return "_TIMED_OUT", f"could not dead-letter to {topic}: no acknowledgement"
+        if delivered[0] is None:
+            return None
+        error = delivered[0]
+        return _name(error), f"could not dead-letter to {topic}: {error.str()}"
+
+    def close(self) -> None:
+        self._producer.flush(10)
+
+
+def _name(error: Any) -> str:
+    return str(error.name()) if hasattr(error, "name") else "UNKNOWN"
+
+
+def fqcn(exc: BaseException | None) -> str:
+    if exc is None:
+        return "idemctl.consume.DeadLetter"
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def kafka_text(exc: BaseException) -> str:
+    """A KafkaException's own words (librdkafka's), not its repr."""
+    error: Any = exc.args[0] if exc.args else None
+    return str(error.str()) if hasattr(error, "str") else str(exc)

@@ -1,0 +1,103 @@
+"""What ``idemctl consume`` is asked to do, and what it did."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from idemctl.errors import ConfigError
+from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy
+
+
+@dataclass
+class ConsumeOptions:
+    brokers: str
+    topics: list[str]
+    group: str
+    key: str = DEFAULT_KEY_STRATEGY
+    on_missing_key: str = "dlq"
+    """For a message without a usable key (none, or one ``validate_key`` refuses) or with a
+    payload the fingerprint or the key template cannot read: dlq: dead-letter it; offset: use
+    topic-partition-offset as its key; skip: pass it by (its offset is stored); stop (or
+    fail): stop the consumer without storing its offset."""
+    lease: float | None = None
+    max_attempts: int = 5
+    backoff: float = 1.0
+    """Seconds before the first retry; doubled each attempt, at most 60 s."""
+    dlq_topic: str | None = None
+    """Default: ``<topic>.dlq`` for each input topic."""
+    batch_size: int = 100
+    complete_batch: int = 20
+    """Completions the completer sends in one round trip at most before it stops waiting."""
+    complete_wait: float = 0.005
+    """Seconds a finished key's completion waits for others to go with it, at most: with
+    ``complete_batch``, what a SIGKILL can cost beyond the handlers it cuts off."""
+    concurrency: int = 1
+    """Partitions whose handlers run side by side (each partition's in order), for
+    handlers that wait on I/O."""
+    max_messages: int | None = None
+    exit_when_idle: float | None = None
+    kafka_config: dict[str, str] = field(default_factory=dict)
+    permanent_errors: tuple[type[BaseException], ...] = ()
+    transactional: bool = False
+    """PostgreSQL: claim, the handler's SQL on ``ctx.connection`` and completion commit in
+    one transaction, a message at a time (no batched round trips)."""
+    poll_timeout: float = 0.5
+    join_timeout: float = 60.0
+    """Seconds from the start to the first partition, else KafkaUnavailable (0: wait for
+    ever). Under ``exit_when_idle`` also how long lost brokers are waited for, and how long
+    a member left without partitions waits for some before it exits."""
+    dlq_oversize: str = "hold"
+    """A dead letter the broker refuses as too large: hold (its partition waits, with
+    back-off, until the topic takes it) or truncate (write it with the payload cut and
+    headers saying so and where the original sits)."""
+    dlq_timeout: float = 30.0
+    """Seconds the broker has to acknowledge a dead letter; past it, the message's partition
+    waits (with back-off) and the dead letter is tried again."""
+    dlq_breaker: int = 20
+    """Stop (ConsumeStopped) when this many messages in a row are dead-lettered for the same
+    reason: a storm says the consumer is misconfigured, not that the messages are bad.
+    0: never."""
+
+    def __post_init__(self) -> None:
+        if self.on_missing_key not in ("dlq", "offset", "skip", "stop", "fail"):
+            raise ConfigError(
+                f"--on-missing-key {self.on_missing_key!r}: use dlq, offset, skip or stop"
+            )
+        if min(self.max_attempts, self.batch_size, self.concurrency, self.complete_batch) < 1:
+            raise ConfigError(
+                "--max-attempts, --batch-size, --complete-batch and --concurrency must be at "
+                "least 1"
+            )
+        if self.dlq_oversize not in ("hold", "truncate"):
+            raise ConfigError(f"--dlq-oversize {self.dlq_oversize!r}: use hold or truncate")
+        if self.complete_wait < 0:
+            raise ConfigError("--complete-wait cannot be negative")
+        if self.dlq_timeout <= 0:
+            raise ConfigError("--dlq-timeout must be more than 0")
+        if self.dlq_breaker < 0 or self.join_timeout < 0:
+            raise ConfigError("--dlq-breaker and --join-timeout cannot be negative")
+        key_strategy(self.key)  # fails early on a bad strategy
+
+
+@dataclass
+class Summary:
+    """What a run did, message by message, and where it stands now."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    """executed, replayed, dead_lettered, skipped, retried, busy, store_unavailable,
+    lease_lost"""
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    """Dead letters by reason (no idempotency key, invalid idempotency key, ...)."""
+    paused: int = 0
+    """Partitions held now (busy keys, retries, an unreachable store)."""
+    partitions: int = 0
+    """Partitions assigned to this consumer now."""
+    state: str = "starting"
+    """joining group, consuming, no partitions assigned, brokers unreachable for ..., stopped"""
+    lag: int | None = None
+    """Messages behind the end of the assigned partitions, where the broker reports it."""
+
+    @property
+    def finished(self) -> int:
+        return self.counts["executed"] + self.counts["replayed"] + self.counts["dead_lettered"]

@@ -1,0 +1,274 @@
+"""A batch: keys claimed in one round trip, held by one heartbeat, run one by one (or side by
+side), and completed together while later handlers run."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from idemctl.errors import ConfigError, IdemctlError, StoreUnavailable
+from idemctl.model import Acquired, ClaimRequest, Completion
+from idemctl.runner.context import Context
+from idemctl.runner.heartbeat import Heartbeat
+from idemctl.runner.outcome import Outcome, RunResult, settled
+from idemctl.runner.single import invoke, run
+from idemctl.stores.base import TransactionalStore
+
+if TYPE_CHECKING:
+    from idemctl.stores.base import Store
+
+log = logging.getLogger("idemctl.runner")
+
+
+class Batch:
+    """The unit of work for many keys at once, reused round after round.
+
+    ``claim`` claims a round's keys in one round trip (each answer a RunResult: HELD, or
+    how a key not acquired settles: replayed, busy, mismatch, failed) and one heartbeat keeps
+    every held key's lease alive until the round ends. ``run`` runs one held key's handler
+    (threads may run different keys side by side): RAN hands its completion to a completer
+    thread, which sends finished keys' completions in batches while later handlers run, so a
+    kill repeats only the handlers it cut off and the few completions not yet sent.
+    ``give_back`` returns a held key that will not run now; ``complete_all`` ends the round:
+    it waits for every completion and says how each ended (executed, lease_lost, unavailable).
+
+    ``transactional=True`` (PostgreSQL): ``claim`` claims nothing; ``run`` claims, runs and
+    completes each key in a transaction of its own, with the handler's SQL.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        lease: float | None = None,
+        retention: float | None = None,
+        permanent: tuple[type[BaseException], ...] = (),
+        max_attempts: int | None = None,
+        transactional: bool = False,
+        complete_batch: int = 20,
+        complete_wait: float = 0.005,
+        logger: logging.Logger = log,
+    ) -> None:
+        if transactional and not isinstance(store, TransactionalStore):
+            raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
+        self.store, self.transactional, self.logger = store, transactional, logger
+        self._lease, self._retention, self._permanent = lease, retention, permanent
+        self._max_attempts = max_attempts
+        self._heartbeat = Heartbeat(store, store.default_lease if lease is None else lease)
+        self._completer = _Completer(
+            store, complete_batch, complete_wait, retention, self._heartbeat.done
+        )
+        self._held: dict[str, Acquired] = {}
+        self._fingerprints: dict[str, str | None] = {}
+
+    def claim(self, requests: Sequence[ClaimRequest]) -> list[RunResult]:
+        """Start a round: claim every key (all different) in one round trip. StoreUnavailable
+        propagates: nothing was claimed."""
+        self._held = {}
+        if self.transactional:
+            self._fingerprints = {r.key: r.fingerprint for r in requests}
+            return [RunResult(Outcome.HELD, r.key) for r in requests]
+        outcomes = self.store.claim_many(requests, self._lease)
+        results = []
+        for r, outcome in zip(requests, outcomes, strict=True):
+            if isinstance(outcome, Acquired):
+                self._held[r.key] = outcome
+                results.append(
+                    RunResult(
+                        Outcome.HELD,
+                        r.key,
+                        attempt=outcome.attempt,
+                        fencing_token=outcome.fencing_token,
+                    )
+                )
+            else:
+                results.append(settled(r.key, outcome))
+        self._heartbeat.hold(self._held.values())
+        return results
+
+    def run(self, key: str, handler: Callable[[Context], Any]) -> RunResult:
+        """Run the handler of a key this round holds: RAN (its completion is on its way),
+        ERROR (recorded: ``retriable`` or not), LEASE_LOST, or UNAVAILABLE (the store did not
+        answer while the failure was recorded: nothing is decided)."""
+        if self.transactional:
+            try:
+                return run(
+                    self.store,
+                    key,
+                    handler,
+                    fingerprint=self._fingerprints[key],
+                    lease=self._lease,
+                    retention=self._retention,
+                    permanent=self._permanent,
+                    transactional=True,
+                    max_attempts=self._max_attempts,
+                    logger=self.logger,
+                )
+            except StoreUnavailable as exc:
+                return RunResult(Outcome.UNAVAILABLE, key, error=exc)
+        a = self._held[key]
+        held: dict[str, Any] = {"attempt": a.attempt, "fencing_token": a.fencing_token}
+        try:
+            did = invoke(
+                self.store,
+                a,
+                handler,
+                lease=self._lease,
+                retention=self._retention,
+                permanent=self._permanent,
+                heartbeat=False,  # the batch's heartbeat holds it
+                max_attempts=self._max_attempts,
+                logger=self.logger,
+            )
+        except StoreUnavailable as exc:  # recording a failure
+            return RunResult(Outcome.UNAVAILABLE, key, error=exc, **held)
+        if did.error is None and did.lease_lost is None:
+            self._completer.put(Completion(key, a.owner, a.fencing_token, did.value))
+            return RunResult(Outcome.RAN, key, did.value, **held)
+        self._heartbeat.done([key])
+        if did.lease_lost is not None:
+            lost = did.lease_lost
+            return RunResult(Outcome.LEASE_LOST, key, record=lost.record, error=lost, **held)
+        return RunResult(
+            Outcome.ERROR,
+            key,
+            record=did.record,
+            error=did.error,
+            retriable=did.retriable,
+            **held,
+        )
+
+    def give_back(self, key: str) -> RunResult:
+        """Give back a key this round holds and will not run now: its attempt is not
+        counted, so ``max_attempts`` counts runs."""
+        self._heartbeat.done([key])
+        a = self._held.get(key)
+        if a is None:  # transactional: nothing was claimed
+            return RunResult(Outcome.RELEASED, key)
+        try:
+            self.store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
+        except IdemctlError as exc:  # its lease runs out by itself
+            self.logger.debug("release %s: %s", key, exc)
+        return RunResult(Outcome.RELEASED, key, attempt=a.attempt, fencing_token=a.fencing_token)
+
+    def complete_all(self) -> list[RunResult]:
+        """End the round: send what completions are left and wait for every answer since
+        the round began: EXECUTED, LEASE_LOST, or UNAVAILABLE (nothing decided)."""
+        try:
+            return self._completer.drain()
+        finally:
+            self._heartbeat.clear()
+
+    def close(self) -> None:
+        self._heartbeat.stop()
+        self._completer.stop()
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Completer:
+    """Sends finished keys' completions while later handlers run: a batch leaves once it
+    holds ``batch`` completions or its oldest has waited ``wait`` seconds, whichever comes
+    first; one round trip at a time, those finished meanwhile go in the next. What a SIGKILL
+    can cost beyond the handlers it cuts off is what waits here or is on its way."""
+
+    def __init__(
+        self,
+        store: Store,
+        batch: int,
+        wait: float,
+        retention: float | None,
+        completed: Callable[[list[str]], None],
+    ) -> None:
+        self.store, self.batch, self.wait, self.retention = store, batch, wait, retention
+        self._completed = completed
+        self._cond = threading.Condition()
+        self._queue: list[Completion] = []
+        self._since = 0.0
+        self._sending = 0
+        self._answers: list[RunResult] = []
+        self._failure: BaseException | None = None
+        self._now = self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def put(self, completion: Completion) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="idemctl-completer", daemon=True
+                )
+                self._thread.start()
+            if not self._queue:
+                self._since = time.monotonic()
+            self._queue.append(completion)
+            if len(self._queue) == 1 or len(self._queue) >= self.batch:
+                self._cond.notify_all()  # the first starts the wait for company
+
+    def drain(self) -> list[RunResult]:
+        """Send what is left at once; every answer since the last drain. An error other
+        than StoreUnavailable is raised here, in the caller's thread."""
+        with self._cond:
+            self._now = True
+            self._cond.notify_all()
+            while self._queue or self._sending:
+                self._cond.wait()
+            self._now = False
+            answers, self._answers = self._answers, []
+            failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+        return answers
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                while len(self._queue) < self.batch and not (self._now or self._stopped):
+                    left = self._since + self.wait - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                sending, self._queue = self._queue, []
+                self._sending = len(sending)
+            answers = self._send(sending)
+            with self._cond:
+                self._answers += answers
+                self._sending = 0
+                self._cond.notify_all()
+
+    def _send(self, sending: list[Completion]) -> list[RunResult]:
+        try:
+            done = self.store.complete_many(sending, self.retention)
+        except StoreUnavailable as exc:
+            return [RunResult(Outcome.UNAVAILABLE, c.key, c.result, error=exc) for c in sending]
+        except BaseException as exc:  # raised again by drain(), in the consumer's thread
+            with self._cond:
+                self._failure = exc
+            return []
+        self._completed([c.key for c, ok in zip(sending, done, strict=True) if ok])
+        return [
+            RunResult(
+                Outcome.EXECUTED if ok else Outcome.LEASE_LOST,
+                c.key,
+                c.result,
+                fencing_token=c.fencing_token,
+            )
+            for c, ok in zip(sending, done, strict=True)
+        ]

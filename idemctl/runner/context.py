@@ -1,0 +1,65 @@
+"""What a handler may know about the attempt running it, and how it is handed over."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from idemctl.outbox.writer import NoOutbox, Outbox
+
+if TYPE_CHECKING:
+    from idemctl.stores.base import Store
+
+NO_OUTBOX = NoOutbox(
+    "ctx.outbox needs the PostgreSQL store in transactional mode (consume --transactional, "
+    "run(..., transactional=True)): elsewhere its rows could not commit with the key"
+)
+"""``ctx.outbox`` outside transactional mode: one for every context, it only says why."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a handler may know about the attempt running it."""
+
+    key: str
+    fencing_token: int
+    """Pass it to your own writes so a zombie attempt's writes can be refused."""
+    attempt: int
+    takeover: bool
+    """A previous attempt on this key never finished and may have done part of the work."""
+    owner: str
+    store: Store
+    logger: logging.Logger
+    connection: Any = None
+    """In PostgreSQL transactional mode: the psycopg connection whose open transaction holds
+    the key. Write your effects on it; they commit together with the key, or not at all."""
+    outbox: Outbox = NO_OUTBOX
+    """In PostgreSQL transactional mode: ``ctx.outbox.add(aggregatetype, aggregateid, type,
+    payload, headers=None)`` writes an event that commits with the key and the effects;
+    ``idemctl outbox relay`` publishes it. Elsewhere ``add`` raises OutboxError."""
+
+
+_current: contextvars.ContextVar[Context] = contextvars.ContextVar("idemctl_context")
+
+
+def current_context() -> Context:
+    """The Context of the handler running in this thread (inside ``@idempotent`` or ``run``)."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError(
+            "current_context() is only available inside an idempotent handler"
+        ) from None
+
+
+def call_in_context(ctx: Context, handler: Callable[[Context], Any]) -> Any:
+    """Run the handler with ``current_context()`` set to ``ctx``, in a copy of this context."""
+
+    def call() -> Any:
+        _current.set(ctx)
+        return handler(ctx)
+
+    return contextvars.copy_context().run(call)

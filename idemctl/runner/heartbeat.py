@@ -1,0 +1,74 @@
+"""One heartbeat for every key an attempt or a batch holds."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from idemctl.errors import LeaseLost, StoreError
+
+if TYPE_CHECKING:
+    from idemctl.model import Acquired
+    from idemctl.stores.base import Store
+
+log = logging.getLogger("idemctl.runner")
+
+
+class Heartbeat:
+    """Every ``lease/3`` seconds, extends the lease of each key it holds, in one thread, so a
+    slow handler does not let its key lapse; work that ends within lease/3 costs it nothing.
+    A key whose lease was lost is dropped (its completion will say so); a store that does
+    not answer is tried again at the next beat, while the lease may still hold."""
+
+    def __init__(self, store: Store, lease: float, name: str = "idemctl-heartbeat") -> None:
+        self.store, self.lease = store, lease
+        self._held: dict[str, Acquired] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=name, daemon=True)
+
+    def hold(self, acquired: Iterable[Acquired]) -> None:
+        """Keep these keys' leases alive too (starts the thread the first time)."""
+        with self._lock:
+            self._held.update((a.key, a) for a in acquired)
+            if not self._thread.is_alive() and not self._wake.is_set():
+                self._thread.start()
+
+    def done(self, keys: Iterable[str]) -> None:
+        """Finished (completed, failed or released): their leases need no more extending."""
+        with self._lock:
+            for key in keys:
+                self._held.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+    def stop(self) -> None:
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def __enter__(self) -> Heartbeat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _beat(self) -> None:
+        while not self._wake.wait(self.lease / 3):
+            with self._lock:
+                held = list(self._held.values())
+            unanswered: StoreError | None = None
+            for a in held:
+                try:
+                    self.store.extend(a.key, a.owner, a.fencing_token, self.lease)
+                except LeaseLost as exc:
+                    log.warning("heartbeat: %s", exc)
+                    self.done([a.key])
+                except StoreError as exc:
+                    unanswered = exc
+            if unanswered is not None:
+                log.warning("heartbeat could not extend the leases it holds: %s", unanswered)

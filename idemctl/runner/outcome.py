@@ -1,0 +1,108 @@
+"""One vocabulary for what running a key came to, for one message and for a batch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from idemctl.errors import AttemptsExhausted, OutboxError, Permanent
+from idemctl.model import (
+    JSON,
+    Acquired,
+    Busy,
+    ClaimOutcome,
+    Completed,
+    Failed,
+    Mismatch,
+    Record,
+    canonical_json,
+)
+
+MAX_ERROR_CHARS = 4000
+NEVER_RETRIED: tuple[type[BaseException], ...] = (Permanent, OutboxError)
+"""Failures that would come back the same on every retry: the key fails for good. An
+OutboxError is a handler writing events where they cannot commit with the key, or events
+that cannot be stored."""
+
+
+class Outcome(StrEnum):
+    EXECUTED = "executed"
+    """The handler ran and its result is stored."""
+    REPLAYED = "replayed"
+    """The key was completed before: the stored result, without running the handler."""
+    BUSY = "busy"
+    """Another worker holds a live lease: try again later."""
+    MISMATCH = "mismatch"
+    """The key was seen with another payload: not run."""
+    FAILED = "failed"
+    """The key failed permanently before: not run."""
+    ERROR = "error"
+    """The handler raised now; the key is recorded as failed (``retriable``: may it run again)."""
+    LEASE_LOST = "lease_lost"
+    """The handler ran but another attempt took the key meanwhile: its result was discarded."""
+    # What only a Batch answers: ``run()`` settles every key in one call.
+    HELD = "held"
+    """Batch.claim: this batch holds the key now; run it (Batch.run) or give it back."""
+    RAN = "ran"
+    """Batch.run: the handler returned and its completion is on its way; Batch.complete_all
+    tells how it ended (executed, lease_lost or unavailable)."""
+    RELEASED = "released"
+    """Batch.give_back: claimed but not run, given back for the next delivery."""
+    UNAVAILABLE = "unavailable"
+    """The store did not answer: nothing is decided, the key must come round again."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: Outcome
+    key: str
+    result: JSON = None
+    record: Record | None = None
+    error: BaseException | None = None
+    attempt: int | None = None
+    fencing_token: int | None = None
+    retriable: bool = False
+
+
+def settled(key: str, outcome: ClaimOutcome) -> RunResult:
+    """What a claim that did not acquire its key comes to."""
+    match outcome:
+        case Completed(record):
+            return RunResult(Outcome.REPLAYED, key, record.result, record)
+        case Busy(record):
+            return RunResult(Outcome.BUSY, key, record=record)
+        case Mismatch(record):
+            return RunResult(Outcome.MISMATCH, key, record=record)
+        case Failed(record):
+            return RunResult(Outcome.FAILED, key, record=record)
+    raise AssertionError(f"not a settled claim outcome: {outcome!r}")
+
+
+def exhausted(acquired: Acquired, max_attempts: int | None) -> bool:
+    """The claim is past ``max_attempts`` runs: the handler must not run again."""
+    return max_attempts is not None and acquired.attempt > max_attempts
+
+
+def last_attempt(acquired: Acquired, max_attempts: int | None) -> bool:
+    return max_attempts is not None and acquired.attempt >= max_attempts
+
+
+def exhausted_error(acquired: Acquired, max_attempts: int | None) -> AttemptsExhausted:
+    return AttemptsExhausted(
+        f"key {acquired.key!r} ran {max_attempts} time(s) already (max_attempts): not run again"
+    )
+
+
+def stored_form(value: Any) -> JSON:
+    """``value`` as the store gives it back (its canonical JSON, parsed): what every run of
+    a key returns, the first included. InvalidPayload when it is not JSON."""
+    if value is None or type(value) in (bool, int):  # already their own stored form
+        return value
+    return json.loads(canonical_json(value))
+
+
+def error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
