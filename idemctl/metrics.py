@@ -15,9 +15,11 @@ def family(name: str, kind: str, help_text: str, samples: dict[str, int]) -> lis
     return [
         f"# HELP {name} {help_text}",
         f"# TYPE {name} {kind}",
-        *(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}"
-          for labels, value in samples.items()),
-    ]  # fmt: skip
+        *(
+            f"{name}{{{labels}}} {value}" if labels else f"{name} {value}"
+            for labels, value in samples.items()
+        ),
+    ]
 
 
 def serve(text: Callable[[], str], host: str, port: int) -> ThreadingHTTPServer:

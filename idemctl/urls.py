@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import SplitResult, parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from idemctl.durations import parse_duration
 from idemctl.errors import ConfigError
@@ -99,8 +99,6 @@ class UrlOptions:
 def secrets_in(url: str) -> list[str]:
     """The secrets a store URL carries (its password, secret options), as written and as
     decoded, longest first: what ``redact_text`` must hide wherever it shows up."""
-    from urllib.parse import unquote
-
     found: set[str] = set()
     credentials = _CREDENTIALS.match(url)
     if credentials and credentials["secret"]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, StoreUnavailable
+from idemctl.metrics import family
 from idemctl.model import canonical_json
 from idemctl.outbox.table import OutboxRow, OutboxTable
 
@@ -171,8 +172,6 @@ class RelaySummary:
 
 def metrics_text(summary: RelaySummary) -> str:
     """The relay's counters for ``--metrics-port``."""
-    from idemctl.metrics import family
-
     lines = [
         *family(
             "idemctl_outbox_events_total",

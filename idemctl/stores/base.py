@@ -30,6 +30,7 @@ from idemctl.model import (
     Status,
     validate_key,
 )
+from idemctl.urls import redact_url
 
 DEFAULT_LEASE = 30.0
 """Seconds a claim holds a key before another worker may take it over."""
@@ -188,8 +189,6 @@ class BaseStore(ABC):
     def __init__(
         self, url: str, *, lease: float = DEFAULT_LEASE, retention: float = DEFAULT_RETENTION
     ) -> None:
-        from idemctl.urls import redact_url
-
         self.url = redact_url(url)
         self.default_lease = lease
         self.default_retention = retention
@@ -353,9 +352,11 @@ def server_clock_finding(skew: float) -> Finding:
     """What ``check()`` says of a store whose clock is ``skew`` seconds ahead of ours."""
     fine = abs(skew) < CLOCK_SKEW_TOLERANCE
     return Finding(
-        "clock", fine, f"server clock {skew * 1000:+.0f} ms from this machine's",
+        "clock",
+        fine,
+        f"server clock {skew * 1000:+.0f} ms from this machine's",
         None if fine else "leases are judged by the server's clock; fix NTP on one of them",
-    )  # fmt: skip
+    )
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:

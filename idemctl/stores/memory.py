@@ -10,8 +10,9 @@ from dataclasses import replace
 from typing import Any
 
 from idemctl.model import Finding, Provisioning, Record, canonical_json
-from idemctl.stores.base import Query
+from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query
 from idemctl.stores.rows import RowStore
+from idemctl.urls import UrlOptions
 
 # Results are kept as JSON text, as other stores keep them: a caller that changes a
 # returned result changes nothing stored, and a replay gives what SQLite's would.
@@ -64,9 +65,6 @@ class MemoryStore(RowStore):
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
-        from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION
-        from idemctl.urls import UrlOptions
-
         options = UrlOptions(url)
         lease = options.duration("lease", DEFAULT_LEASE)
         retention = options.duration("retention", DEFAULT_RETENTION)

@@ -23,6 +23,7 @@ from idemctl.model import Finding, Provisioning, Record, Stats, Status
 from idemctl.resources import read_resource
 from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query
 from idemctl.stores.rows import RowStore
+from idemctl.urls import UrlOptions, redact_url
 
 SCHEMA_VERSION = 1
 _COLUMNS = (
@@ -168,9 +169,11 @@ class SQLiteStore(RowStore):
         if self._connection is None:
             try:
                 conn = sqlite3.connect(
-                    self.path, timeout=self._busy_timeout, isolation_level=None,
+                    self.path,
+                    timeout=self._busy_timeout,
+                    isolation_level=None,
                     check_same_thread=False,
-                )  # fmt: skip
+                )
                 # WAL lets readers run beside the one writer; synchronous=FULL makes a
                 # completed key survive power loss, so it never runs twice.
                 conn.execute("PRAGMA journal_mode=WAL").fetchone()
@@ -185,8 +188,6 @@ class SQLiteStore(RowStore):
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
-        from idemctl.urls import UrlOptions, redact_url
-
         options = UrlOptions(url)
         parts = options.parts
         if parts.netloc or not parts.path.startswith("/") or parts.path == "/":
@@ -352,22 +353,28 @@ class SQLiteStore(RowStore):
                 (sync,) = self._conn.execute("PRAGMA synchronous").fetchone()
             findings.append(
                 Finding(
-                    "journal", mode == "wal", f"journal_mode={mode}",
-                    None if mode == "wal"
+                    "journal",
+                    mode == "wal",
+                    f"journal_mode={mode}",
+                    None
+                    if mode == "wal"
                     else "the store sets WAL itself; is the file on a network filesystem?",
                 )
-            )  # fmt: skip
+            )
             setting, where = levels[sync], self.path
         else:  # looking must not create the file: say what opening it would set
             setting, where = self._synchronous.lower(), os.path.dirname(self.path) or "."
         durable = levels.index(setting) >= 2
         findings.append(
             Finding(
-                "durability", durable, f"synchronous={setting}",
-                None if durable
+                "durability",
+                durable,
+                f"synchronous={setting}",
+                None
+                if durable
                 else "add ?synchronous=full: with less, a power loss can forget a completed key",
             )
-        )  # fmt: skip
+        )
         writable = self.path == ":memory:" or os.access(where, os.W_OK)
         findings.append(
             Finding("file", writable, f"{where} {'is' if writable else 'is not'} writable")

@@ -4,7 +4,6 @@ as migrations (schemas/postgres.sql) and the statements of the protocol.
 Every identifier of a store's schema comes from ``names(schema, prefix)``: the store and
 the outbox both take theirs from it."""
 
-
 from __future__ import annotations
 
 import re

@@ -9,7 +9,6 @@ Transactional mode (``store.transaction(key)``): claim, the handler's SQL on the
 connection, outbox rows and complete share one transaction; a crash rolls all of it back.
 """
 
-
 from __future__ import annotations
 
 import time
@@ -58,6 +57,7 @@ from idemctl.stores.postgres.sql import (
     provision_lock,
 )
 from idemctl.stores.postgres.transactional import Unit
+from idemctl.urls import UrlOptions, redact_url
 
 ADMIN_LOCK_WAIT = 3.0
 """Seconds unlock and forget wait for a key's row that another transaction holds."""
@@ -125,8 +125,6 @@ class PostgresStore(BaseStore):
 
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
-        from idemctl.urls import UrlOptions, redact_url
-
         options = UrlOptions(url)
         parts = options.parts
         settings: dict[str, Any] = {
