@@ -170,7 +170,7 @@ def main() -> int:
     if unknown := sorted(set(stores) - set(STORES)):
         parser.error(f"--stores: unknown {', '.join(unknown)}; choose from {', '.join(STORES)}")
     stop_on_sigterm()
-    from idemctl.demo import local_broker  # tansu on a free port, stopped by its PID
+    from idemctl.harness.broker import local_broker  # tansu on a free port, stopped by its PID
 
     rows: list[Row] = []
     notes: list[str] = []

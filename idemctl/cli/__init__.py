@@ -6,12 +6,26 @@ is in ``common``.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import typer
 
-from idemctl.cli import consume, look, outbox, provision, repair  # noqa: F401 - registers the commands
-from idemctl.cli.common import app, command, emit_json, report_error, settings
+from idemctl import __version__
+from idemctl.cli import consume, look, outbox, provision, render, repair  # noqa: F401 - registers the commands
+from idemctl.cli.common import (
+    ConfigOption,
+    JsonOption,
+    NoColorOption,
+    ProfileOption,
+    StoreOption,
+    VerboseOption,
+    app,
+    command,
+    emit_json,
+    report_error,
+    settings,
+)
 from idemctl.cli.exitcodes import exit_code_for
 from idemctl.errors import IdemctlError
 
@@ -19,12 +33,18 @@ __all__ = ["app", "main"]
 
 
 @command()
-def version(ctx: typer.Context) -> None:
+def version(
+    ctx: typer.Context,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
+) -> None:
     """Print idemctl's version."""
-    from idemctl import __version__
-
     if settings(ctx).json:
-        emit_json({"version": __version__})
+        emit_json(render.version_json(__version__))
     else:
         typer.echo(__version__)
 
@@ -33,7 +53,6 @@ def main() -> None:
     """Entry point. Usage errors exit 2 (typer's own); idemctl's errors print one line and
     exit with their code from ``idemctl.cli.exitcodes`` (commands do that themselves; this
     catches any raised outside them)."""
-    import logging
 
     # Drivers log their own reconnect attempts; the CLI reports the outcome itself (-v shows them).
     logging.getLogger().addHandler(logging.NullHandler())

@@ -1,8 +1,9 @@
 """What every command shares: the app, the global options, the store, output and prompts.
 
 The global options (``--store``, ``--config``, ``--profile``, ``--json``, ``-v``,
-``--no-color``) are declared once, here. ``command()`` adds them to each command as well
-as to the root, so ``idemctl --json list`` and ``idemctl list --json`` both work.
+``--no-color``) are declared here: the root takes them, and each command declares them too
+(``StoreOption`` ... ``NoColorOption``), so ``idemctl --json list`` and ``idemctl list
+--json`` both work.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import inspect
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,16 +20,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from rich.markup import escape
 
+from idemctl import __version__
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
+from idemctl.cli.render import logfmt
+from idemctl.config import Config, find_config, load_config
+from idemctl.durations import parse_duration
 from idemctl.errors import ConfigError, IdemctlError, Refused
 from idemctl.stores import DEFAULT_URL, open_store
+from idemctl.stores.base import SelfProvisioning
 from idemctl.urls import redact_text, secrets_in
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from idemctl.config import Config
     from idemctl.stores.base import Store
 
 app = typer.Typer(
@@ -46,39 +53,11 @@ STORE_HELP = (
     "Store URL: sqlite:///path, memory://, redis://, rediss://, redis+cluster://, "
     "postgresql://, dynamodb://TABLE  [default: sqlite:///./idemctl.db]"
 )
-
-# name -> (type, option names, help, environment variable at the root)
-_GLOBALS: dict[str, tuple[Any, tuple[str, ...], str, str | None]] = {
-    "store": (str | None, ("--store",), STORE_HELP, "IDEMCTL_STORE"),
-    "config": (
-        str | None, ("--config",), "Config file [default: ./idemctl.yaml if present]",
-        "IDEMCTL_CONFIG",
-    ),
-    "profile": (str | None, ("--profile",), "Named profile of the config file", "IDEMCTL_PROFILE"),
-    "as_json": (bool, ("--json",), "Print one JSON document (NDJSON for lists) on stdout", None),
-    "verbose": (int, ("--verbose", "-v"), "Log to stderr (-vv for debug)", None),
-    "no_color": (bool, ("--no-color",), "Plain text output", None),
-}  # fmt: skip
-_DEFAULTS: dict[str, Any] = {"as_json": False, "verbose": 0, "no_color": False}
-
-
-def _global_options(root: bool) -> list[inspect.Parameter]:
-    """The global options as parameters: at the root with their environment variables,
-    on each command in a help panel of their own."""
-    return [
-        inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=_DEFAULTS.get(name),
-            annotation=Annotated[
-                kind,
-                typer.Option(
-                    *decls, help=help_text, envvar=env if root else None,
-                    count=name == "verbose", show_default=False,
-                    rich_help_panel=None if root else GLOBAL_PANEL,
-                ),
-            ],
-        )
-        for name, (kind, decls, help_text, env) in _GLOBALS.items()
-    ]  # fmt: skip
+CONFIG_HELP = "Config file [default: ./idemctl.yaml if present]"
+PROFILE_HELP = "Named profile of the config file"
+JSON_HELP = "Print one JSON document (NDJSON for lists) on stdout"
+VERBOSE_HELP = "Log to stderr (-vv for debug)"
+NO_COLOR_HELP = "Plain text output"
 
 
 @dataclass
@@ -114,8 +93,6 @@ class Settings:
 
     def loaded_config(self) -> Config:
         """The config file the options name (or ./idemctl.yaml), read and checked once."""
-        from idemctl.config import find_config, load_config
-
         if self._config is None:
             self._config = load_config(find_config(self.config))
         return self._config
@@ -166,7 +143,45 @@ def settings(ctx: typer.Context) -> Settings:
     return ctx.ensure_object(Settings)
 
 
-def _root(ctx: typer.Context, **given: Any) -> None:
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"idemctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help=STORE_HELP, envvar="IDEMCTL_STORE", show_default=False),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help=CONFIG_HELP, envvar="IDEMCTL_CONFIG", show_default=False),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option("--profile", help=PROFILE_HELP, envvar="IDEMCTL_PROFILE", show_default=False),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP, show_default=False)] = False,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", help=VERBOSE_HELP, count=True, show_default=False)
+    ] = 0,
+    no_color: Annotated[
+        bool, typer.Option("--no-color", help=NO_COLOR_HELP, show_default=False)
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_show_version,
+            expose_value=False,
+            help="Show the version and exit",
+        ),
+    ] = False,
+) -> None:
     """Effectively-once processing for Kafka consumers, and the tools to operate its stores.
 
     The store comes from --store, else --profile's store in idemctl.yaml, else
@@ -174,46 +189,57 @@ def _root(ctx: typer.Context, **given: Any) -> None:
     picks a named profile), else sqlite:///./idemctl.db: flags beat the environment. Every
     command that opens a store names it, and where it came from, on stderr.
     """
-    given.pop("version", None)  # --version acted already (is_eager), if given
 
     def from_env(name: str) -> bool:
         source = ctx.get_parameter_source(name)
         return source is not None and source.name == "ENVIRONMENT"
 
     ctx.obj = Settings(
-        json=given.pop("as_json"),
+        store=store,
+        config=config,
+        profile=profile,
+        json=as_json,
+        verbose=verbose,
+        no_color=no_color,
         store_source="IDEMCTL_STORE" if from_env("store") else "--store",
         profile_source="IDEMCTL_PROFILE" if from_env("profile") else "--profile",
-        **given,
     )
 
 
-_CTX = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+# The global options again, for every command: `idemctl list --json` as `idemctl --json
+# list`. Each command declares them last (command() checks), in a help panel of their own,
+# without environment variables (the root reads those). Their values never reach the
+# command: each is recorded in the Settings as it is parsed, over the root's.
 
 
-def _show_version(value: bool) -> None:
-    if value:
-        from idemctl import __version__
-
-        print(f"idemctl {__version__}")
-        raise typer.Exit()
+def _given(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> None:
+    assert param.name is not None
+    settings(ctx).merge(**{_SETTING.get(param.name, param.name): value})
 
 
-_VERSION = inspect.Parameter(
-    "version", inspect.Parameter.KEYWORD_ONLY, default=False,
-    annotation=Annotated[
-        bool,
-        typer.Option(
-            "--version", is_eager=True, callback=_show_version, expose_value=False,
-            help="Show the version and exit",
-        ),
-    ],
-)  # fmt: skip
-_root.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [_CTX, *_global_options(root=True), _VERSION]
-)
-app.callback()(_root)
+def _global(*decls: str, help_text: str, count: bool = False) -> Any:
+    return typer.Option(
+        *decls,
+        help=help_text,
+        count=count,
+        show_default=False,
+        rich_help_panel=GLOBAL_PANEL,
+        callback=_given,
+        expose_value=False,
+    )
 
+
+StoreOption = Annotated[str | None, _global("--store", help_text=STORE_HELP)]
+ConfigOption = Annotated[str | None, _global("--config", help_text=CONFIG_HELP)]
+ProfileOption = Annotated[str | None, _global("--profile", help_text=PROFILE_HELP)]
+JsonOption = Annotated[bool, _global("--json", help_text=JSON_HELP)]
+VerboseOption = Annotated[int, _global("--verbose", "-v", help_text=VERBOSE_HELP, count=True)]
+NoColorOption = Annotated[bool, _global("--no-color", help_text=NO_COLOR_HELP)]
+GLOBAL_OPTIONS = ("store_url", "config", "profile", "as_json", "verbose", "no_color")
+"""The parameter names every command declares, with the types above (``store_url``: a
+command's ``store`` is the one it opens)."""
+_SETTING = {"store_url": "store", "as_json": "json"}
+"""Parameter name -> Settings field, where they differ."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -222,19 +248,24 @@ def command(
     name: str | None = None, *, group: typer.Typer = app, **kwargs: Any
 ) -> Callable[[F], F]:
     """Register a command (on ``group``, the root by default) that takes
-    ``ctx: typer.Context`` first. It gets the global
-    options too; an idemctl error in it prints one line and exits with its code, and
-    Ctrl-C exits 130."""
+    ``ctx: typer.Context`` first and the global options last::
+
+        store_url: StoreOption = None, config: ConfigOption = None,
+        profile: ProfileOption = None, as_json: JsonOption = False,
+        verbose: VerboseOption = 0, no_color: NoColorOption = False,
+
+    (``settings(ctx)`` has their values). An idemctl error in it prints one line and exits
+    with its code, and Ctrl-C exits 130."""
 
     def register(func: F) -> F:
-        signature = inspect.signature(func, eval_str=True)
+        declared = inspect.signature(func).parameters
+        missing = [option for option in GLOBAL_OPTIONS if option not in declared]
+        if missing:
+            raise TypeError(f"{func.__name__} lacks the global options {', '.join(missing)}")
 
         @functools.wraps(func)
         def wrapper(ctx: typer.Context, **params: Any) -> Any:
-            given = {name: params.pop(name) for name in _GLOBALS}
-            given["json"] = given.pop("as_json")
             current = settings(ctx)
-            current.merge(**given)
             _configure_logging(current)
             try:
                 return func(ctx, **params)
@@ -245,9 +276,6 @@ def command(
                 report_error(exc, current.err)
                 raise typer.Exit(int(exit_code_for(exc))) from None
 
-        wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=[*signature.parameters.values(), *_global_options(root=False)]
-        )
         group.command(name, **kwargs)(wrapper)
         return func
 
@@ -256,8 +284,6 @@ def command(
 
 def report_error(exc: IdemctlError, err: Console) -> None:
     """One line on stderr; messages name stores by their redacted URLs."""
-    from rich.markup import escape
-
     err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
 
 
@@ -275,7 +301,7 @@ def cli_store(ctx: typer.Context, *, auto_provision: bool = False) -> Iterator[S
     current.used_source = source
     # Always, also with --json (stdout stays one document): which store, and why that one.
     current.err.print(f"store: {store.url} (from {source})", markup=False, highlight=False)
-    if hasattr(store, "auto_provision"):
+    if isinstance(store, SelfProvisioning):
         store.auto_provision = auto_provision
     with store:
         yield store
@@ -321,8 +347,6 @@ def usage_error(ctx: typer.Context, option: str, message: str) -> typer.BadParam
 
 def duration(value: str | None, option: str) -> float:
     """A ``--older-than``-style option's seconds, or a usage error naming the option."""
-    from idemctl.durations import parse_duration
-
     if value is None:
         return 0.0
     try:
@@ -372,7 +396,6 @@ def kafka_settings(
 def stop_on_signals(err: Console, stop: Callable[[], None]) -> Iterator[None]:
     """SIGTERM and Ctrl-C call ``stop`` (finish the work in hand, then return) inside the
     block, instead of interrupting it; the previous handlers come back after it."""
-    import signal
 
     def handle(signum: int, frame: object) -> None:
         err.print(f"{signal.Signals(signum).name}: finishing the batch in hand")
@@ -414,10 +437,6 @@ class ConsoleHandler(logging.Handler):
         self.console, self.secrets = console, secrets or []
 
     def emit(self, record: logging.LogRecord) -> None:
-        from rich.markup import escape
-
-        from idemctl.cli.render import logfmt
-
         try:
             message = redact_text(record.getMessage(), self.secrets)
             level = record.levelname.lower()
@@ -426,8 +445,9 @@ class ConsoleHandler(logging.Handler):
                 source = f"[dim]{record.name}:[/] " if level in ("debug", "info") else ""
                 self.console.print(
                     f"[{style}]{level}[/] {source}{escape(message)}",
-                    soft_wrap=True, highlight=False,
-                )  # fmt: skip
+                    soft_wrap=True,
+                    highlight=False,
+                )
             else:
                 fields = {"logger": record.name} if level in ("debug", "info") else {}
                 self.console.print(

@@ -8,6 +8,12 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    ConfigOption,
+    JsonOption,
+    NoColorOption,
+    ProfileOption,
+    StoreOption,
+    VerboseOption,
     cli_store,
     command,
     duration,
@@ -17,9 +23,9 @@ from idemctl.cli.common import (
     usage_error,
 )
 from idemctl.cli.exitcodes import ExitCode
-from idemctl.errors import ConfigError, InvalidCursor, KeyNotFound, NotProvisioned, StoreUnavailable
-from idemctl.model import Finding, Status, validate_key
-from idemctl.urls import redact_url
+from idemctl.doctor import Verdict, diagnose
+from idemctl.errors import InvalidCursor, KeyNotFound
+from idemctl.model import Status, validate_key
 
 PAGE = 500
 """Records one ``scan`` call fetches for ``list``."""
@@ -29,6 +35,12 @@ PAGE = 500
 def inspect(
     ctx: typer.Context,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The idempotency key")],
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Show every field of one key's record.
 
@@ -76,6 +88,12 @@ def list_(
     cursor: Annotated[
         str | None, typer.Option("--cursor", help="Go on from where the last page stopped")
     ] = None,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """List records, a page at a time.
 
@@ -95,10 +113,14 @@ def list_(
         while True:
             try:
                 page = store.scan(
-                    status=status, stale_only=stale, prefix=prefix, cursor=cursor,
-                    older_than=older, limit=PAGE if remaining is None else min(PAGE, remaining),
+                    status=status,
+                    stale_only=stale,
+                    prefix=prefix,
+                    cursor=cursor,
+                    older_than=older,
+                    limit=PAGE if remaining is None else min(PAGE, remaining),
                     released_only=released,
-                )  # fmt: skip
+                )
             except InvalidCursor as exc:
                 raise usage_error(ctx, "--cursor", str(exc)) from None
             if current.json:
@@ -123,7 +145,15 @@ def list_(
 
 
 @command()
-def stats(ctx: typer.Context) -> None:
+def stats(
+    ctx: typer.Context,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
+) -> None:
     """Count records by status, stale and released leases, and the oldest in-progress key's age.
 
     Stale: in progress, the owner's lease expired and nobody freed it (`unlock --stale`
@@ -135,13 +165,21 @@ def stats(ctx: typer.Context) -> None:
         url = store.url
     at = render.now()
     if current.json:
-        emit_json({**store_fields(ctx, url), **render.stats_json(counts, url, at)})
+        emit_json(render.stats_json(store_fields(ctx, url), counts, at))
     else:
         current.out.print(render.stats_table(counts, at))
 
 
 @command()
-def doctor(ctx: typer.Context) -> None:
+def doctor(
+    ctx: typer.Context,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
+) -> None:
     """Check the store and say how to fix what is wrong.
 
     Connection and latency, schema version or Lua scripts, durability settings (Redis
@@ -152,56 +190,21 @@ def doctor(ctx: typer.Context) -> None:
     """
     current = settings(ctx)
     url, source = current.store_url()
-    url = redact_url(url)
-    findings = [Finding("store", True, f"{url} (from {source})")]
-    refused_fix = (
-        "check the AWS credentials (environment, profile or role) and the region"
-        if url.startswith("dynamodb:")
-        else "check the URL's user, password and database name"
-    )
-    try:
-        with cli_store(ctx) as store:  # a cluster client connects as it opens
-            try:
-                findings += store.check()
-            except NotProvisioned as exc:
-                findings.append(Finding("schema", False, str(exc), "run 'idemctl init'"))
-            except ConfigError as exc:  # refused credentials, no such database
-                findings.append(Finding("credentials", False, str(exc), refused_fix))
-    except StoreUnavailable as exc:
-        findings.append(
-            Finding(
-                "connection", False, str(exc),
-                "is the server running, and are the URL's host, port and credentials right?",
-            )
-        )  # fmt: skip
-    code = _doctor_exit(findings)
+    report = diagnose(url, source, opener=lambda: cli_store(ctx))
     if current.json:
-        emit_json(
-            {"store": url, "store_source": source, "ok": code is ExitCode.OK,
-             "findings": [render.finding_json(f) for f in findings]}
-        )  # fmt: skip
+        emit_json(render.doctor_json(report))
     else:
-        current.out.print(render.findings_table(findings))
-        failed = [f for f in findings if not f.ok]
-        warned = [f for f in findings if f.level == "warn"]
-        warnings = f", {len(warned)} warning(s)" if warned else ""
-        if failed:
-            current.err.print(f"[bold red]{len(failed)} problem(s) found[/]{warnings}")
-        else:
-            current.err.print(f"[green]all checks passed[/]{warnings}")
+        current.out.print(render.findings_table(report.findings))
+        current.err.print(render.doctor_summary(report))
+    code = DOCTOR_EXIT[report.verdict]
     if code is not ExitCode.OK:
         raise typer.Exit(int(code))
 
 
-NOT_PROVISIONED = {"schema", "table", "scripts"}
-
-
-def _doctor_exit(findings: list[Finding]) -> ExitCode:
-    failed = {f.name for f in findings if not f.ok}
-    if "credentials" in failed:
-        return ExitCode.USAGE
-    if "connection" in failed:
-        return ExitCode.STORE_UNREACHABLE
-    if failed & NOT_PROVISIONED:
-        return ExitCode.NOT_PROVISIONED
-    return ExitCode.UNEXPECTED if failed else ExitCode.OK
+DOCTOR_EXIT = {
+    Verdict.OK: ExitCode.OK,
+    Verdict.REFUSED: ExitCode.USAGE,
+    Verdict.UNREACHABLE: ExitCode.STORE_UNREACHABLE,
+    Verdict.NOT_PROVISIONED: ExitCode.NOT_PROVISIONED,
+    Verdict.PROBLEM: ExitCode.UNEXPECTED,
+}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -12,9 +13,15 @@ from idemctl.cli import render
 from idemctl.cli.common import (
     METRICS_HOST,
     BrokersOption,
+    ConfigOption,
+    JsonOption,
     KafkaConfigOption,
     MetricsHostOption,
     MetricsPortOption,
+    NoColorOption,
+    ProfileOption,
+    StoreOption,
+    VerboseOption,
     app,
     cli_store,
     command,
@@ -29,11 +36,8 @@ from idemctl.cli.common import (
     usage_error,
 )
 from idemctl.cli.repair import DryRunOption, YesOption, progress_bar
-from idemctl.durations import format_duration
-
-if TYPE_CHECKING:
-    from idemctl.outbox.relay import RelaySummary
-    from idemctl.outbox.table import OutboxRow, OutboxStatus
+from idemctl.durations import parse_duration
+from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
 
 outbox_app = typer.Typer(
     name="outbox",
@@ -88,6 +92,12 @@ def relay(
     kafka_config: KafkaConfigOption = None,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = METRICS_HOST,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Publish committed outbox rows to Kafka, marking each published once acknowledged.
 
@@ -97,40 +107,42 @@ def relay(
     Ctrl-C finishes the batch in hand and exits. Exits 0 when every row it took was
     delivered, 1 (naming the brokers) when it ends with rows it could not deliver.
     """
+    # The relay serves metrics: http.server and ssl, loaded for a relay or replay run only.
     from idemctl.metrics import serving
     from idemctl.outbox.relay import Relay, RelayOptions
-    from idemctl.outbox.relay import metrics_text as metrics
+    from idemctl.outbox.relay import metrics_text as relay_metrics
 
     current = settings(ctx)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     options = RelayOptions(
-        brokers=brokers, topic_template=topic_template, batch_size=batch_size,
+        brokers=brokers,
+        topic_template=topic_template,
+        batch_size=batch_size,
         poll_interval=duration(poll_interval, "--poll-interval"),
         backoff=duration(backoff, "--backoff"),
         delivery_timeout=duration(delivery_timeout, "--delivery-timeout") or 30.0,
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
         kafka_config=kafka,
-    )  # fmt: skip
+    )
     show_warnings(current, "idemctl.outbox")
     status = render.LiveStatus(
-        current.err, "outbox relay", _relay_fields, lambda summary: summary.published,
+        current.err,
+        "outbox relay",
+        render.relay_fields,
+        lambda summary: summary.published,
         live=current.err.is_terminal and not current.json,
-    )  # fmt: skip
+    )
     with cli_store(ctx) as store:
         the_relay = Relay(store, options, on_progress=status.update)
         the_relay.table.check()
         with (
-            serving(lambda: metrics(the_relay.summary), metrics_host, metrics_port),
+            serving(lambda: relay_metrics(the_relay.summary), metrics_host, metrics_port),
             stop_on_signals(current.err, the_relay.stop),
             status,
         ):
             summary = the_relay.run()
     if current.json:
-        emit_json(
-            {**store_fields(ctx, store.url), "brokers": brokers, **_relay_fields(summary),
-             "batches": summary.batches, "undelivered": summary.undelivered,
-             "delivery_error": summary.delivery_error if summary.undelivered else None}
-        )  # fmt: skip
+        emit_json(render.relay_json(store_fields(ctx, store.url), brokers, summary))
     else:
         current.err.print(
             f"relayed {summary.published} event(s) in {summary.batches} batch(es); "
@@ -147,62 +159,24 @@ def relay(
         raise typer.Exit(1)
 
 
-def _relay_fields(summary: RelaySummary) -> dict[str, int]:
-    return {
-        "published": summary.published,
-        "failed": summary.failed,
-        "store_unavailable": summary.store_unavailable,
-    }
-
-
 @command(group=outbox_app)
-def status(ctx: typer.Context) -> None:
+def status(
+    ctx: typer.Context,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
+) -> None:
     """Unpublished rows, the oldest one's age and rows failing, per aggregate type."""
-    from idemctl.outbox.table import OutboxTable
-
     current = settings(ctx)
     with cli_store(ctx) as store:
         found = OutboxTable(store).status()
     if current.json:
-        emit_json({**store_fields(ctx, store.url), **_status_json(found, store.url)})
+        emit_json(render.outbox_status_json(store_fields(ctx, store.url), found))
         return
-    current.out.print(_status_table(found))
-
-
-def _status_json(found: OutboxStatus, url: str) -> dict[str, Any]:
-    return {
-        "store": url,
-        "at": found.now.isoformat(),
-        "total": found.total.to_json(found.now),
-        "types": [t.to_json(found.now) for t in found.types],
-    }
-
-
-def _status_table(found: OutboxStatus) -> Any:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title="Outbox", title_justify="left")
-    for name, justify in (
-        ("aggregate type", "left"), ("unpublished", "right"), ("oldest unpublished", "right"),
-        ("failing", "right"), ("published", "right"), ("last published", "left"),
-        ("last error", "left"),
-    ):  # fmt: skip
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    rows = [*found.types, found.total] if len(found.types) != 1 else found.types
-    for t in rows:
-        oldest = t.oldest_unpublished
-        table.add_row(
-            "all" if t.aggregatetype == "*" else Text(t.aggregatetype),
-            str(t.unpublished),
-            "-" if oldest is None else format_duration((found.now - oldest).total_seconds()),
-            f"[red]{t.failing}[/]" if t.failing else "0",
-            str(t.published),
-            render.when(t.last_published, found.now),
-            "-" if t.last_error is None else Text(t.last_error),
-            style="bold" if t.aggregatetype == "*" else None,
-        )
-    return table
+    current.out.print(render.outbox_status_table(found))
 
 
 @command(group=outbox_app)
@@ -240,6 +214,12 @@ def replay(
     kafka_config: KafkaConfigOption = None,
     dry_run: DryRunOption = False,
     yes: YesOption = False,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Publish chosen rows again, published or not, with their original ids.
 
@@ -248,8 +228,7 @@ def replay(
     see each event once. Rows replayed to their own topics that were still unpublished are
     marked published. Times without a zone are UTC.
     """
-    from idemctl.outbox.replay import Replay
-    from idemctl.outbox.table import Selection
+    from idemctl.outbox.replay import Replay  # the relay's producer: see relay()
 
     current = settings(ctx)
     selection = Selection(
@@ -267,9 +246,12 @@ def replay(
     show_warnings(current, "idemctl.outbox")
     with cli_store(ctx) as store:
         chosen = Replay(
-            store, selection, topic_template=topic_template, to_topic=to_topic,
+            store,
+            selection,
+            topic_template=topic_template,
+            to_topic=to_topic,
             batch_size=batch_size,
-        )  # fmt: skip
+        )
         chosen.table.check()
         if dry_run:
             _list_rows(ctx, chosen.rows(), chosen.topic_of)
@@ -283,9 +265,11 @@ def replay(
             confirm(ctx, f"Publish {total} outbox row(s) again to {where}?", yes)
         with progress_bar(ctx, "replaying", total, "row(s)") as advance:
             report = chosen.send(
-                brokers, kafka, delivery_timeout=duration(delivery_timeout, "--delivery-timeout"),
+                brokers,
+                kafka,
+                delivery_timeout=duration(delivery_timeout, "--delivery-timeout"),
                 progress=advance,
-            )  # fmt: skip
+            )
     _replay_report(ctx, store.url, total, report.sent, report.failed, report.marked)
     if report.failed:
         raise typer.Exit(1)
@@ -301,11 +285,7 @@ def _replay_report(
 ) -> None:
     current = settings(ctx)
     if current.json:
-        emit_json(
-            {**store_fields(ctx, url), "selected": selected, "sent": sent,
-             "marked_published": marked,
-             "failed": [{"id": str(i), "error": e} for i, e in failed]}
-        )  # fmt: skip
+        emit_json(render.replay_json(store_fields(ctx, url), selected, sent, failed, marked))
         return
     current.out.print(
         f"replayed {sent} of {selected} row(s) with their original ids"
@@ -318,26 +298,16 @@ def _replay_report(
         current.err.print(f"... and {len(failed) - 20} more not delivered", markup=False)
 
 
-def _list_rows(ctx: typer.Context, rows: list[OutboxRow], topic_of: Any) -> None:
+def _list_rows(
+    ctx: typer.Context, rows: list[OutboxRow], topic_of: Callable[[OutboxRow], str]
+) -> None:
     """What a dry run would send: a table, or NDJSON with each row's topic."""
-    from rich.table import Table
-    from rich.text import Text
-
     current = settings(ctx)
     if current.json:
         for row in rows:
-            emit_json({**row.to_json(), "topic": topic_of(row)})
+            emit_json(render.outbox_row_json(row, topic_of(row)))
         return
-    table = Table(title_justify="left")
-    for name in ("id", "created", "published", "aggregate type", "aggregate id", "type", "topic"):
-        table.add_column(name, overflow="fold")
-    for row in rows:
-        table.add_row(
-            str(row.id), render.stamp(row.created_at),
-            "-" if row.published_at is None else render.stamp(row.published_at),
-            *map(Text, (row.aggregatetype, row.aggregateid, row.type, topic_of(row))),
-        )  # fmt: skip
-    current.out.print(table)
+    current.out.print(render.outbox_rows_table(rows, topic_of))
     current.err.print(f"dry run: {len(rows)} row(s) would be published again", markup=False)
 
 
@@ -352,10 +322,14 @@ def purge(
     ],
     dry_run: DryRunOption = False,
     yes: YesOption = False,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Delete published rows past retention; unpublished rows are never touched."""
-    from idemctl.outbox.table import OutboxTable
-
     current = settings(ctx)
     age = duration(older_than, "--older-than")
     with cli_store(ctx) as store:
@@ -368,16 +342,8 @@ def purge(
             with progress_bar(ctx, "purging", found, "row(s)") as advance:
                 found = table.purge(age, progress=advance)
     if current.json:
-        emit_json(
-            {
-                "action": "outbox purge",
-                **store_fields(ctx, store.url),
-                "dry_run": dry_run,
-                "count": found,
-                "keys": None,
-                "record": None,
-            }
-        )  # action.schema.json
+        where = store_fields(ctx, store.url)
+        emit_json(render.action_json("outbox purge", where, dry_run=dry_run, count=found))
     elif dry_run:
         current.err.print(f"dry run: {found} published row(s) would be purged", markup=False)
     else:
@@ -398,8 +364,6 @@ def _moment(text: str | None, option: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        from idemctl.durations import parse_duration
-
         try:
             return datetime.now(UTC) - timedelta(seconds=parse_duration(text))
         except ValueError:

@@ -6,7 +6,20 @@ from typing import Annotated
 
 import typer
 
-from idemctl.cli.common import cli_store, command, emit_json, settings, store_fields
+from idemctl.cli import render
+from idemctl.cli.common import (
+    ConfigOption,
+    JsonOption,
+    NoColorOption,
+    ProfileOption,
+    StoreOption,
+    VerboseOption,
+    cli_store,
+    command,
+    emit_json,
+    settings,
+    store_fields,
+)
 
 
 @command()
@@ -18,6 +31,12 @@ def init(
             "--dry-run", help="Print what would run (DDL, table spec, scripts) and change nothing"
         ),
     ] = False,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Provision the store; safe to run twice.
 
@@ -29,10 +48,7 @@ def init(
         plan = store.provision(dry_run=dry_run)
         url = store.url
     if current.json:
-        emit_json(
-            {**store_fields(ctx, url), "dry_run": dry_run, "changed": plan.changed,
-             "statements": plan.statements, "notes": plan.notes}
-        )  # fmt: skip
+        emit_json(render.init_json(store_fields(ctx, url), plan, dry_run))
         return
     out, err = current.out, current.err
     if dry_run:
@@ -40,9 +56,10 @@ def init(
             out.print(statement.rstrip(";") + ";", markup=False, highlight=False, soft_wrap=True)
         err.print(
             f"-- dry run: {len(plan.statements)} statement(s) would run on {url}"
-            if plan.statements else f"-- dry run: nothing to do on {url}",
+            if plan.statements
+            else f"-- dry run: nothing to do on {url}",
             markup=False,
-        )  # fmt: skip
+        )
     elif plan.changed:
         err.print(f"provisioned {url}: {len(plan.statements)} statement(s) applied", markup=False)
     else:

@@ -1,12 +1,17 @@
-"""How records, counts and findings look on a terminal. JSON output is the library's own
-``to_json`` shapes, described in ``schemas/``."""
+"""What every command shows: its tables on a terminal and its JSON documents (described
+in ``schemas/``, built from the library's own ``to_json`` shapes). Command modules call
+these and print what they return; nothing is printed here but ``LiveStatus``'s progress.
+
+A JSON document's first fields name the store it ran on: ``where`` is ``store_fields``'s
+``{"store": URL, "store_source": SOURCE}``."""
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +20,16 @@ from rich.table import Table
 from rich.text import Text
 
 from idemctl.durations import format_duration
-from idemctl.model import Finding, Record, Stats, Status, iso_time
+from idemctl.model import Finding, Provisioning, Record, Stats, Status, iso_time
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import JustifyMethod, RenderableType
+
+    from idemctl.consume import Summary
+    from idemctl.doctor import DoctorReport
+    from idemctl.harness.demo import Report
+    from idemctl.outbox.relay import RelaySummary
+    from idemctl.outbox.table import OutboxRow, OutboxStatus
 
 STYLE = {Status.IN_PROGRESS: "yellow", Status.COMPLETED: "green", Status.FAILED: "red"}
 
@@ -76,6 +87,9 @@ def record_detail(record: Record, at: datetime) -> RenderableType:
     if record.lease_expires_at is not None and record.owner is not None:
         lease += f" ({stamp(record.lease_expires_at)})"
     age = format_duration((at - record.created_at).total_seconds())
+    result: str | Text = "-"
+    if record.status is Status.COMPLETED:
+        result = Text(json.dumps(record.result, ensure_ascii=False, indent=2))
     rows: list[tuple[str, str | Text]] = [
         ("key", Text(record.key)),
         ("status", status_text(record, at)),
@@ -89,9 +103,8 @@ def record_detail(record: Record, at: datetime) -> RenderableType:
         ("retention", retention),
         ("fingerprint", record.fingerprint or "-"),
         ("error", Text(record.error) if record.error else "-"),
-        ("result", Text(json.dumps(record.result, ensure_ascii=False, indent=2))
-         if record.status is Status.COMPLETED else "-"),
-    ]  # fmt: skip
+        ("result", result),
+    ]
     for name, value in rows:
         grid.add_row(name, value)
     return grid
@@ -117,10 +130,10 @@ def records_table(records: list[Record], at: datetime) -> Table:
     return table
 
 
-def stats_json(stats: Stats, url: str, at: datetime) -> dict[str, Any]:
+def stats_json(where: Mapping[str, str], stats: Stats, at: datetime) -> dict[str, Any]:
     oldest = stats.oldest_in_progress
     return {
-        "store": url,
+        **where,
         "total": stats.total,
         "by_status": {s.value: stats.by_status.get(s, 0) for s in Status},
         "stale": stats.stale,
@@ -141,17 +154,15 @@ def stats_table(stats: Stats, at: datetime) -> Table:
     for status in Status:
         grid.add_row(status.value, str(stats.by_status.get(status, 0)), "", style=STYLE[status])
     grid.add_row("total", str(stats.total), "")
+    stale = "expired, never freed (worker gone?): idemctl list --stale; idemctl unlock --stale"
+    released = "freed, waiting for the next delivery to claim them: idemctl list --released"
     grid.add_row(
-        "stale leases", str(stats.stale),
-        "expired, never freed (worker gone?): idemctl list --stale; idemctl unlock --stale"
-        if stats.stale else "",
+        "stale leases",
+        str(stats.stale),
+        stale if stats.stale else "",
         style="bold magenta" if stats.stale else None,
-    )  # fmt: skip
-    grid.add_row(
-        "released", str(stats.released),
-        "freed, waiting for the next delivery to claim them: idemctl list --released"
-        if stats.released else "",
-    )  # fmt: skip
+    )
+    grid.add_row("released", str(stats.released), released if stats.released else "")
     oldest = stats.oldest_in_progress
     grid.add_row(
         "oldest in progress",
@@ -186,9 +197,225 @@ def findings_table(findings: list[Finding]) -> Table:
 
 def finding_json(finding: Finding) -> dict[str, Any]:
     return {
-        "name": finding.name, "ok": finding.ok, "level": finding.level,
-        "detail": finding.detail, "fix": finding.fix,
-    }  # fmt: skip
+        "name": finding.name,
+        "ok": finding.ok,
+        "level": finding.level,
+        "detail": finding.detail,
+        "fix": finding.fix,
+    }
+
+
+def doctor_json(report: DoctorReport) -> dict[str, Any]:
+    return {
+        "store": report.url,
+        "store_source": report.source,
+        "ok": report.ok,
+        "findings": [finding_json(f) for f in report.findings],
+    }
+
+
+def doctor_summary(report: DoctorReport) -> str:
+    """The verdict line under the findings (markup)."""
+    warned = report.warned
+    warnings = f", {len(warned)} warning(s)" if warned else ""
+    if report.failed:
+        return f"[bold red]{len(report.failed)} problem(s) found[/]{warnings}"
+    return f"[green]all checks passed[/]{warnings}"
+
+
+# Provisioning and changes ------------------------------------------------------------
+
+
+def init_json(where: Mapping[str, str], plan: Provisioning, dry_run: bool) -> dict[str, Any]:
+    return {
+        **where,
+        "dry_run": dry_run,
+        "changed": plan.changed,
+        "statements": plan.statements,
+        "notes": plan.notes,
+    }
+
+
+def action_json(
+    action: str,
+    where: Mapping[str, str],
+    *,
+    dry_run: bool,
+    count: int,
+    keys: list[str] | None = None,
+    record: Record | None = None,
+) -> dict[str, Any]:
+    """What an action did, or would do (``dry_run``): ``schemas/action.schema.json``."""
+    return {
+        "action": action,
+        **where,
+        "dry_run": dry_run,
+        "count": count,
+        "keys": keys,
+        "record": None if record is None else record.to_json(),
+    }
+
+
+def version_json(version: str) -> dict[str, Any]:
+    return {"version": version}
+
+
+# Kafka: consume, demo, the outbox ------------------------------------------------------
+
+
+def consume_fields(summary: Summary) -> dict[str, Any]:
+    """What ``consume``'s live status shows."""
+    counts = summary.counts
+    shown = ("executed", "replayed", "retried", "dead_lettered", "busy", "store_unavailable")
+    return {
+        "state": summary.state,
+        "partitions": summary.partitions,
+        "lag": summary.lag,
+        **{name: counts[name] for name in shown},
+        "paused_partitions": summary.paused,
+    }
+
+
+def consume_json(
+    where: Mapping[str, str], topics: list[str], group: str, summary: Summary
+) -> dict[str, Any]:
+    return {
+        **where,
+        "topics": topics,
+        "group": group,
+        "counts": dict(sorted(summary.counts.items())),
+        "dead_letters": dict(sorted(summary.dead_letters.items())),
+    }
+
+
+def demo_json(report: Report) -> dict[str, Any]:
+    return {
+        "topic": report.topic,
+        "payments": report.payments,
+        "messages": report.messages,
+        "kills": report.kills,
+        "charged_once": report.once,
+        "charged_twice": report.twice,
+        "never_charged": report.never,
+        "ok": report.ok,
+    }
+
+
+def demo_table(report: Report) -> Table:
+    table = Table(title="Each payment's charges", title_justify="left")
+    table.add_column("payments", justify="right")
+    table.add_column("messages delivered", justify="right")
+    table.add_column("consumers killed", justify="right")
+    table.add_column("charged once", justify="right", style="green")
+    table.add_column("charged twice", justify="right")
+    table.add_column("never charged", justify="right")
+    table.add_row(
+        str(report.payments),
+        str(report.messages),
+        str(report.kills),
+        str(report.once),
+        str(len(report.twice)),
+        str(len(report.never)),
+    )
+    return table
+
+
+def relay_fields(summary: RelaySummary) -> dict[str, int]:
+    """What ``outbox relay``'s live status shows; its JSON document starts the same."""
+    return {
+        "published": summary.published,
+        "failed": summary.failed,
+        "store_unavailable": summary.store_unavailable,
+    }
+
+
+def relay_json(where: Mapping[str, str], brokers: str, summary: RelaySummary) -> dict[str, Any]:
+    return {
+        **where,
+        "brokers": brokers,
+        **relay_fields(summary),
+        "batches": summary.batches,
+        "undelivered": summary.undelivered,
+        "delivery_error": summary.delivery_error if summary.undelivered else None,
+    }
+
+
+def outbox_status_json(where: Mapping[str, str], found: OutboxStatus) -> dict[str, Any]:
+    return {
+        **where,
+        "at": found.now.isoformat(),
+        "total": found.total.to_json(found.now),
+        "types": [t.to_json(found.now) for t in found.types],
+    }
+
+
+OUTBOX_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("aggregate type", "left"),
+    ("unpublished", "right"),
+    ("oldest unpublished", "right"),
+    ("failing", "right"),
+    ("published", "right"),
+    ("last published", "left"),
+    ("last error", "left"),
+)
+
+
+def outbox_status_table(found: OutboxStatus) -> Table:
+    table = Table(title="Outbox", title_justify="left")
+    for name, justify in OUTBOX_COLUMNS:
+        table.add_column(name, justify=justify)
+    rows = [*found.types, found.total] if len(found.types) != 1 else found.types
+    for t in rows:
+        oldest = t.oldest_unpublished
+        table.add_row(
+            "all" if t.aggregatetype == "*" else Text(t.aggregatetype),
+            str(t.unpublished),
+            "-" if oldest is None else format_duration((found.now - oldest).total_seconds()),
+            f"[red]{t.failing}[/]" if t.failing else "0",
+            str(t.published),
+            when(t.last_published, found.now),
+            "-" if t.last_error is None else Text(t.last_error),
+            style="bold" if t.aggregatetype == "*" else None,
+        )
+    return table
+
+
+def replay_json(
+    where: Mapping[str, str],
+    selected: int,
+    sent: int,
+    failed: list[tuple[uuid.UUID, str]],
+    marked: int,
+) -> dict[str, Any]:
+    return {
+        **where,
+        "selected": selected,
+        "sent": sent,
+        "marked_published": marked,
+        "failed": [{"id": str(i), "error": e} for i, e in failed],
+    }
+
+
+def outbox_row_json(row: OutboxRow, topic: str) -> dict[str, Any]:
+    """A row as ``outbox replay --dry-run --json`` lists it: with the topic it would go to."""
+    return {**row.to_json(), "topic": topic}
+
+
+def outbox_rows_table(rows: list[OutboxRow], topic_of: Callable[[OutboxRow], str]) -> Table:
+    table = Table(title_justify="left")
+    for name in ("id", "created", "published", "aggregate type", "aggregate id", "type", "topic"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row.id),
+            stamp(row.created_at),
+            "-" if row.published_at is None else stamp(row.published_at),
+            *map(Text, (row.aggregatetype, row.aggregateid, row.type, topic_of(row))),
+        )
+    return table
+
+
+# Text ---------------------------------------------------------------------------------
 
 
 def key_list(keys: list[str], shown: int = 20) -> str:
@@ -261,11 +488,18 @@ class LiveStatus:
             self.last = now
             self.err.print(
                 logfmt(
-                    "info", f"{self.name} progress", **self.header, done=done,
-                    rate=f"{rate:.0f}/s", elapsed=elapsed, **fields,
+                    "info",
+                    f"{self.name} progress",
+                    **self.header,
+                    done=done,
+                    rate=f"{rate:.0f}/s",
+                    elapsed=elapsed,
+                    **fields,
                 ),
-                markup=False, highlight=False, soft_wrap=True,
-            )  # fmt: skip
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def logfmt(level: str, msg: str, **fields: Any) -> str:

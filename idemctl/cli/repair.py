@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    ConfigOption,
+    JsonOption,
+    NoColorOption,
+    ProfileOption,
+    StoreOption,
+    VerboseOption,
     cli_store,
     command,
     confirm,
@@ -54,6 +60,12 @@ def unlock(
     ] = None,
     dry_run: DryRunOption = False,
     yes: YesOption = False,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Free a stuck key's lease, or every expired lease with --stale.
 
@@ -104,6 +116,12 @@ def forget(
     key: Annotated[str, typer.Argument(metavar="KEY", help="The key to forget")],
     force: Annotated[bool, typer.Option("--force", help="Forget an in-progress key too")] = False,
     dry_run: DryRunOption = False,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Forget a key so its next delivery runs the handler again.
 
@@ -142,6 +160,12 @@ def purge(
     ] = None,
     dry_run: DryRunOption = False,
     yes: YesOption = False,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Delete records past retention, freeing their space.
 
@@ -178,10 +202,14 @@ def progress_bar(
         bar.advance(task, n)
 
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=current.err, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=current.err,
+        transient=True,
         disable=current.json or not current.err.is_terminal,
-    ) as bar:  # fmt: skip
+    ) as bar:
         task = bar.add_task(what, total=total)
         try:
             yield advance
@@ -215,11 +243,12 @@ def _report(
     if count is None:
         count = len(keys or [])
     if current.json:
-        document: dict[str, Any] = {
-            "action": action, **store_fields(ctx, url), "dry_run": dry_run, "count": count,
-            "keys": keys, "record": None if record is None else record.to_json(),
-        }  # fmt: skip
-        emit_json(document)
+        where = store_fields(ctx, url)
+        emit_json(
+            render.action_json(
+                action, where, dry_run=dry_run, count=count, keys=keys, record=record
+            )
+        )
         return
     verb, noun = _DONE[action]
     if dry_run and record is not None:

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.backends import unique_prefix
 from tests.servers import KafkaBroker
 
@@ -19,9 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 def demo(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDEMCTL_")}
     return subprocess.run(
-        [sys.executable, "-m", "idemctl", *args], cwd=cwd, env=env, capture_output=True,
-        text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "idemctl", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def check(report: dict[str, Any], payments: int) -> None:
@@ -46,8 +53,18 @@ def test_demo_on_the_embedded_defaults(tmp_path: Path) -> None:
 
 def test_demo_on_a_given_broker_and_store(kafka_broker: KafkaBroker, redis_server: Any) -> None:
     url = f"redis://127.0.0.1:{redis_server.port}/0?prefix={unique_prefix()}"
-    result = demo("--store", url, "demo", "--brokers", kafka_broker.bootstrap,
-                  "--payments", "150", "--json")  # fmt: skip
+    result = demo(
+        "--store", url, "demo", "--brokers", kafka_broker.bootstrap, "--payments", "150", "--json"
+    )
     assert result.returncode == 0, result.stderr
     check(json.loads(result.stdout), 150)
     assert f"broker {kafka_broker.bootstrap}" in result.stderr
+
+
+def test_demo_finds_the_payments_handler_outside_the_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idemctl.harness.demo import examples_dir
+
+    monkeypatch.chdir(tmp_path)  # no examples/ here: the checkout's
+    assert examples_dir() == REPO / "examples"

