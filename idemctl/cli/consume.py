@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -11,9 +12,15 @@ from idemctl.cli import render
 from idemctl.cli.common import (
     METRICS_HOST,
     BrokersOption,
+    ConfigOption,
+    JsonOption,
     KafkaConfigOption,
     MetricsHostOption,
     MetricsPortOption,
+    NoColorOption,
+    ProfileOption,
+    StoreOption,
+    VerboseOption,
     cli_store,
     command,
     duration,
@@ -25,6 +32,7 @@ from idemctl.cli.common import (
     store_fields,
 )
 from idemctl.errors import ConfigError
+from idemctl.harness.demo import run_demo
 
 
 @command()
@@ -62,6 +70,24 @@ def consume(
             "0: never",
         ),
     ] = 20,
+    dlq_oversize: Annotated[
+        str,
+        typer.Option(
+            "--dlq-oversize",
+            help="A dead letter refused as too large: hold (its partition waits, with back-off, "
+            "until the topic takes it) or truncate (write it with the payload cut to 64 KiB "
+            "and a header saying so)",
+        ),
+    ] = "hold",
+    dlq_timeout: Annotated[
+        str,
+        typer.Option(
+            "--dlq-timeout",
+            metavar="DURATION",
+            help="How long the broker has to acknowledge a dead letter before the partition "
+            "waits and it is tried again",
+        ),
+    ] = "30s",
     join_timeout: Annotated[
         str,
         typer.Option(
@@ -140,6 +166,12 @@ def consume(
         list[str] | None,
         typer.Option("--permanent-errors", metavar="MODULE.CLASS", help="Exceptions never retried"),
     ] = None,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """Run a handler for each message of the topics, effectively once per key.
 
@@ -148,77 +180,67 @@ def consume(
     other claims are released, offsets are committed, exit 0. Before anything is
     claimed it checks the handler's signature and the Kafka settings (exit 2).
     """
+    # asyncio, and http.server with ssl: loaded for a consume run, not at every start-up
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
+    from idemctl.consume.metrics import render as consume_metrics
+    from idemctl.metrics import serving
 
     current = settings(ctx)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     options = ConsumeOptions(
-        brokers=brokers, topics=topic, group=group, key=key, on_missing_key=on_missing_key,
-        lease=duration(lease, "--lease"), max_attempts=max_attempts,
-        backoff=duration(backoff, "--backoff"), dlq_topic=dlq_topic, batch_size=batch_size,
-        complete_batch=complete_batch, complete_wait=duration(complete_wait, "--complete-wait"),
+        brokers=brokers,
+        topics=topic,
+        group=group,
+        key=key,
+        on_missing_key=on_missing_key,
+        lease=duration(lease, "--lease"),
+        max_attempts=max_attempts,
+        backoff=duration(backoff, "--backoff"),
+        dlq_topic=dlq_topic,
+        batch_size=batch_size,
+        complete_batch=complete_batch,
+        complete_wait=duration(complete_wait, "--complete-wait"),
         concurrency=concurrency,
         max_messages=max_messages,
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
-        join_timeout=duration(join_timeout, "--join-timeout"), dlq_breaker=dlq_breaker,
+        join_timeout=duration(join_timeout, "--join-timeout"),
+        dlq_breaker=dlq_breaker,
+        dlq_oversize=dlq_oversize,
+        dlq_timeout=duration(dlq_timeout, "--dlq-timeout"),
         kafka_config=kafka,
         permanent_errors=tuple(_exception(name) for name in permanent_errors or ()),
         transactional=transactional,
-    )  # fmt: skip
+    )
     sys.path.insert(0, ".")  # handlers next to where idemctl runs, as `python -m` finds them
     show_warnings(current, "idemctl.consume")
     run = load_handler(handler)
     with cli_store(ctx, auto_provision=True) as store:
         status = render.LiveStatus(
-            current.err, "consume", _status_fields, lambda summary: summary.finished,
+            current.err,
+            "consume",
+            render.consume_fields,
+            lambda summary: summary.finished,
             live=current.err.is_terminal and not current.json,
             header={"topics": ", ".join(topic), "group": group, "store": store.url},
-        )  # fmt: skip
+        )
         consumer = Consumer(store, run, options, on_progress=status.update)
         consumer.open()  # a Kafka setting librdkafka refuses fails here, before the store
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
-
-        from idemctl.consume.metrics import render as metrics
-        from idemctl.metrics import serving
-
         with (
-            serving(lambda: metrics(consumer.summary), metrics_host, metrics_port),
+            serving(lambda: consume_metrics(consumer.summary), metrics_host, metrics_port),
             stop_on_signals(current.err, consumer.stop),
             status,
         ):
             summary = consumer.run()
-    counts = dict(sorted(summary.counts.items()))
     if current.json:
-        emit_json(
-            {
-                **store_fields(ctx, store.url),
-                "topics": topic,
-                "group": group,
-                "counts": counts,
-                "dead_letters": dict(sorted(summary.dead_letters.items())),
-            }
-        )
+        emit_json(render.consume_json(store_fields(ctx, store.url), topic, group, summary))
     else:
-        shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()) or "nothing"
+        counts = sorted(summary.counts.items())
+        shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts) or "nothing"
         current.err.print(f"consumed {summary.finished} message(s): {shown}", markup=False)
 
 
-def _status_fields(summary: Any) -> dict[str, Any]:
-    counts = summary.counts
-    return {
-        "state": summary.state,
-        "partitions": summary.partitions,
-        "lag": summary.lag,
-        **{name: counts[name] for name in (
-            "executed", "replayed", "retried", "dead_lettered", "busy", "store_unavailable"
-        )},
-        "paused_partitions": summary.paused,
-    }  # fmt: skip
-
-
 def _exception(path: str) -> type[BaseException]:
-    import importlib
-
     module, _, name = path.rpartition(".")
     try:
         found = getattr(importlib.import_module(module or "builtins"), name)
@@ -237,6 +259,12 @@ def demo(
         typer.Option("--brokers", help="A real broker [default: start a local one (tansu)]"),
     ] = None,
     payments: Annotated[int, typer.Option("--payments", min=10, help="Payments to send")] = 1000,
+    store_url: StoreOption = None,
+    config: ConfigOption = None,
+    profile: ProfileOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = 0,
+    no_color: NoColorOption = False,
 ) -> None:
     """See effectively-once happen: duplicates, two consumers, one killed mid-run.
 
@@ -245,36 +273,19 @@ def demo(
     each payment was charged. Without --store it uses a fresh SQLite file; without
     --brokers a local broker (pip install 'idemctl[demo]').
     """
-    from rich.table import Table
-
-    from idemctl.demo import run_demo
-
     current = settings(ctx)
     url, source = current.store_url()
     err = current.err
     report = run_demo(
-        "" if source == "the default" else url, brokers, payments,
+        "" if source == "the default" else url,
+        brokers,
+        payments,
         on_step=lambda step: err.print(f"[dim]-[/] {step}"),
-    )  # fmt: skip
+    )
     if current.json:
-        emit_json(
-            {"topic": report.topic, "payments": report.payments, "messages": report.messages,
-             "kills": report.kills, "charged_once": report.once,
-             "charged_twice": report.twice, "never_charged": report.never, "ok": report.ok}
-        )  # fmt: skip
+        emit_json(render.demo_json(report))
     else:
-        table = Table(title="Each payment's charges", title_justify="left")
-        table.add_column("payments", justify="right")
-        table.add_column("messages delivered", justify="right")
-        table.add_column("consumers killed", justify="right")
-        table.add_column("charged once", justify="right", style="green")
-        table.add_column("charged twice", justify="right")
-        table.add_column("never charged", justify="right")
-        table.add_row(
-            str(report.payments), str(report.messages), str(report.kills), str(report.once),
-            str(len(report.twice)), str(len(report.never)),
-        )  # fmt: skip
-        current.out.print(table)
+        current.out.print(render.demo_table(report))
         if report.twice:
             err.print(
                 f"charged twice: {', '.join(report.twice)}: the killed consumer had charged "

@@ -49,8 +49,8 @@ MEANINGS: dict[ExitCode, str] = {
         "refused: a live lease without --force, a conflicting state, or a declined confirmation"
     ),
     ExitCode.KAFKA_UNREACHABLE: (
-        "Kafka unreachable: no partitions within --join-timeout, or the brokers lost that long "
-        "under --exit-when-idle"
+        "Kafka unreachable: no partitions within --join-timeout, the brokers lost that long "
+        "under --exit-when-idle, or the Kafka client failed for good"
     ),
     ExitCode.CONSUME_STOPPED: (
         "consume stopped before a message it must not pass: a dead-letter storm "

@@ -49,12 +49,21 @@ class DeadLetters:
         from confluent_kafka import KafkaException, Producer
 
         self.options = options
+        self._config = producer_config(consumer_config, options.dlq_timeout)
         try:
-            self._producer = Producer(
-                producer_config(consumer_config, options.dlq_timeout), logger=kafka_log
-            )
+            self._producer = Producer(self._config, logger=kafka_log)
         except KafkaException as exc:
             raise ConfigError(f"Kafka client settings: {kafka_text(exc)}") from None
+
+    def _renew(self) -> None:
+        """After a failed delivery: drop what the producer still holds, so nothing it gave
+        up on is delivered later behind our back, and start a new one (a new producer id:
+        an idempotent producer whose sequence broke can be fenced for good)."""
+        from confluent_kafka import Producer
+
+        self._producer.purge()
+        self._producer.flush(0)
+        self._producer = Producer(self._config, logger=kafka_log)
 
     def topic(self, msg: Any) -> str:
         return self.options.dlq_topic or f"{msg.topic()}.dlq"
@@ -122,10 +131,11 @@ class DeadLetters:
         except BufferError as exc:
             return "QUEUE_FULL", f"could not dead-letter to {topic}: {exc}"
         self._producer.flush(self.options.dlq_timeout + 5)
+        if delivered and delivered[0] is None:
+            return None
+        self._renew()
         if not delivered:
             return "_TIMED_OUT", f"could not dead-letter to {topic}: no acknowledgement"
-        if delivered[0] is None:
-            return None
         error = delivered[0]
         return _name(error), f"could not dead-letter to {topic}: {error.str()}"
 
