@@ -161,12 +161,18 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True)
-class Completion:
-    """One item of ``complete_many``."""
+class Holder:
+    """The attempt that holds a key: what complete, fail, extend and release must name."""
 
     key: str
     owner: str
     fencing_token: int
+
+
+@dataclass(frozen=True)
+class Completion(Holder):
+    """One item of ``complete_many``."""
+
     result: JSON = None
 
 

@@ -23,6 +23,7 @@ from idemctl.model import (
     ClaimRequest,
     Completion,
     Finding,
+    Holder,
     Page,
     Provisioning,
     Record,
@@ -226,24 +227,13 @@ class BaseStore(ABC):
         older_than: float = 0.0,
         released_only: bool = False,
     ) -> Page:
-        if nothing_to_scan(status, stale_only, released_only):
-            return Page([], None)
-        return self._scan_page(status, stale_only, prefix, limit, cursor, older_than, released_only)
+        wanted = Scan(status, stale_only, prefix, limit, cursor, older_than, released_only)
+        return Page([], None) if wanted.nothing else self._scan_page(wanted)
 
     @abstractmethod
-    def _scan_page(
-        self,
-        status: Status | None,
-        stale_only: bool,
-        prefix: str | None,
-        limit: int,
-        cursor: str | None,
-        older_than: float,
-        released_only: bool,
-    ) -> Page:
+    def _scan_page(self, scan: Scan) -> Page:
         """``scan`` for filters that can match something."""
 
-    @abstractmethod
     def complete(
         self,
         key: str,
@@ -251,7 +241,29 @@ class BaseStore(ABC):
         fencing_token: int,
         result: JSON = None,
         retention: float | None = None,
-    ) -> Record: ...
+    ) -> Record:
+        done = Completion(key, owner, fencing_token, result)
+        return self._complete(done, self._retention(retention))
+
+    @abstractmethod
+    def _complete(self, c: Completion, retention: float) -> Record:
+        """``complete``, ``retention`` in seconds."""
+
+    def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        held = Holder(key, owner, fencing_token)
+        return self._fail(held, error, retriable, self._retention(retention))
+
+    @abstractmethod
+    def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
+        """``fail``, ``retention`` in seconds."""
 
     # One call per item: backends with a cheaper round trip override this.
 
@@ -322,30 +334,38 @@ class Query:
         return self.retention_over_at is None or r.retention_over(self.retention_over_at)
 
 
-def scan_query(
-    now: datetime,
-    status: Status | None,
-    stale_only: bool,
-    older_than: float,
-    released_only: bool = False,
-) -> Query:
-    """What ``scan`` selects, for stores that filter records themselves. Stale: in progress,
-    an owner, its lease ended (Record.stale); released: in progress, no owner."""
-    return Query(
-        status=Status.IN_PROGRESS if stale_only or released_only else status,
-        live_at=now,
-        lease_expired_at=now if stale_only else None,
-        owned=True if stale_only else False if released_only else None,
-        created_by=now - timedelta(seconds=older_than) if older_than else None,
-    )
+@dataclass(frozen=True)
+class Scan:
+    """What ``scan`` was asked for (see ``Store.scan``)."""
 
+    status: Status | None = None
+    stale_only: bool = False
+    prefix: str | None = None
+    limit: int = 100
+    cursor: str | None = None
+    older_than: float = 0.0
+    released_only: bool = False
 
-def nothing_to_scan(status: Status | None, stale_only: bool, released_only: bool) -> bool:
-    """True when the filters cannot match any record: stale or released keys are in
-    progress, and a key is never both stale (owned) and released (not owned)."""
-    return (stale_only and released_only) or (
-        (stale_only or released_only) and status not in (None, Status.IN_PROGRESS)
-    )
+    @property
+    def nothing(self) -> bool:
+        """The filters cannot match any record: stale or released keys are in progress,
+        and a key is never both stale (owned) and released (not owned)."""
+        return (self.stale_only and self.released_only) or (
+            (self.stale_only or self.released_only)
+            and self.status not in (None, Status.IN_PROGRESS)
+        )
+
+    def query(self, now: datetime) -> Query:
+        """What it selects at ``now``, for stores that filter records themselves. Stale: in
+        progress, an owner, its lease ended (Record.stale); released: in progress, no owner."""
+        return Query(
+            status=Status.IN_PROGRESS if self.stale_only or self.released_only else self.status,
+            live_at=now,
+            lease_expired_at=now if self.stale_only else None,
+            owned=True if self.stale_only else False if self.released_only else None,
+            created_by=now - timedelta(seconds=self.older_than) if self.older_than else None,
+            prefix=self.prefix,
+        )
 
 
 def server_clock_finding(skew: float) -> Finding:

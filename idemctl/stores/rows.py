@@ -11,14 +11,14 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from idemctl.errors import KeyNotFound, LeaseLost
-from idemctl.model import JSON, ClaimOutcome, ClaimRequest, Completion, Page, Record, Stats, Status
+from idemctl.model import ClaimOutcome, ClaimRequest, Completion, Holder, Page, Record, Stats
 from idemctl.stores.base import (
     BATCH,
     BaseStore,
     Progress,
     Query,
+    Scan,
     batched,
-    scan_query,
     stats_of,
     utcnow,
 )
@@ -72,14 +72,8 @@ class RowStore(BaseStore):
                 outcomes.append(outcome)
         return outcomes
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        result: JSON = None,
-        retention: float | None = None,
-    ) -> Record:
+    def _complete(self, c: Completion, retention: float) -> Record:
+        key, owner, fencing_token, result = c.key, c.owner, c.fencing_token, c.result
         with self._transaction() as tx:
             now = self.now()
             record = completed(
@@ -107,15 +101,8 @@ class RowStore(BaseStore):
                 done.append(True)
         return done
 
-    def fail(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        error: str,
-        retriable: bool = True,
-        retention: float | None = None,
-    ) -> Record:
+    def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
+        key, owner, fencing_token = held.key, held.owner, held.fencing_token
         with self._transaction() as tx:
             now = self.now()
             record = failed(
@@ -155,22 +142,9 @@ class RowStore(BaseStore):
             record = tx.get(key)
         return None if record is None or record.retention_over(self.now()) else record
 
-    def _scan_page(
-        self,
-        status: Status | None,
-        stale_only: bool,
-        prefix: str | None,
-        limit: int,
-        cursor: str | None,
-        older_than: float,
-        released_only: bool,
-    ) -> Page:
-        query = replace(
-            scan_query(self.now(), status, stale_only, older_than, released_only),
-            prefix=prefix,
-            after=cursor,
-            limit=limit + 1,
-        )
+    def _scan_page(self, scan: Scan) -> Page:
+        limit = scan.limit
+        query = replace(scan.query(self.now()), after=scan.cursor, limit=limit + 1)
         with self._transaction(write=False) as tx:
             records = tx.select(query)
         more = len(records) > limit

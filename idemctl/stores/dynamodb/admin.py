@@ -7,16 +7,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from idemctl.errors import InvalidCursor, KeyNotFound, StoreError
-from idemctl.model import Page, Record, Stats, Status
+from idemctl.model import Page, Record, Stats
 from idemctl.stores import dynamodb as package
-from idemctl.stores.base import Progress, Query, scan_query, stats_of
+from idemctl.stores.base import Progress, Query, Scan, stats_of
 from idemctl.stores.dynamodb.core import DynamoDBCore
 from idemctl.stores.dynamodb.items import from_ms, n, s, to_ms, to_record
 from idemctl.stores.machine import check_forgettable, unlocked
@@ -46,23 +45,11 @@ class DynamoDBAdmin(DynamoDBCore):
             if not start:
                 return
 
-    def _scan_page(
-        self,
-        status: Status | None,
-        stale_only: bool,
-        prefix: str | None,
-        limit: int,
-        cursor: str | None,
-        older_than: float,
-        released_only: bool,
-    ) -> Page:
+    def _scan_page(self, scan: Scan) -> Page:
         """Records in DynamoDB's scan order (not by key), at most ``limit`` a page."""
-        query = replace(
-            scan_query(datetime.now(UTC), status, stale_only, older_than, released_only),
-            prefix=prefix,
-        )
+        query, limit = scan.query(datetime.now(UTC)), scan.limit
         found: list[Record] = []
-        for records, after in self._scan(_start_key(cursor)):
+        for records, after in self._scan(_start_key(scan.cursor)):
             for i, record in enumerate(records):
                 if query.matches(record):
                     found.append(record)

@@ -11,12 +11,12 @@ from botocore.exceptions import ClientError
 
 from idemctl.errors import ConfigError, LeaseLost
 from idemctl.model import (
-    JSON,
     Acquired,
     Busy,
     ClaimOutcome,
     ClaimRequest,
     Completion,
+    Holder,
     Record,
     canonical_json,
 )
@@ -231,14 +231,8 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
         results = {i: f.result() for i, f in futures.items()}
         return [results[i] if i in results else call(i) for i in range(len(keys))]
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        result: JSON = None,
-        retention: float | None = None,
-    ) -> Record:
+    def _complete(self, c: Completion, retention: float) -> Record:
+        key, owner, fencing_token, result = c.key, c.owner, c.fencing_token, c.result
         now = self._now()
         expires = now + to_ms(self._retention(retention))
         values = {
@@ -255,15 +249,8 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
         )
         return self._held(key, owner, fencing_token, update, values, retried="completed")
 
-    def fail(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        error: str,
-        retriable: bool = True,
-        retention: float | None = None,
-    ) -> Record:
+    def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
+        key, owner, fencing_token = held.key, held.owner, held.fencing_token
         now = self._now()
         expires = now + to_ms(self._retention(retention))
         values = {

@@ -22,13 +22,13 @@ import psycopg
 
 from idemctl.errors import ConfigError, KeyNotFound, LeaseLost, NotProvisioned, StoreError
 from idemctl.model import (
-    JSON,
     Acquired,
     Busy,
     ClaimOutcome,
     ClaimRequest,
     Completion,
     Finding,
+    Holder,
     Page,
     Provisioning,
     Record,
@@ -42,6 +42,7 @@ from idemctl.stores.base import (
     DEFAULT_RETENTION,
     BaseStore,
     Progress,
+    Scan,
     new_owner,
     server_clock_finding,
 )
@@ -235,14 +236,8 @@ class PostgresStore(BaseStore):
         # What the row allowed changed under us: somebody else holds it now.
         return Busy(record) if isinstance(outcome, Acquired) else outcome
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        result: JSON = None,
-        retention: float | None = None,
-    ) -> Record:
+    def _complete(self, c: Completion, retention: float) -> Record:
+        key, owner, fencing_token, result = c.key, c.owner, c.fencing_token, c.result
         with self.connection() as conn:
             records = self._complete_on(
                 conn, [Completion(key, owner, fencing_token, result)], retention
@@ -295,15 +290,8 @@ class PostgresStore(BaseStore):
         row = conn.execute(self._sql["get"], {"key": key}).fetchone()
         return lease_lost(key, owner, fencing_token, None if row is None else _record(row))
 
-    def fail(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        error: str,
-        retriable: bool = True,
-        retention: float | None = None,
-    ) -> Record:
+    def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
+        key, owner, fencing_token = held.key, held.owner, held.fencing_token
         params = {
             "error": error,
             "retriable": retriable,
@@ -346,40 +334,31 @@ class PostgresStore(BaseStore):
         rows = self._fetch(self._sql["get"], {"key": key})
         return _record(rows[0]) if rows else None
 
-    def _scan_page(
-        self,
-        status: Status | None,
-        stale_only: bool,
-        prefix: str | None,
-        limit: int,
-        cursor: str | None,
-        older_than: float,
-        released_only: bool,
-    ) -> Page:
+    def _scan_page(self, scan: Scan) -> Page:
         where = ["(expires_at IS NULL OR expires_at > now())"]
-        if older_than:
+        if scan.older_than:
             where.append("created_at <= now() - %(older)s * interval '1 second'")
-        params: dict[str, Any] = {"limit": limit + 1, "older": older_than}
-        if status is not None or stale_only or released_only:
+        params: dict[str, Any] = {"limit": scan.limit + 1, "older": scan.older_than}
+        if scan.status is not None or scan.stale_only or scan.released_only:
             where.append("status = %(status)s")
-            params["status"] = (status or Status.IN_PROGRESS).value
-        if stale_only:
+            params["status"] = (scan.status or Status.IN_PROGRESS).value
+        if scan.stale_only:
             where.append("owner IS NOT NULL AND lease_expires_at <= now()")
-        if released_only:
+        if scan.released_only:
             where.append("owner IS NULL")
-        if prefix:
+        if scan.prefix:
             where.append("left(key, %(plen)s) = %(prefix)s")
-            params |= {"plen": len(prefix), "prefix": prefix}
-        if cursor is not None:
+            params |= {"plen": len(scan.prefix), "prefix": scan.prefix}
+        if scan.cursor is not None:
             where.append("key > %(after)s")
-            params["after"] = cursor
+            params["after"] = scan.cursor
         rows = self._fetch(
             f"SELECT {COLUMNS} FROM {self.keys_table} WHERE {' AND '.join(where)} "
             "ORDER BY key LIMIT %(limit)s",
             params,
         )
-        records = [_record(r) for r in rows[:limit]]
-        return Page(records, records[-1].key if len(rows) > limit else None)
+        records = [_record(r) for r in rows[: scan.limit]]
+        return Page(records, records[-1].key if len(rows) > scan.limit else None)
 
     def stats(self) -> Stats:
         rows = self._fetch(

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
 from idemctl.errors import InvalidCursor, KeyNotFound
-from idemctl.model import Page, Record, Stats, Status, validate_key
+from idemctl.model import Page, Record, Stats, validate_key
 from idemctl.stores import redis as package
-from idemctl.stores.base import Progress, Query, scan_query, stats_of
+from idemctl.stores.base import Progress, Query, Scan, stats_of
 from idemctl.stores.machine import check_forgettable, live_lease, not_unlockable
 from idemctl.stores.redis.client import ClusterNode
 from idemctl.stores.redis.core import RedisCore
@@ -79,26 +79,18 @@ class RedisAdmin(RedisCore):
                     node_index += 1
                 yield at, records
 
-    def _scan_page(
-        self,
-        status: Status | None,
-        stale_only: bool,
-        prefix: str | None,
-        limit: int,
-        cursor: str | None,
-        older_than: float,
-        released_only: bool,
-    ) -> Page:
+    def _scan_page(self, scan: Scan) -> Page:
         """Pages in SCAN order, sorted by key within each SCAN batch. A cursor is the
         position of a batch and the last key taken from it: SCAN cannot stop mid-batch,
         so the next page scans that batch again and goes on after that key. A full page
         gets a cursor only if a record after it matches: SCAN goes on until it finds one
         or ends."""
         with self._guard():
-            query = scan_query(self._now(), status, stale_only, older_than, released_only)
-        position, after = _parse_cursor(cursor)
+            query = scan.query(self._now())
+        position, after = _parse_cursor(scan.cursor)
+        limit = scan.limit
         found: list[Record] = []
-        for at, records in self._iterate(prefix, position):
+        for at, records in self._iterate(scan.prefix, position):
             batch = sorted(
                 (r for r in records if query.matches(r) and (after is None or r.key > after)),
                 key=lambda r: r.key,

@@ -8,10 +8,10 @@ from datetime import datetime
 from typing import Any
 
 from idemctl.model import (
-    JSON,
     ClaimOutcome,
     ClaimRequest,
     Completion,
+    Holder,
     Record,
     Status,
     canonical_json,
@@ -48,14 +48,8 @@ class RedisStore(RedisAdmin, RedisProvisioning):
         replies = self._call("claim", shared, items, durable=True)
         return [claim_outcome(*x) for x in zip(requests, owners, replies, strict=True)]
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        result: JSON = None,
-        retention: float | None = None,
-    ) -> Record:
+    def _complete(self, c: Completion, retention: float) -> Record:
+        key, owner, fencing_token, result = c.key, c.owner, c.fencing_token, c.result
         keep = self._ms(self._retention(retention))
         data = canonical_json(result)
         reply = self._one("complete", (keep, "1"), key, owner, fencing_token, data, durable=True)
@@ -86,15 +80,8 @@ class RedisStore(RedisAdmin, RedisProvisioning):
         items = [(c.key, (c.owner, c.fencing_token, canonical_json(c.result))) for c in completions]
         return [text(r[0]) == "ok" for r in self._call("complete", shared, items, durable=True)]
 
-    def fail(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        error: str,
-        retriable: bool = True,
-        retention: float | None = None,
-    ) -> Record:
+    def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
+        key, owner, fencing_token = held.key, held.owner, held.fencing_token
         shared = (self._ms(self._retention(retention)),)
         args = (owner, fencing_token, error, "1" if retriable else "0")
         return self._held(
