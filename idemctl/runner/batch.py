@@ -125,21 +125,12 @@ class Batch:
             )
         except StoreUnavailable as exc:  # recording a failure
             return RunResult(Outcome.UNAVAILABLE, key, error=exc, **held)
-        if did.error is None and did.lease_lost is None:
-            self._completer.put(Completion(key, a.owner, a.fencing_token, did.value))
-            return RunResult(Outcome.RAN, key, did.value, **held)
-        self._heartbeat.done([key])
-        if did.lease_lost is not None:
-            lost = did.lease_lost
-            return RunResult(Outcome.LEASE_LOST, key, record=lost.record, error=lost, **held)
-        return RunResult(
-            Outcome.ERROR,
-            key,
-            record=did.record,
-            error=did.error,
-            retriable=did.retriable,
-            **held,
-        )
+        failed = did.failed(key, **held)
+        if failed is not None:
+            self._heartbeat.done([key])
+            return failed
+        self._completer.put(Completion(key, a.owner, a.fencing_token, did.value))
+        return RunResult(Outcome.RAN, key, did.value, **held)
 
     def give_back(self, key: str) -> RunResult:
         """Give back a key this round holds and will not run now: its attempt is not

@@ -167,6 +167,22 @@ class Invocation:
     record: Record | None = None
     lease_lost: LeaseLost | None = None
 
+    def failed(self, key: str, **held: Any) -> RunResult | None:
+        """LEASE_LOST or ERROR when the handler gave no value to complete, else None."""
+        if self.lease_lost is not None:
+            lost = self.lease_lost
+            return RunResult(Outcome.LEASE_LOST, key, record=lost.record, error=lost, **held)
+        if self.error is not None:
+            return RunResult(
+                Outcome.ERROR,
+                key,
+                record=self.record,
+                error=self.error,
+                retriable=self.retriable,
+                **held,
+            )
+        return None
+
 
 def invoke(
     store: Store,
@@ -273,18 +289,9 @@ def _execute(
         max_attempts=max_attempts,
         logger=logger,
     )
-    if did.lease_lost is not None:
-        lost = did.lease_lost
-        return RunResult(Outcome.LEASE_LOST, key, error=lost, record=lost.record, **done)
-    if did.error is not None:
-        return RunResult(
-            Outcome.ERROR,
-            key,
-            record=did.record,
-            error=did.error,
-            retriable=did.retriable,
-            **done,
-        )
+    failed = did.failed(key, **done)
+    if failed is not None:
+        return failed
     try:
         record = store.complete(key, owner, token, did.value, retention)
     except LeaseLost as lost:

@@ -231,14 +231,17 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
         results = {i: f.result() for i, f in futures.items()}
         return [results[i] if i in results else call(i) for i in range(len(keys))]
 
+    def _ending(self, retention: float) -> dict[str, Any]:
+        """What a completion and a failure both set: now, and when the record's retention
+        ends (``expires_at``, and the TTL attribute in seconds)."""
+        now = self._now()
+        expires = now + to_ms(retention)
+        return {":now": n(now), ":exp": n(expires), ":ttl": n(expires // 1000)}
+
     def _complete(self, c: Completion, retention: float) -> Record:
         key, owner, fencing_token, result = c.key, c.owner, c.fencing_token, c.result
-        now = self._now()
-        expires = now + to_ms(self._retention(retention))
         values = {
-            ":now": n(now),
-            ":exp": n(expires),
-            ":ttl": n(expires // 1000),
+            **self._ending(retention),
             ":done": s("completed"),
             ":res": s(canonical_json(result).decode()),
             ":false": {"BOOL": False},
@@ -251,12 +254,8 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
 
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
         key, owner, fencing_token = held.key, held.owner, held.fencing_token
-        now = self._now()
-        expires = now + to_ms(self._retention(retention))
         values = {
-            ":now": n(now),
-            ":exp": n(expires),
-            ":ttl": n(expires // 1000),
+            **self._ending(retention),
             ":failed": s("failed"),
             ":err": s(error),
             ":retr": {"BOOL": retriable},
