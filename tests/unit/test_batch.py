@@ -1,0 +1,74 @@
+"""runner.Batch: the unit of work for many keys, what consume runs on, in the one Outcome
+vocabulary."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from idemctl.errors import ConfigError
+from idemctl.model import Acquired, Busy, ClaimRequest, Status
+from idemctl.runner import Batch, Context, Outcome
+from idemctl.stores.memory import MemoryStore
+
+
+def boom(ctx: Context) -> None:
+    raise ValueError("no")
+
+
+def test_a_round_claims_runs_gives_back_and_completes_each_with_a_run_result() -> None:
+    store = MemoryStore()
+    done = store.claim("old")
+    assert isinstance(done, Acquired)
+    store.complete("old", done.owner, done.fencing_token, {"was": "before"})
+    with Batch(store, max_attempts=3) as batch:
+        claimed = batch.claim([ClaimRequest(k) for k in ("old", "a", "b", "c")])
+        assert [r.outcome for r in claimed] == [Outcome.REPLAYED] + [Outcome.HELD] * 3
+        assert claimed[0].result == {"was": "before"}
+        assert all(r.fencing_token is not None and r.attempt == 1 for r in claimed[1:])
+
+        ran = batch.run("a", lambda ctx: {"key": ctx.key})
+        assert (ran.outcome, ran.result) == (Outcome.RAN, {"key": "a"})
+        failed = batch.run("b", boom)
+        assert failed.outcome is Outcome.ERROR and failed.retriable
+        assert isinstance(failed.error, ValueError)
+        assert batch.give_back("c").outcome is Outcome.RELEASED
+
+        completed = batch.complete_all()
+    assert [(r.outcome, r.key, r.result) for r in completed] == [
+        (Outcome.EXECUTED, "a", {"key": "a"})
+    ]
+    a, b, c = store.get("a"), store.get("b"), store.get("c")
+    assert a is not None and a.status is Status.COMPLETED and a.result == {"key": "a"}
+    assert b is not None and b.status is Status.FAILED and b.retriable
+    # Given back unrun: in progress with no owner, and the claim is not counted as a run.
+    assert c is not None and c.status is Status.IN_PROGRESS and c.owner is None
+    assert c.attempts == 0
+
+
+def test_one_heartbeat_keeps_every_held_key_alive_while_a_slow_handler_runs() -> None:
+    store = MemoryStore()
+    with Batch(store, lease=0.3) as batch:
+        batch.claim([ClaimRequest("slow"), ClaimRequest("waiting")])
+        batch.run("slow", lambda ctx: time.sleep(0.9))  # three leases long
+        other = store.claim("waiting")  # still held by the batch: its lease was extended
+        assert isinstance(other, Busy)
+        assert batch.run("waiting", lambda ctx: "ok").outcome is Outcome.RAN
+        results = {r.key: r.outcome for r in batch.complete_all()}
+    assert results == {"slow": Outcome.EXECUTED, "waiting": Outcome.EXECUTED}
+
+
+def test_a_completion_the_store_refuses_comes_back_as_lease_lost() -> None:
+    store = MemoryStore()
+    with Batch(store) as batch:
+        batch.claim([ClaimRequest("k")])
+        store.unlock("k", force=True)  # an operator frees it meanwhile
+        assert batch.run("k", lambda ctx: 1).outcome is Outcome.RAN
+        [result] = batch.complete_all()
+    assert result.outcome is Outcome.LEASE_LOST
+
+
+def test_transactional_mode_needs_a_transactional_store() -> None:
+    with pytest.raises(ConfigError, match="transactional mode needs a PostgreSQL store"):
+        Batch(MemoryStore(), transactional=True)
