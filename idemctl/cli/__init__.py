@@ -14,12 +14,6 @@ import typer
 from idemctl import __version__
 from idemctl.cli import consume, look, outbox, provision, render, repair  # noqa: F401 - registers the commands
 from idemctl.cli.common import (
-    ConfigOption,
-    JsonOption,
-    NoColorOption,
-    ProfileOption,
-    StoreOption,
-    VerboseOption,
     app,
     command,
     emit_json,
@@ -33,15 +27,7 @@ __all__ = ["app", "main"]
 
 
 @command()
-def version(
-    ctx: typer.Context,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
-) -> None:
+def version(ctx: typer.Context) -> None:
     """Print idemctl's version."""
     if settings(ctx).json:
         emit_json(render.version_json(__version__))

@@ -1,15 +1,14 @@
 """What every command shares: the app, the global options, the store, output and prompts.
 
 The global options (``--store``, ``--config``, ``--profile``, ``--json``, ``-v``,
-``--no-color``) are declared here: the root takes them, and each command declares them too
-(``StoreOption`` ... ``NoColorOption``), so ``idemctl --json list`` and ``idemctl list
---json`` both work.
+``--no-color``) are declared here: the root takes them, and every command that ``command()``
+registers takes them too (``GlobalOptionsCommand``), so ``idemctl --json list`` and
+``idemctl list --json`` both work.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import logging
 import signal
@@ -17,14 +16,16 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
+import typer.main
 from rich.markup import escape
+from typer.core import TyperCommand
 
 from idemctl import __version__
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
-from idemctl.cli.render import logfmt
+from idemctl.cli.render import LiveStatus, logfmt
 from idemctl.config import Config, find_config, load_config
 from idemctl.durations import parse_duration
 from idemctl.errors import ConfigError, IdemctlError, Refused
@@ -207,9 +208,9 @@ def _root(
 
 
 # The global options again, for every command: `idemctl list --json` as `idemctl --json
-# list`. Each command declares them last (command() checks), in a help panel of their own,
-# without environment variables (the root reads those). Their values never reach the
-# command: each is recorded in the Settings as it is parsed, over the root's.
+# list`. Every command takes them last, in a help panel of their own, without environment
+# variables (the root reads those). Their values never reach the command: each is recorded
+# in the Settings as it is parsed, over the root's.
 
 
 def _given(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> None:
@@ -229,17 +230,32 @@ def _global(*decls: str, help_text: str, count: bool = False) -> Any:
     )
 
 
-StoreOption = Annotated[str | None, _global("--store", help_text=STORE_HELP)]
-ConfigOption = Annotated[str | None, _global("--config", help_text=CONFIG_HELP)]
-ProfileOption = Annotated[str | None, _global("--profile", help_text=PROFILE_HELP)]
-JsonOption = Annotated[bool, _global("--json", help_text=JSON_HELP)]
-VerboseOption = Annotated[int, _global("--verbose", "-v", help_text=VERBOSE_HELP, count=True)]
-NoColorOption = Annotated[bool, _global("--no-color", help_text=NO_COLOR_HELP)]
-GLOBAL_OPTIONS = ("store_url", "config", "profile", "as_json", "verbose", "no_color")
-"""The parameter names every command declares, with the types above (``store_url``: a
-command's ``store`` is the one it opens)."""
+def _global_options(
+    store_url: Annotated[str | None, _global("--store", help_text=STORE_HELP)] = None,
+    config: Annotated[str | None, _global("--config", help_text=CONFIG_HELP)] = None,
+    profile: Annotated[str | None, _global("--profile", help_text=PROFILE_HELP)] = None,
+    as_json: Annotated[bool, _global("--json", help_text=JSON_HELP)] = False,
+    verbose: Annotated[int, _global("--verbose", "-v", help_text=VERBOSE_HELP, count=True)] = 0,
+    no_color: Annotated[bool, _global("--no-color", help_text=NO_COLOR_HELP)] = False,
+) -> None:
+    """Never called: typer makes the global options of every command from its parameters."""
+
+
 _SETTING = {"store_url": "store", "as_json": "json"}
 """Parameter name -> Settings field, where they differ."""
+_options_only = typer.Typer(add_completion=False)
+_options_only.command()(_global_options)
+GLOBAL_OPTIONS = tuple(typer.main.get_command(_options_only).params)
+"""The global options as click parameters, made once and added to every command."""
+
+
+class GlobalOptionsCommand(TyperCommand):
+    """A command that takes the global options after its own (``command()`` uses it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(GLOBAL_OPTIONS)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -248,21 +264,11 @@ def command(
     name: str | None = None, *, group: typer.Typer = app, **kwargs: Any
 ) -> Callable[[F], F]:
     """Register a command (on ``group``, the root by default) that takes
-    ``ctx: typer.Context`` first and the global options last::
-
-        store_url: StoreOption = None, config: ConfigOption = None,
-        profile: ProfileOption = None, as_json: JsonOption = False,
-        verbose: VerboseOption = 0, no_color: NoColorOption = False,
-
-    (``settings(ctx)`` has their values). An idemctl error in it prints one line and exits
-    with its code, and Ctrl-C exits 130."""
+    ``ctx: typer.Context`` first; it takes the global options too (``settings(ctx)`` has
+    their values). An idemctl error in it prints one line and exits with its code, and
+    Ctrl-C exits 130."""
 
     def register(func: F) -> F:
-        declared = inspect.signature(func).parameters
-        missing = [option for option in GLOBAL_OPTIONS if option not in declared]
-        if missing:
-            raise TypeError(f"{func.__name__} lacks the global options {', '.join(missing)}")
-
         @functools.wraps(func)
         def wrapper(ctx: typer.Context, **params: Any) -> Any:
             current = settings(ctx)
@@ -276,7 +282,7 @@ def command(
                 report_error(exc, current.err)
                 raise typer.Exit(int(exit_code_for(exc))) from None
 
-        group.command(name, **kwargs)(wrapper)
+        group.command(name, cls=GlobalOptionsCommand, **kwargs)(wrapper)
         return func
 
     return register
@@ -407,6 +413,41 @@ def stop_on_signals(err: Console, stop: Callable[[], None]) -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+S = TypeVar("S")
+
+
+class LongRun(Protocol[S]):
+    """What runs until it is done or stopped, keeping a summary: consume's Consumer, the
+    outbox Relay."""
+
+    summary: S
+
+    def run(self) -> S: ...
+
+    def stop(self) -> None: ...
+
+
+def run_to_end(
+    current: Settings,
+    work: LongRun[S],
+    status: LiveStatus,
+    metrics: Callable[[S], str],
+    metrics_host: str,
+    metrics_port: int | None,
+) -> S:
+    """Run ``work`` and return its summary: its progress on ``status``, ``metrics`` (the
+    summary's Prometheus text) served at ``metrics_host:metrics_port`` when a port is given,
+    and SIGTERM or Ctrl-C stopping it once the work in hand is done."""
+    from idemctl.metrics import serving  # http.server and ssl: not at every start-up
+
+    with (
+        serving(lambda: metrics(work.summary), metrics_host, metrics_port),
+        stop_on_signals(current.err, work.stop),
+        status,
+    ):
+        return work.run()
 
 
 def show_warnings(current: Settings, logger: str) -> None:

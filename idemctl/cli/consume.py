@@ -12,23 +12,17 @@ from idemctl.cli import render
 from idemctl.cli.common import (
     METRICS_HOST,
     BrokersOption,
-    ConfigOption,
-    JsonOption,
     KafkaConfigOption,
     MetricsHostOption,
     MetricsPortOption,
-    NoColorOption,
-    ProfileOption,
-    StoreOption,
-    VerboseOption,
     cli_store,
     command,
     duration,
     emit_json,
     kafka_settings,
+    run_to_end,
     settings,
     show_warnings,
-    stop_on_signals,
     store_fields,
 )
 from idemctl.errors import ConfigError
@@ -166,12 +160,6 @@ def consume(
         list[str] | None,
         typer.Option("--permanent-errors", metavar="MODULE.CLASS", help="Exceptions never retried"),
     ] = None,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Run a handler for each message of the topics, effectively once per key.
 
@@ -183,7 +171,6 @@ def consume(
     # asyncio, and http.server with ssl: loaded for a consume run, not at every start-up
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
     from idemctl.consume.metrics import render as consume_metrics
-    from idemctl.metrics import serving
 
     current = settings(ctx)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
@@ -226,12 +213,7 @@ def consume(
         consumer = Consumer(store, run, options, on_progress=status.update)
         consumer.open()  # a Kafka setting librdkafka refuses fails here, before the store
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
-        with (
-            serving(lambda: consume_metrics(consumer.summary), metrics_host, metrics_port),
-            stop_on_signals(current.err, consumer.stop),
-            status,
-        ):
-            summary = consumer.run()
+        summary = run_to_end(current, consumer, status, consume_metrics, metrics_host, metrics_port)
     if current.json:
         emit_json(render.consume_json(store_fields(ctx, store.url), topic, group, summary))
     else:
@@ -259,12 +241,6 @@ def demo(
         typer.Option("--brokers", help="A real broker [default: start a local one (tansu)]"),
     ] = None,
     payments: Annotated[int, typer.Option("--payments", min=10, help="Payments to send")] = 1000,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """See effectively-once happen: duplicates, two consumers, one killed mid-run.
 

@@ -7,7 +7,6 @@ from enum import IntEnum
 from idemctl.errors import (
     ConfigError,
     ConsumeStopped,
-    IdemctlError,
     InvalidCursor,
     InvalidKey,
     InvalidPayload,
@@ -60,25 +59,23 @@ MEANINGS: dict[ExitCode, str] = {
 }
 
 
+ERROR_CODES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], ExitCode], ...] = (
+    (KeyboardInterrupt, ExitCode.INTERRUPTED),
+    ((ConfigError, InvalidKey, InvalidPayload, InvalidCursor), ExitCode.USAGE),
+    (StoreUnavailable, ExitCode.STORE_UNREACHABLE),
+    (NotProvisioned, ExitCode.NOT_PROVISIONED),
+    (KeyNotFound, ExitCode.KEY_NOT_FOUND),
+    (Refused, ExitCode.REFUSED),
+    (KafkaUnavailable, ExitCode.KAFKA_UNREACHABLE),
+    (ConsumeStopped, ExitCode.CONSUME_STOPPED),
+)
+"""Exception classes -> exit code, the first that matches winning; any other: UNEXPECTED."""
+
+
 def exit_code_for(exc: BaseException) -> ExitCode:
-    if isinstance(exc, KeyboardInterrupt):
-        return ExitCode.INTERRUPTED
-    if isinstance(exc, ConfigError | InvalidKey | InvalidPayload | InvalidCursor):
-        return ExitCode.USAGE
-    if isinstance(exc, StoreUnavailable):
-        return ExitCode.STORE_UNREACHABLE
-    if isinstance(exc, NotProvisioned):
-        return ExitCode.NOT_PROVISIONED
-    if isinstance(exc, KeyNotFound):
-        return ExitCode.KEY_NOT_FOUND
-    if isinstance(exc, Refused):
-        return ExitCode.REFUSED
-    if isinstance(exc, KafkaUnavailable):
-        return ExitCode.KAFKA_UNREACHABLE
-    if isinstance(exc, ConsumeStopped):
-        return ExitCode.CONSUME_STOPPED
-    if isinstance(exc, IdemctlError):
-        return ExitCode.UNEXPECTED
+    for kinds, code in ERROR_CODES:
+        if isinstance(exc, kinds):
+            return code
     return ExitCode.UNEXPECTED
 
 

@@ -8,12 +8,6 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
-    ConfigOption,
-    JsonOption,
-    NoColorOption,
-    ProfileOption,
-    StoreOption,
-    VerboseOption,
     cli_store,
     command,
     duration,
@@ -35,12 +29,6 @@ PAGE = 500
 def inspect(
     ctx: typer.Context,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The idempotency key")],
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Show every field of one key's record.
 
@@ -88,12 +76,6 @@ def list_(
     cursor: Annotated[
         str | None, typer.Option("--cursor", help="Go on from where the last page stopped")
     ] = None,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """List records, a page at a time.
 
@@ -145,15 +127,7 @@ def list_(
 
 
 @command()
-def stats(
-    ctx: typer.Context,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
-) -> None:
+def stats(ctx: typer.Context) -> None:
     """Count records by status, stale and released leases, and the oldest in-progress key's age.
 
     Stale: in progress, the owner's lease expired and nobody freed it (`unlock --stale`
@@ -171,15 +145,7 @@ def stats(
 
 
 @command()
-def doctor(
-    ctx: typer.Context,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
-) -> None:
+def doctor(ctx: typer.Context) -> None:
     """Check the store and say how to fix what is wrong.
 
     Connection and latency, schema version or Lua scripts, durability settings (Redis

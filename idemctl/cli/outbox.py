@@ -13,29 +13,22 @@ from idemctl.cli import render
 from idemctl.cli.common import (
     METRICS_HOST,
     BrokersOption,
-    ConfigOption,
-    JsonOption,
     KafkaConfigOption,
     MetricsHostOption,
     MetricsPortOption,
-    NoColorOption,
-    ProfileOption,
-    StoreOption,
-    VerboseOption,
     app,
     cli_store,
     command,
-    confirm,
     duration,
     emit_json,
     kafka_settings,
+    run_to_end,
     settings,
     show_warnings,
-    stop_on_signals,
     store_fields,
     usage_error,
 )
-from idemctl.cli.repair import DryRunOption, YesOption, progress_bar
+from idemctl.cli.repair import DryRunOption, YesOption, changing
 from idemctl.durations import parse_duration
 from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
 
@@ -92,12 +85,6 @@ def relay(
     kafka_config: KafkaConfigOption = None,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = METRICS_HOST,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Publish committed outbox rows to Kafka, marking each published once acknowledged.
 
@@ -108,7 +95,6 @@ def relay(
     delivered, 1 (naming the brokers) when it ends with rows it could not deliver.
     """
     # The relay serves metrics: http.server and ssl, loaded for a relay or replay run only.
-    from idemctl.metrics import serving
     from idemctl.outbox.relay import Relay, RelayOptions
     from idemctl.outbox.relay import metrics_text as relay_metrics
 
@@ -135,12 +121,7 @@ def relay(
     with cli_store(ctx) as store:
         the_relay = Relay(store, options, on_progress=status.update)
         the_relay.table.check()
-        with (
-            serving(lambda: relay_metrics(the_relay.summary), metrics_host, metrics_port),
-            stop_on_signals(current.err, the_relay.stop),
-            status,
-        ):
-            summary = the_relay.run()
+        summary = run_to_end(current, the_relay, status, relay_metrics, metrics_host, metrics_port)
     if current.json:
         emit_json(render.relay_json(store_fields(ctx, store.url), brokers, summary))
     else:
@@ -160,15 +141,7 @@ def relay(
 
 
 @command(group=outbox_app)
-def status(
-    ctx: typer.Context,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
-) -> None:
+def status(ctx: typer.Context) -> None:
     """Unpublished rows, the oldest one's age and rows failing, per aggregate type."""
     current = settings(ctx)
     with cli_store(ctx) as store:
@@ -214,12 +187,6 @@ def replay(
     kafka_config: KafkaConfigOption = None,
     dry_run: DryRunOption = False,
     yes: YesOption = False,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Publish chosen rows again, published or not, with their original ids.
 
@@ -260,10 +227,9 @@ def replay(
         if total == 0:
             _replay_report(ctx, store.url, 0, 0, [], 0)
             return
-        if total > 1:
-            where = to_topic or f"their topics ({topic_template})"
-            confirm(ctx, f"Publish {total} outbox row(s) again to {where}?", yes)
-        with progress_bar(ctx, "replaying", total, "row(s)") as advance:
+        where = to_topic or f"their topics ({topic_template})"
+        question = f"Publish {total} outbox row(s) again to {where}?"
+        with changing(ctx, question, yes, "replaying", total, "row(s)") as advance:
             report = chosen.send(
                 brokers,
                 kafka,
@@ -322,12 +288,6 @@ def purge(
     ],
     dry_run: DryRunOption = False,
     yes: YesOption = False,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Delete published rows past retention; unpublished rows are never touched."""
     current = settings(ctx)
@@ -337,9 +297,8 @@ def purge(
         table.check()
         found = table.purge(age, dry_run=True)
         if not dry_run and found:
-            if found > 1:
-                confirm(ctx, f"Delete {found} published outbox row(s) on {store.url}?", yes)
-            with progress_bar(ctx, "purging", found, "row(s)") as advance:
+            question = f"Delete {found} published outbox row(s) on {store.url}?"
+            with changing(ctx, question, yes, "purging", found, "row(s)") as advance:
                 found = table.purge(age, progress=advance)
     if current.json:
         where = store_fields(ctx, store.url)

@@ -8,12 +8,6 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
-    ConfigOption,
-    JsonOption,
-    NoColorOption,
-    ProfileOption,
-    StoreOption,
-    VerboseOption,
     cli_store,
     command,
     emit_json,
@@ -31,12 +25,6 @@ def init(
             "--dry-run", help="Print what would run (DDL, table spec, scripts) and change nothing"
         ),
     ] = False,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Provision the store; safe to run twice.
 

@@ -11,12 +11,6 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
-    ConfigOption,
-    JsonOption,
-    NoColorOption,
-    ProfileOption,
-    StoreOption,
-    VerboseOption,
     cli_store,
     command,
     confirm,
@@ -60,12 +54,6 @@ def unlock(
     ] = None,
     dry_run: DryRunOption = False,
     yes: YesOption = False,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Free a stuck key's lease, or every expired lease with --stale.
 
@@ -100,9 +88,8 @@ def unlock(
         if dry_run or not found:
             _report(ctx, "unlock", store.url, found, dry_run=dry_run)
             return
-        if len(found) > 1:
-            confirm(ctx, f"Free {len(found)} stale lease(s) on {store.url}?", yes)
-        with progress_bar(ctx, "unlocking", len(found)) as advance:
+        question = f"Free {len(found)} stale lease(s) on {store.url}?"
+        with changing(ctx, question, yes, "unlocking", len(found)) as advance:
             freed = store.unlock_stale(older, progress=advance)
         _report(ctx, "unlock", store.url, freed)
         skipped = len(set(found) - set(freed))
@@ -116,12 +103,6 @@ def forget(
     key: Annotated[str, typer.Argument(metavar="KEY", help="The key to forget")],
     force: Annotated[bool, typer.Option("--force", help="Forget an in-progress key too")] = False,
     dry_run: DryRunOption = False,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Forget a key so its next delivery runs the handler again.
 
@@ -160,12 +141,6 @@ def purge(
     ] = None,
     dry_run: DryRunOption = False,
     yes: YesOption = False,
-    store_url: StoreOption = None,
-    config: ConfigOption = None,
-    profile: ProfileOption = None,
-    as_json: JsonOption = False,
-    verbose: VerboseOption = 0,
-    no_color: NoColorOption = False,
 ) -> None:
     """Delete records past retention, freeing their space.
 
@@ -178,19 +153,21 @@ def purge(
         if dry_run or not found:
             _report(ctx, "purge", store.url, None, count=found, dry_run=dry_run)
             return
-        if found > 1:
-            confirm(ctx, f"Delete {found} record(s) past retention on {store.url}?", yes)
-        with progress_bar(ctx, "purging", found) as advance:
+        question = f"Delete {found} record(s) past retention on {store.url}?"
+        with changing(ctx, question, yes, "purging", found) as advance:
             purged = store.purge(older, progress=advance)
         _report(ctx, "purge", store.url, None, count=purged)
 
 
 @contextmanager
-def progress_bar(
-    ctx: typer.Context, what: str, total: int, noun: str = "key(s)"
+def changing(
+    ctx: typer.Context, question: str, yes: bool, what: str, total: int, noun: str = "key(s)"
 ) -> Iterator[Callable[[int], None]]:
-    """A progress bar on stderr (on a terminal only); yields what advances it. Interrupted,
-    it says how far it got: each batch is atomic, so nothing is left half-changed."""
+    """Ask ``question`` first where more than one is to change (``confirm``), then a progress
+    bar on stderr (on a terminal only); yields what advances it. Interrupted, it says how
+    far it got: each batch is atomic, so nothing is left half-changed."""
+    if total > 1:
+        confirm(ctx, question, yes)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     current = settings(ctx)
