@@ -19,7 +19,7 @@ log = logging.getLogger("idemctl.runner")
 class Heartbeat:
     """Every ``lease/3`` seconds, extends the lease of each key it holds, in one thread, so a
     slow handler does not let its key lapse; work that ends within lease/3 costs it nothing.
-    A key whose lease was lost is dropped (its completion will say so); a store that does
+    A key whose lease was lost is dropped (completing it says so); a store that does
     not answer is tried again at the next beat, while the lease may still hold."""
 
     def __init__(self, store: Store, lease: float, name: str = "idemctl-heartbeat") -> None:
@@ -65,8 +65,8 @@ class Heartbeat:
             for a in held:
                 try:
                     self.store.extend(a.key, a.owner, a.fencing_token, self.lease)
-                except LeaseLost as exc:
-                    log.warning("heartbeat: %s", exc)
+                except LeaseLost as exc:  # completed meanwhile, or taken: completion says
+                    log.debug("heartbeat: %s", exc)
                     self.done([a.key])
                 except StoreError as exc:
                     unanswered = exc
