@@ -148,7 +148,6 @@ class Consumer(Watch):
         from confluent_kafka import KafkaException
 
         o = self.options
-        self.open()
         self._work = Batch(
             self.store,
             lease=o.lease,
@@ -159,6 +158,7 @@ class Consumer(Watch):
             complete_wait=o.complete_wait,
             logger=log,
         )
+        self.open()
         started = self._unassigned_since = self._idle_since = time.monotonic()
         try:
             self._kafka.subscribe(
@@ -357,10 +357,10 @@ class Consumer(Watch):
                     self._work.give_back(item.key)
 
         def work(part: list[_Item]) -> tuple[_Item, Hold] | None:
-            """One partition's messages in order; stops at the first that must wait, or on
-            stop() (SIGTERM: the handler in hand finishes, no more)."""
+            """One partition's messages in order; stops at the first that must wait, on
+            stop() (SIGTERM: the handler in hand finishes, no more) or a tripped breaker."""
             for i, item in enumerate(part):
-                if self._stop.is_set():
+                if self._stop.is_set() or self._storm_tripped is not None:
                     release(part[i:])
                     return None
                 wait = self._settle(item, claimed.get(item.key) if item.key else None)

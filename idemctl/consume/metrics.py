@@ -14,6 +14,7 @@ OUTCOMES = (
     "busy",
     "store_unavailable",
     "lease_lost",
+    "dead_letter_refused",
 )
 
 

@@ -86,7 +86,7 @@ class Summary:
 
     counts: Counter[str] = field(default_factory=Counter)
     """executed, replayed, dead_lettered, skipped, retried, busy, store_unavailable,
-    lease_lost"""
+    lease_lost, dead_letter_refused"""
     dead_letters: Counter[str] = field(default_factory=Counter)
     """Dead letters by reason (no idempotency key, invalid idempotency key, ...)."""
     paused: int = 0
