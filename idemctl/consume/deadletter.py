@@ -144,7 +144,9 @@ class DeadLetters:
 
 
 def _name(error: Any) -> str:
-    return str(error.name()) if hasattr(error, "name") else "UNKNOWN"
+    from confluent_kafka import KafkaError
+
+    return str(error.name()) if isinstance(error, KafkaError) else "UNKNOWN"
 
 
 def fqcn(exc: BaseException | None) -> str:
@@ -155,5 +157,7 @@ def fqcn(exc: BaseException | None) -> str:
 
 def kafka_text(exc: BaseException) -> str:
     """A KafkaException's own words (librdkafka's), not its repr."""
-    error: Any = exc.args[0] if exc.args else None
-    return str(error.str()) if hasattr(error, "str") else str(exc)
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    return str(error.str()) if isinstance(error, KafkaError) else str(exc)
