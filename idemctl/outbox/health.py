@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl.durations import format_duration
 from idemctl.model import Finding
+from idemctl.stores.base import TransactionalStore
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
@@ -21,7 +22,7 @@ def outbox_findings(store: Store) -> list[Finding]:
     ``schema`` finding says so).
 
     Raises what the store's ``check()`` raises (StoreUnavailable, NotProvisioned, ...)."""
-    if getattr(store, "scheme", None) != "postgresql":
+    if not isinstance(store, TransactionalStore):  # only PostgreSQL has an outbox
         return []
     from idemctl.stores.postgres import PostgresStore, migrations  # psycopg: loaded already
 
