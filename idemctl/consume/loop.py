@@ -5,7 +5,7 @@ trip, runs the handlers of the keys it holds, completes each as its handler retu
 completer thread, while later handlers run) and gives back those not run. This module does
 Kafka's part: polling, per-partition order, holding a partition (seek back, pause, back-off),
 dead letters and offsets, and turns each RunResult into a Kafka action in one table
-(``_act``), the same for batched and transactional mode.
+(``_table``), the same for batched and transactional mode.
 
 Offsets are stored only for messages that are finished (completed, replayed, skipped or
 dead-lettered), in partition order: a partition stops at its first unfinished message,
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from idemctl.stores.base import Store
 
 MAX_BACKOFF = 60.0
+HELD, EXECUTED = Outcome.HELD, Outcome.EXECUTED
 Hold = tuple[float, str]
 """Hold a partition at a message: seconds to wait, and why (the summary's count)."""
 
@@ -102,6 +103,7 @@ class Consumer(Watch):
         self._storm = 0
         self._storm_tripped: str | None = None
         self._first_keyed = False
+        self._actions = self._table()
 
     def stop(self) -> None:
         """Drain and return (signal-safe): the running handlers finish, their keys are
@@ -353,7 +355,7 @@ class Consumer(Watch):
         def release(part: list[_Item]) -> None:
             """Give back the claims of messages that will not run now."""
             for item in part:
-                if item.key is not None and claimed[item.key].outcome is Outcome.HELD:
+                if item.key is not None and claimed[item.key].outcome is HELD:
                     self._work.give_back(item.key)
 
         def work(part: list[_Item]) -> tuple[_Item, Hold] | None:
@@ -387,7 +389,7 @@ class Consumer(Watch):
         # message of it stopped the partition already: nothing past it may be stored.
         for result in sorted(completed, key=lambda r: keyed[r.key].msg.offset()):
             item = keyed[result.key]
-            if result.outcome is Outcome.EXECUTED or usable(item):
+            if result.outcome is EXECUTED or usable(item):
                 wait = self._act(item, result)
                 if wait is not None:
                     block(item, wait)
@@ -396,7 +398,7 @@ class Consumer(Watch):
         """Run a held key's handler; then what its result comes to."""
         if claimed is None:
             return self._unusable(item)
-        if claimed.outcome is not Outcome.HELD:
+        if claimed.outcome is not HELD:
             return self._act(item, claimed)
         event = self._event(item)
 
@@ -406,29 +408,49 @@ class Consumer(Watch):
         return self._act(item, self._work.run(claimed.key, call))
 
     def _act(self, item: _Item, result: RunResult) -> Hold | None:
-        """The one table from a RunResult to Kafka, for both modes: None when the message is
-        finished (or its completion is on its way), else how long to hold its partition."""
-        o = self.options
-        match result.outcome:
-            case Outcome.EXECUTED | Outcome.REPLAYED:
-                item.done = True
-                self._count(result.outcome.value)
-            case Outcome.BUSY | Outcome.LEASE_LOST:
-                return o.backoff, result.outcome.value
-            case Outcome.UNAVAILABLE:
-                log.warning("store unavailable, will retry: %s", result.error)
-                return o.backoff, "store_unavailable"
-            case Outcome.MISMATCH:
-                detail = f"key {item.key!r} was seen before with another payload"
-                return self._dead_letter(item, "fingerprint mismatch", detail)
-            case Outcome.FAILED:
-                error = result.record.error if result.record else None
-                return self._dead_letter(item, "failed before", error or "")
-            case Outcome.ERROR:
-                return self._failure(item, result)
-            case Outcome.RAN | Outcome.RELEASED | Outcome.HELD:
-                pass  # completed (or not) by the batch: its answer comes back here
-        return None
+        """What a RunResult comes to in Kafka, by the one table (``_actions``), for both
+        modes: None when the message is finished (or its completion is on its way), else
+        how long to hold its partition and why."""
+        return self._actions[result.outcome](item, result)
+
+    def _table(self) -> dict[Outcome, Callable[[_Item, RunResult], Hold | None]]:
+        backoff = self.options.backoff
+
+        def finished(item: _Item, result: RunResult) -> None:
+            item.done = True
+            self._count(result.outcome.value)
+
+        def on_its_way(item: _Item, result: RunResult) -> None:
+            """Completed (or not) by the batch: its answer comes back to this table."""
+
+        def wait(item: _Item, result: RunResult) -> Hold:
+            return backoff, result.outcome.value
+
+        def unavailable(item: _Item, result: RunResult) -> Hold:
+            log.warning("store unavailable, will retry: %s", result.error)
+            return backoff, "store_unavailable"
+
+        def mismatch(item: _Item, result: RunResult) -> Hold | None:
+            detail = f"key {item.key!r} was seen before with another payload"
+            return self._dead_letter(item, "fingerprint mismatch", detail)
+
+        def failed_before(item: _Item, result: RunResult) -> Hold | None:
+            error = result.record.error if result.record else None
+            return self._dead_letter(item, "failed before", error or "")
+
+        return {
+            Outcome.EXECUTED: finished,
+            Outcome.REPLAYED: finished,
+            Outcome.RAN: on_its_way,
+            Outcome.RELEASED: on_its_way,
+            Outcome.HELD: on_its_way,
+            Outcome.BUSY: wait,
+            Outcome.LEASE_LOST: wait,
+            Outcome.UNAVAILABLE: unavailable,
+            Outcome.MISMATCH: mismatch,
+            Outcome.FAILED: failed_before,
+            Outcome.ERROR: self._failure,
+        }
 
     def _failure(self, item: _Item, result: RunResult) -> Hold | None:
         """A handler failed on its ``attempt``-th run (or was not run again: AttemptsExhausted):

@@ -110,7 +110,6 @@ class Batch:
             except StoreUnavailable as exc:
                 return RunResult(Outcome.UNAVAILABLE, key, error=exc)
         a = self._held[key]
-        held: dict[str, Any] = {"attempt": a.attempt, "fencing_token": a.fencing_token}
         try:
             did = invoke(
                 self.store,
@@ -124,13 +123,13 @@ class Batch:
                 logger=self.logger,
             )
         except StoreUnavailable as exc:  # recording a failure
-            return RunResult(Outcome.UNAVAILABLE, key, error=exc, **held)
-        failed = did.failed(key, **held)
+            return RunResult(Outcome.UNAVAILABLE, key, None, None, exc, a.attempt, a.fencing_token)
+        failed = did.failed(a)
         if failed is not None:
             self._heartbeat.done([key])
             return failed
         self._completer.put(Completion(key, a.owner, a.fencing_token, did.value))
-        return RunResult(Outcome.RAN, key, did.value, **held)
+        return RunResult(Outcome.RAN, key, did.value, None, None, a.attempt, a.fencing_token)
 
     def give_back(self, key: str) -> RunResult:
         """Give back a key this round holds and will not run now: its attempt is not

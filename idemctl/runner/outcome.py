@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from idemctl.errors import AttemptsExhausted, OutboxError, Permanent
 from idemctl.model import (
@@ -54,8 +53,9 @@ class Outcome(StrEnum):
     """The store did not answer: nothing is decided, the key must come round again."""
 
 
-@dataclass(frozen=True)
-class RunResult:
+class RunResult(NamedTuple):
+    """What running a key came to (a named tuple: consume makes three per message)."""
+
     outcome: Outcome
     key: str
     result: JSON = None

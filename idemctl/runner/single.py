@@ -167,19 +167,24 @@ class Invocation:
     record: Record | None = None
     lease_lost: LeaseLost | None = None
 
-    def failed(self, key: str, **held: Any) -> RunResult | None:
+    def failed(self, acquired: Acquired) -> RunResult | None:
         """LEASE_LOST or ERROR when the handler gave no value to complete, else None."""
+        a = acquired
         if self.lease_lost is not None:
             lost = self.lease_lost
-            return RunResult(Outcome.LEASE_LOST, key, record=lost.record, error=lost, **held)
+            return RunResult(
+                Outcome.LEASE_LOST, a.key, None, lost.record, lost, a.attempt, a.fencing_token
+            )
         if self.error is not None:
             return RunResult(
                 Outcome.ERROR,
-                key,
-                record=self.record,
-                error=self.error,
-                retriable=self.retriable,
-                **held,
+                a.key,
+                None,
+                self.record,
+                self.error,
+                a.attempt,
+                a.fencing_token,
+                self.retriable,
             )
         return None
 
@@ -289,7 +294,7 @@ def _execute(
         max_attempts=max_attempts,
         logger=logger,
     )
-    failed = did.failed(key, **done)
+    failed = did.failed(acquired)
     if failed is not None:
         return failed
     try:
