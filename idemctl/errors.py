@@ -131,8 +131,9 @@ class ConsumeStopped(IdemctlError):
 
 
 class ConsumeAborted(ConsumeStopped):
-    """The consumer stopped on purpose (``--on-missing-key stop``, a dead-letter storm, a
-    dead letter the broker refused); nothing past the message that stopped it was stored."""
+    """The consumer stopped on purpose (``--on-missing-key stop``); nothing past the message
+    that stopped it was stored. (A dead letter the broker refuses does not stop it: the
+    message's partition waits until the dead letter is written.)"""
 
 
 class KafkaUnavailable(IdemctlError):
