@@ -70,6 +70,13 @@ class KeyNotFound(StoreError, KeyError):
         return f"no record for key {self.key!r}"
 
 
+class EntityNotFound(KeyNotFound):
+    """No entity of the sequence guard under that name (or it is past retention)."""
+
+    def __str__(self) -> str:
+        return f"no entity {self.key!r}"
+
+
 class Refused(StoreError):
     """The operation would be unsafe in the key's current state (a live lease, a
     completed key asked to unlock); pass force where the operation offers it."""

@@ -10,9 +10,9 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 from idemctl.errors import InvalidKey, InvalidPayload
 
@@ -176,6 +176,152 @@ class Completion(Holder):
     result: JSON = None
 
 
+# The sequence guard --------------------------------------------------------------
+
+MAX_SEQUENCE = 2**53 - 1
+"""The largest sequence every store compares exactly (a Lua number is a double)."""
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the sequence guard needs of one event: the entity it changes and its place in
+    that entity's history. Only an event whose sequence is above the entity's last applied
+    one runs; the guard orders by this sequence, not by arrival."""
+
+    entity: str
+    sequence: int
+
+    def __post_init__(self) -> None:
+        validate_key(self.entity, "entity")
+        validate_sequence(self.sequence)
+
+
+class Guard(NamedTuple):
+    """One item of ``guard_many``: the attempt holding ``key`` asks to apply ``sequence``."""
+
+    entity: str
+    sequence: int
+    key: str
+    fencing_token: int
+
+
+class Settle(NamedTuple):
+    """One item of ``settle_many``: the attempt that the guard let through is done;
+    ``applied``: its handler finished (advance the entity), else it only lets go."""
+
+    entity: str
+    sequence: int
+    key: str
+    fencing_token: int
+    applied: bool = True
+
+
+class Verdict(StrEnum):
+    GO = "go"
+    """The sequence is newer: this attempt holds the entity until it settles."""
+    STALE = "stale"
+    """The entity applied this sequence or a later one: never run."""
+    BUSY = "busy"
+    """Another key's attempt holds the entity: try again later."""
+
+
+class GuardReply(NamedTuple):
+    verdict: Verdict
+    last: int | None
+    """The entity's last applied sequence (None: none yet)."""
+    holder: str | None = None
+    """BUSY: the key whose attempt holds the entity."""
+
+
+@dataclass(frozen=True)
+class Entity:
+    """One entity of the sequence guard as the store holds it. Times are timezone-aware UTC."""
+
+    entity: str
+    sequence: int | None
+    """The last sequence applied (None while its first event is being handled)."""
+    key: str | None
+    """The idempotency key whose handler applied ``sequence``."""
+    applied_at: datetime | None
+    holder: str | None
+    """The key whose attempt holds the entity now (its guard said go), or None."""
+    holder_token: int | None
+    lock_expires_at: datetime | None
+    updated_at: datetime
+    expires_at: datetime | None = None
+    """End of retention: past it the entity is as if never seen, like a key."""
+
+    def locked(self, now: datetime) -> bool:
+        return (
+            self.holder is not None
+            and self.lock_expires_at is not None
+            and self.lock_expires_at > now
+        )
+
+    def retention_over(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "entity": self.entity,
+            "sequence": self.sequence,
+            "key": self.key,
+            "applied_at": iso_time(self.applied_at),
+            "holder": self.holder,
+            "holder_token": self.holder_token,
+            "lock_expires_at": iso_time(self.lock_expires_at),
+            "updated_at": iso_time(self.updated_at),
+            "expires_at": iso_time(self.expires_at),
+        }
+
+
+@dataclass(frozen=True)
+class EntityPage:
+    """One page of ``scan_entities``; pass ``cursor`` back for the next."""
+
+    entities: list[Entity]
+    cursor: str | None = None
+
+
+def validate_sequence(sequence: int) -> int:
+    """Return ``sequence`` if the guard can order by it: a whole number 0..2**53-1."""
+    if isinstance(sequence, bool) or not isinstance(sequence, int):
+        raise InvalidPayload(f"sequence must be a whole number, not {type(sequence).__name__}")
+    if not 0 <= sequence <= MAX_SEQUENCE:
+        raise InvalidPayload(f"sequence {sequence} is outside 0..{MAX_SEQUENCE}")
+    return sequence
+
+
+def sequence_of(value: Any) -> int:
+    """An event's sequence from what it carries: an integer (or its decimal text), or an
+    ISO 8601 timestamp, taken as microseconds since the Unix epoch (naive means UTC)."""
+    if isinstance(value, bool):
+        raise InvalidPayload("a sequence cannot be true or false")
+    if isinstance(value, int):
+        return validate_sequence(value)
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"[0-9]+", text):
+            return validate_sequence(int(text))
+        try:
+            at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidPayload(
+                f"sequence {value[:60]!r} is neither a whole number nor an ISO 8601 timestamp"
+            ) from None
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        return validate_sequence((at - _EPOCH) // timedelta(microseconds=1))
+    raise InvalidPayload(
+        f"sequence must be a whole number or an ISO 8601 timestamp, not {type(value).__name__}"
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 # Admin values ----------------------------------------------------------------
 
 
@@ -235,29 +381,30 @@ class Provisioning:
 # Keys and fingerprints ---------------------------------------------------------
 
 
-def validate_key(key: str) -> str:
-    """Return ``key`` if it is a usable idempotency key, else raise InvalidKey.
+def validate_key(key: str, what: str = "idempotency key") -> str:
+    """Return ``key`` if it is a usable idempotency key (or, with ``what``, entity name),
+    else raise InvalidKey.
 
     One rule for every store: a non-empty string of valid Unicode, at most MAX_KEY_BYTES in
     UTF-8, without control characters (U+0000-U+001F, U+007F-U+009F: PostgreSQL cannot
     store NUL in text, and none of them shows in a terminal or a log as it is)."""
     if not isinstance(key, str):
-        raise InvalidKey(f"idempotency key must be a string, not {type(key).__name__}")
+        raise InvalidKey(f"{what} must be a string, not {type(key).__name__}")
     if not key:
-        raise InvalidKey("idempotency key is empty")
+        raise InvalidKey(f"{what} is empty")
     control = _CONTROL.search(key)
     if control is not None:
         raise InvalidKey(
-            f"idempotency key {key[:60]!r} holds a control character (U+"
+            f"{what} {key[:60]!r} holds a control character (U+"
             f"{ord(control.group()):04X} at position {control.start()}); keys may hold none"
         )
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidKey(f"idempotency key {key!r} is not valid UTF-8") from None
+        raise InvalidKey(f"{what} {key!r} is not valid UTF-8") from None
     if size > MAX_KEY_BYTES:
         raise InvalidKey(
-            f"idempotency key is {size} bytes long; at most {MAX_KEY_BYTES} bytes are allowed "
+            f"{what} is {size} bytes long; at most {MAX_KEY_BYTES} bytes are allowed "
             "(hash long keys, e.g. with the payload-hash key strategy)"
         )
     return key

@@ -22,14 +22,20 @@ from idemctl.model import (
     ClaimOutcome,
     ClaimRequest,
     Completion,
+    Entity,
+    EntityPage,
     Finding,
+    Guard,
+    GuardReply,
     Holder,
     Page,
     Provisioning,
     Record,
+    Settle,
     Stats,
     Status,
     validate_key,
+    validate_sequence,
 )
 from idemctl.urls import redact_url
 
@@ -131,6 +137,33 @@ class Store(Protocol):
     ) -> int:
         """Delete records whose retention ended at least ``older_than`` seconds ago; how many
         (with ``dry_run``, how many would be). Batches and ``progress`` as ``unlock_stale``."""
+        ...
+
+    # The sequence guard: "apply if newer" per entity, checked at claim, advanced at the end.
+
+    def guard_many(self, guards: Sequence[Guard], lease: float | None = None) -> list[GuardReply]:
+        """For each attempt (already holding its key): STALE when its sequence is not above
+        the entity's last applied one, BUSY while another key's attempt holds the entity,
+        else GO: this attempt holds the entity (for ``lease``) until it settles. Asking
+        again with the same key and token extends the hold."""
+        ...
+
+    def settle_many(self, settles: Sequence[Settle], retention: float | None = None) -> list[bool]:
+        """Advance each entity to the settle's sequence (``applied``), or only let it go,
+        when that key and token still hold it; False where they no longer do."""
+        ...
+
+    def get_entity(self, entity: str) -> Entity | None: ...
+    def scan_entities(
+        self, prefix: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> EntityPage:
+        """Live entities (not past retention) in name order within a page."""
+        ...
+
+    def count_entities(self) -> int: ...
+    def forget_entity(self, entity: str, force: bool = False) -> Entity:
+        """Remove the entity, so any sequence applies again; refused while an attempt holds
+        it, unless ``force`` (that attempt then cannot settle: it loses its lease)."""
         ...
 
     def provision(self, dry_run: bool = False) -> Provisioning: ...
@@ -264,6 +297,23 @@ class BaseStore(ABC):
     @abstractmethod
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
         """``fail``, ``retention`` in seconds."""
+
+    def guard_many(self, guards: Sequence[Guard], lease: float | None = None) -> list[GuardReply]:
+        for g in guards:
+            validate_key(g.entity, "entity")
+            validate_sequence(g.sequence)
+        return self._guard_many(guards, self._lease(lease)) if guards else []
+
+    @abstractmethod
+    def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
+        """``guard_many`` for valid entities and sequences, ``lease`` in seconds."""
+
+    def settle_many(self, settles: Sequence[Settle], retention: float | None = None) -> list[bool]:
+        return self._settle_many(settles, self._retention(retention)) if settles else []
+
+    @abstractmethod
+    def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
+        """``settle_many``, ``retention`` in seconds."""
 
     # One call per item: backends with a cheaper round trip override this.
 

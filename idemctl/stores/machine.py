@@ -15,10 +15,15 @@ from idemctl.model import (
     Busy,
     ClaimOutcome,
     Completed,
+    Entity,
     Failed,
+    Guard,
+    GuardReply,
     Mismatch,
     Record,
+    Settle,
     Status,
+    Verdict,
 )
 from idemctl.stores.base import new_owner
 
@@ -211,3 +216,84 @@ def check_forgettable(record: Record, force: bool) -> None:
             "(use --force, or force=True, to do it anyway)",
             record,
         )
+
+
+# The sequence guard ----------------------------------------------------------------------
+
+
+def decide_guard(
+    existing: Entity | None, g: Guard, now: datetime, lease: float, retention: float
+) -> tuple[GuardReply, Entity | None]:
+    """The guard's rules: the reply, and the entity to write (None: no write).
+
+    Stale first: a sequence at or below the last applied one never runs, whoever holds the
+    entity. Then the lock: another key's live attempt (or a later attempt on the same key)
+    makes it busy; the same key's earlier attempt (taken over, so fenced by the key) or an
+    expired lock is taken, and the holder asking again extends its lock. The lock's
+    expiry follows the key's lease; the entity lives ``retention`` past its last change.
+    """
+    if existing is not None and existing.retention_over(now):
+        existing = None
+    last = None if existing is None else existing.sequence
+    if last is not None and g.sequence <= last:
+        return GuardReply(Verdict.STALE, last), None
+    if (
+        existing is not None
+        and existing.locked(now)
+        and (existing.holder != g.key or (existing.holder_token or 0) > g.fencing_token)
+    ):
+        return GuardReply(Verdict.BUSY, last, existing.holder), None
+    until = now + timedelta(seconds=lease)
+    entity = Entity(
+        entity=g.entity,
+        sequence=last,
+        key=None if existing is None else existing.key,
+        applied_at=None if existing is None else existing.applied_at,
+        holder=g.key,
+        holder_token=g.fencing_token,
+        lock_expires_at=until,
+        updated_at=now,
+        expires_at=until + timedelta(seconds=retention),
+    )
+    return GuardReply(Verdict.GO, last), entity
+
+
+def decide_settle(
+    existing: Entity | None, s: Settle, now: datetime, retention: float
+) -> tuple[bool, Entity | None]:
+    """Whether the attempt ``s`` names still held the entity, and the entity to write.
+
+    Fenced like ``complete``: only the holder's key with the holder's token may advance
+    the entity or let it go, also after its lock expired if nobody took it meanwhile."""
+    if (
+        existing is None
+        or existing.retention_over(now)
+        or existing.holder != s.key
+        or existing.holder_token != s.fencing_token
+    ):
+        return False, None
+    if not s.applied:
+        return True, replace(
+            existing, holder=None, holder_token=None, lock_expires_at=None, updated_at=now
+        )
+    advanced = existing.sequence is None or s.sequence > existing.sequence
+    return True, replace(
+        existing,
+        sequence=s.sequence if advanced else existing.sequence,
+        key=s.key if advanced else existing.key,
+        applied_at=now if advanced else existing.applied_at,
+        holder=None,
+        holder_token=None,
+        lock_expires_at=None,
+        updated_at=now,
+        expires_at=now + timedelta(seconds=retention),
+    )
+
+
+def entity_locked(entity: Entity) -> Refused:
+    """What every backend says when asked, without force, to forget a held entity."""
+    return Refused(
+        f"entity {entity.entity!r} is held by key {entity.holder!r} until "
+        f"{entity.lock_expires_at}; forgetting it lets an older event apply while that "
+        "attempt may still be working (use --force, or force=True, to do it anyway)"
+    )

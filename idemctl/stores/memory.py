@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from idemctl.model import Finding, Provisioning, Record, canonical_json
+from idemctl.model import Entity, Finding, Provisioning, Record, canonical_json
 from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query
 from idemctl.stores.rows import RowStore
 from idemctl.urls import UrlOptions
@@ -28,9 +28,39 @@ def _record(row: _Row) -> Record:
 
 
 class _MemoryTx:
-    def __init__(self, rows: dict[str, _Row]) -> None:
+    def __init__(self, rows: dict[str, _Row], entities: dict[str, Entity]) -> None:
         self._rows = rows
         self.pending: dict[str, _Row | None] = {}
+        self._entities = entities
+        self.pending_entities: dict[str, Entity | None] = {}
+
+    def get_entity(self, entity: str) -> Entity | None:
+        if entity in self.pending_entities:
+            return self.pending_entities[entity]
+        return self._entities.get(entity)
+
+    def put_entity(self, entity: Entity) -> None:
+        self.pending_entities[entity.entity] = entity
+
+    def delete_entity(self, entity: str) -> None:
+        self.pending_entities[entity] = None
+
+    def select_entities(
+        self, prefix: str | None, after: str | None, limit: int | None
+    ) -> list[Entity]:
+        out = []
+        for name in sorted(self._entities.keys() | self.pending_entities.keys()):
+            found = self.get_entity(name)
+            if (
+                found is None
+                or (prefix and not name.startswith(prefix))
+                or (after is not None and name <= after)
+            ):
+                continue
+            out.append(found)
+            if limit is not None and len(out) >= limit:
+                break
+        return out
 
     def get(self, key: str) -> Record | None:
         row = self.pending[key] if key in self.pending else self._rows.get(key)
@@ -61,6 +91,7 @@ class MemoryStore(RowStore):
     def __init__(self, url: str = "memory://", **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self._rows: dict[str, _Row] = {}
+        self._entities: dict[str, Entity] = {}
         self._lock = threading.RLock()
 
     @classmethod
@@ -74,13 +105,18 @@ class MemoryStore(RowStore):
     @contextmanager
     def _transaction(self, write: bool = True) -> Iterator[_MemoryTx]:
         with self._lock:
-            tx = _MemoryTx(self._rows)
+            tx = _MemoryTx(self._rows, self._entities)
             yield tx
             for key, row in tx.pending.items():
                 if row is None:
                     self._rows.pop(key, None)
                 else:
                     self._rows[key] = row
+            for name, entity in tx.pending_entities.items():
+                if entity is None:
+                    self._entities.pop(name, None)
+                else:
+                    self._entities[name] = entity
 
     def provision(self, dry_run: bool = False) -> Provisioning:
         return Provisioning(

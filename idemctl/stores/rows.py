@@ -10,8 +10,22 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from idemctl.errors import KeyNotFound, LeaseLost
-from idemctl.model import ClaimOutcome, ClaimRequest, Completion, Holder, Page, Record, Stats
+from idemctl.errors import EntityNotFound, KeyNotFound, LeaseLost
+from idemctl.model import (
+    ClaimOutcome,
+    ClaimRequest,
+    Completion,
+    Entity,
+    EntityPage,
+    Guard,
+    GuardReply,
+    Holder,
+    Page,
+    Record,
+    Settle,
+    Stats,
+    validate_key,
+)
 from idemctl.stores.base import (
     BATCH,
     BaseStore,
@@ -27,6 +41,9 @@ from idemctl.stores.machine import (
     check_holder,
     completed,
     decide_claim,
+    decide_guard,
+    decide_settle,
+    entity_locked,
     failed,
     forgotten,
     released,
@@ -42,6 +59,15 @@ class RowTx(Protocol):
     def delete(self, key: str) -> None: ...
     def select(self, query: Query) -> list[Record]:
         """Matching records in key order, at most ``query.limit``."""
+        ...
+
+    def get_entity(self, entity: str) -> Entity | None: ...
+    def put_entity(self, entity: Entity) -> None: ...
+    def delete_entity(self, entity: str) -> None: ...
+    def select_entities(
+        self, prefix: str | None, after: str | None, limit: int | None
+    ) -> list[Entity]:
+        """Entities in name order (past retention included), at most ``limit``."""
         ...
 
 
@@ -134,6 +160,65 @@ class RowStore(BaseStore):
             record = released(held, now, handler_ran)
             tx.put(record)
         return record
+
+    # The sequence guard -------------------------------------------------------------------
+
+    def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
+        replies = []
+        with self._transaction() as tx:
+            now = self.now()
+            for g in guards:
+                reply, entity = decide_guard(
+                    tx.get_entity(g.entity), g, now, lease, self.default_retention
+                )
+                if entity is not None:
+                    tx.put_entity(entity)
+                replies.append(reply)
+        return replies
+
+    def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
+        done = []
+        with self._transaction() as tx:
+            now = self.now()
+            for s in settles:
+                held, entity = decide_settle(tx.get_entity(s.entity), s, now, retention)
+                if entity is not None:
+                    tx.put_entity(entity)
+                done.append(held)
+        return done
+
+    def get_entity(self, entity: str) -> Entity | None:
+        with self._transaction(write=False) as tx:
+            found = tx.get_entity(entity)
+        return None if found is None or found.retention_over(self.now()) else found
+
+    def scan_entities(
+        self, prefix: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> EntityPage:
+        now = self.now()
+        with self._transaction(write=False) as tx:
+            found = [
+                e for e in tx.select_entities(prefix, cursor, None) if not e.retention_over(now)
+            ]
+        page = found[:limit]
+        return EntityPage(page, page[-1].entity if len(found) > limit and page else None)
+
+    def count_entities(self) -> int:
+        now = self.now()
+        with self._transaction(write=False) as tx:
+            return sum(not e.retention_over(now) for e in tx.select_entities(None, None, None))
+
+    def forget_entity(self, entity: str, force: bool = False) -> Entity:
+        validate_key(entity, "entity")
+        with self._transaction() as tx:
+            now = self.now()
+            found = tx.get_entity(entity)
+            if found is None or found.retention_over(now):
+                raise EntityNotFound(entity)
+            if found.locked(now) and not force:
+                raise entity_locked(found)
+            tx.delete_entity(entity)
+        return found
 
     # Admin ------------------------------------------------------------------------------
 

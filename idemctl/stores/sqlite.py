@@ -19,16 +19,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from idemctl.errors import ConfigError, NotProvisioned, StoreError, StoreUnavailable
-from idemctl.model import Finding, Provisioning, Record, Stats, Status
+from idemctl.model import Entity, Finding, Provisioning, Record, Stats, Status
 from idemctl.resources import read_resource
 from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query
 from idemctl.stores.rows import RowStore
 from idemctl.urls import UrlOptions, redact_url
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _COLUMNS = (
     "key, status, fingerprint, owner, fencing_token, attempts, lease_expires_at, created_at, "
     "updated_at, completed_at, expires_at, result, error, retriable"
+)
+_ENTITY_COLUMNS = (
+    "entity, sequence, key, applied_at, holder, holder_token, lock_expires_at, updated_at, "
+    "expires_at"
 )
 _SYNCHRONOUS = ("full", "normal", "extra")
 
@@ -57,6 +61,20 @@ def _record(row: tuple[Any, ...]) -> Record:
         result=None if row[11] is None else json.loads(row[11]),
         error=row[12],
         retriable=bool(row[13]),
+    )
+
+
+def _entity(row: tuple[Any, ...]) -> Entity:
+    return Entity(
+        entity=row[0],
+        sequence=row[1],
+        key=row[2],
+        applied_at=_dt(row[3]),
+        holder=row[4],
+        holder_token=row[5],
+        lock_expires_at=_dt(row[6]),
+        updated_at=datetime.fromtimestamp(row[7] / 1000, UTC),
+        expires_at=_dt(row[8]),
     )
 
 
@@ -108,6 +126,48 @@ class _SQLiteTx:
             sql += " LIMIT ?"
             args.append(query.limit)
         return [_record(row) for row in self._conn.execute(sql, args)]
+
+    def get_entity(self, entity: str) -> Entity | None:
+        row = self._conn.execute(
+            f"SELECT {_ENTITY_COLUMNS} FROM idem_entities WHERE entity = ?", (entity,)
+        ).fetchone()
+        return None if row is None else _entity(row)
+
+    def put_entity(self, e: Entity) -> None:
+        self._conn.execute(
+            f"INSERT OR REPLACE INTO idem_entities ({_ENTITY_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                e.entity,
+                e.sequence,
+                e.key,
+                _ms(e.applied_at),
+                e.holder,
+                e.holder_token,
+                _ms(e.lock_expires_at),
+                _ms(e.updated_at),
+                _ms(e.expires_at),
+            ),
+        )
+
+    def delete_entity(self, entity: str) -> None:
+        self._conn.execute("DELETE FROM idem_entities WHERE entity = ?", (entity,))
+
+    def select_entities(
+        self, prefix: str | None, after: str | None, limit: int | None
+    ) -> list[Entity]:
+        sql = f"SELECT {_ENTITY_COLUMNS} FROM idem_entities WHERE 1 = 1"
+        args: list[Any] = []
+        if prefix:
+            sql += " AND substr(entity, 1, ?) = ?"
+            args += [len(prefix), prefix]
+        if after is not None:
+            sql += " AND entity > ?"
+            args.append(after)
+        sql += " ORDER BY entity"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [_entity(row) for row in self._conn.execute(sql, args)]
 
 
 def _where(q: Query) -> tuple[str, list[Any]]:
@@ -237,7 +297,7 @@ class SQLiteStore(RowStore):
         deadline = time.monotonic() + self._busy_timeout
         while True:
             try:
-                if self._schema_version() is None:
+                if self._schema_version() != SCHEMA_VERSION:
                     self.provision()
                 with self._lock:
                     self._conn.execute("SELECT 1 FROM idem_keys LIMIT 0")
