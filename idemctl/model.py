@@ -225,6 +225,17 @@ class Verdict(StrEnum):
     """Another key's attempt holds the entity: try again later."""
 
 
+@dataclass(frozen=True)
+class Stale:
+    """The event is not newer than what its entity applied: never run. In PostgreSQL
+    transactional mode, ``Unit.outcome`` when the key's order guard said so."""
+
+    entity: str
+    sequence: int
+    last: int
+    """The entity's last applied sequence."""
+
+
 class GuardReply(NamedTuple):
     verdict: Verdict
     last: int | None

@@ -28,10 +28,12 @@ from idemctl.model import (
     Guard,
     GuardReply,
     Holder,
+    Order,
     Page,
     Provisioning,
     Record,
     Settle,
+    Stale,
     Stats,
     Status,
     validate_key,
@@ -176,7 +178,9 @@ class Store(Protocol):
 class TransactionUnit(Protocol):
     """One key inside an open transaction (``TransactionalStore.transaction``)."""
 
-    outcome: ClaimOutcome
+    outcome: ClaimOutcome | Stale
+    """Stale: the ``order`` given is not newer than its entity's; the key is completed
+    with a null result (committed), and there is nothing to run."""
     connection: Any
     """The transaction's connection while the key is Acquired; run your own SQL on it."""
 
@@ -194,8 +198,15 @@ class TransactionalStore(Protocol):
     """The outbox table that ``ctx.outbox`` writes to, in the same transaction."""
 
     def transaction(
-        self, key: str, fingerprint: str | None = None, lease: float | None = None
-    ) -> AbstractContextManager[TransactionUnit]: ...
+        self,
+        key: str,
+        fingerprint: str | None = None,
+        lease: float | None = None,
+        order: Order | None = None,
+    ) -> AbstractContextManager[TransactionUnit]:
+        """With ``order``, the entity's row is locked in the transaction too: stale events
+        do not run, and ``complete`` advances the entity in the same transaction."""
+        ...
 
 
 @runtime_checkable
