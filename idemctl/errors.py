@@ -114,6 +114,11 @@ class KeyBusy(ProcessingError):
     """Another worker holds a live lease on the key: retry later."""
 
 
+class StaleEvent(ProcessingError):
+    """The sequence guard: the entity already applied this sequence or a later one, so
+    the function did not run (``@idempotent(..., order_key=..., sequence=...)``)."""
+
+
 class FingerprintMismatch(ProcessingError):
     """The key was used before with a different payload."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from idemctl.errors import ConfigError, InvalidKey, InvalidPayload
-from idemctl.model import fingerprint, validate_key
+from idemctl.model import Order, fingerprint, sequence_of, validate_key
 
 DEFAULT_KEY_STRATEGY = "header:idempotency-key"
 _FIELD = re.compile(r"\{([^{}]+)\}")
@@ -105,3 +105,59 @@ def _json(m: Message) -> Any:
         return json.loads(m.value)
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidPayload(f"the payload is not JSON: {exc}") from None
+
+
+OrderStrategy = Callable[[Message], Order]
+
+
+def order_strategy(entity: str, sequence: str) -> OrderStrategy:
+    """Where an event's entity and sequence come from, for the sequence guard.
+
+    ``entity``: ``header:NAME``, or a template over the JSON payload's fields such as
+    ``account:{account_id}``. ``sequence``: ``header:NAME`` or a payload field (dotted
+    paths allowed), holding a whole number or an ISO 8601 timestamp. A message lacking
+    either raises MissingKey; one whose sequence is unreadable, InvalidPayload."""
+    if entity.startswith("header:") and entity[7:]:
+        name = entity[7:]
+
+        def entity_of(m: Message) -> str:
+            return _from_header(m, name)
+
+    elif _FIELD.search(entity):
+
+        def entity_of(m: Message) -> str:
+            return _from_template(m, entity)
+
+    else:
+        raise ConfigError(
+            f"--order-key {entity!r} names no field: use header:NAME or a template such as "
+            "account:{account_id}"
+        )
+    if sequence.startswith("header:") and sequence[7:]:
+        header = sequence[7:]
+
+        def sequence_of_(m: Message) -> int:
+            values = [v for k, v in m.headers if k == header]
+            if not values or values[-1] is None:
+                raise MissingKey(f"no {header!r} header for the sequence")
+            return sequence_of(values[-1])
+
+    elif sequence and not sequence.startswith("header:"):
+
+        def sequence_of_(m: Message) -> int:
+            value: Any = _json(m)
+            for part in sequence.split("."):
+                if not isinstance(value, dict) or part not in value:
+                    raise MissingKey(f"the payload has no sequence field {sequence!r}")
+                value = value[part]
+            if value is None:
+                raise MissingKey(f"sequence field {sequence!r} is null")
+            return sequence_of(value)
+
+    else:
+        raise ConfigError(f"--sequence {sequence!r}: use a payload field or header:NAME")
+
+    def order(m: Message) -> Order:
+        return Order(entity_of(m), sequence_of_(m))
+
+    return order

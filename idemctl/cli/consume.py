@@ -54,6 +54,43 @@ def consume(
             "(topic-partition-offset as its key), skip or stop",
         ),
     ] = "dlq",
+    order_key: Annotated[
+        str | None,
+        typer.Option(
+            "--order-key",
+            metavar="TEMPLATE",
+            help="Sequence guard: the entity an event changes, e.g. account:{account_id} or "
+            "header:NAME; with --sequence, an event older than the entity's last applied one "
+            "is not run (stale)",
+        ),
+    ] = None,
+    sequence: Annotated[
+        str | None,
+        typer.Option(
+            "--sequence",
+            metavar="FIELD",
+            help="Sequence guard: the event's sequence, a payload field or header:NAME "
+            "(whole numbers or ISO 8601 timestamps)",
+        ),
+    ] = None,
+    on_stale: Annotated[
+        str,
+        typer.Option(
+            "--on-stale", help="A stale event: skip (offset stored, logged at info) or dlq"
+        ),
+    ] = "skip",
+    contiguous: Annotated[
+        bool,
+        typer.Option(
+            "--contiguous",
+            help="Hold an event whose predecessor (sequence - 1) is not applied yet, up to "
+            "--gap-timeout, then apply it and count a gap",
+        ),
+    ] = False,
+    gap_timeout: Annotated[
+        str,
+        typer.Option("--gap-timeout", metavar="DURATION", help="How long --contiguous waits"),
+    ] = "30s",
     dlq_breaker: Annotated[
         int,
         typer.Option(
@@ -163,7 +200,7 @@ def consume(
 ) -> None:
     """Run a handler for each message of the topics, effectively once per key.
 
-    Offsets are stored only after a message is completed, replayed or dead-lettered.
+    Offsets are stored only after a message is completed, replayed, stale or dead-lettered.
     SIGTERM or Ctrl-C drains: the running handlers finish and are completed, the batch's
     other claims are released, offsets are committed, exit 0. Before anything is
     claimed it checks the handler's signature and the Kafka settings (exit 2).
@@ -180,6 +217,11 @@ def consume(
         group=group,
         key=key,
         on_missing_key=on_missing_key,
+        order_key=order_key,
+        sequence=sequence,
+        on_stale=on_stale,
+        contiguous=contiguous,
+        gap_timeout=duration(gap_timeout, "--gap-timeout"),
         lease=duration(lease, "--lease"),
         max_attempts=max_attempts,
         backoff=duration(backoff, "--backoff"),

@@ -272,6 +272,7 @@ def consume_fields(summary: Summary) -> dict[str, Any]:
         "partitions": summary.partitions,
         "lag": summary.lag,
         **{name: counts[name] for name in shown},
+        **{name: counts[name] for name in ("stale", "gaps") if name in counts},
         "paused_partitions": summary.paused,
     }
 

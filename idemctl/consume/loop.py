@@ -7,8 +7,8 @@ Kafka's part: polling, per-partition order, holding a partition (seek back, paus
 dead letters and offsets, and turns each RunResult into a Kafka action in one table
 (``_table``), the same for batched and transactional mode.
 
-Offsets are stored only for messages that are finished (completed, replayed, skipped or
-dead-lettered), in partition order: a partition stops at its first unfinished message,
+Offsets are stored only for messages that are finished (completed, replayed, skipped, stale
+or dead-lettered), in partition order: a partition stops at its first unfinished message,
 seeks back to it, and waits (paused) for a back-off. The store being unreachable stops
 every partition the same way: fail closed; so does a dead letter the broker refuses.
 
@@ -42,9 +42,10 @@ from idemctl.errors import (
     KafkaUnavailable,
     StoreUnavailable,
 )
-from idemctl.keys import Message, MissingField, MissingKey, key_strategy
-from idemctl.model import ClaimRequest, fingerprint
+from idemctl.keys import Message, MissingField, MissingKey, key_strategy, order_strategy
+from idemctl.model import ClaimRequest, Order, fingerprint
 from idemctl.runner import Batch, Context, Outcome, RunResult
+from idemctl.runner.ordering import missing_predecessor
 
 if TYPE_CHECKING:
     from idemctl.consume.event import Handler
@@ -66,6 +67,8 @@ class _Item:
     or is skipped."""
     done: bool = False
     blocked: bool = False
+    order: Order | None = None
+    """With --order-key: the entity and sequence the guard orders this event by."""
 
 
 class Consumer(Watch):
@@ -83,6 +86,13 @@ class Consumer(Watch):
         self.store, self.handler, self.options = store, handler, options
         self.summary = Summary()
         self._strategy = key_strategy(options.key)
+        self._order = (
+            order_strategy(options.order_key, options.sequence)
+            if options.order_key is not None and options.sequence is not None
+            else None
+        )
+        self._gap_since: dict[tuple[str, int, int], float] = {}
+        """--contiguous: when each message held for a missing predecessor was first held."""
         self._offset_strategy = key_strategy("offset")
         self._stop = threading.Event()
         self._counting = threading.Lock()
@@ -258,19 +268,24 @@ class Consumer(Watch):
                 del self._resume_at[tp]
             by_partition[tp].append(self._keyed(m))
         # A key twice in one batch: the later copy waits for the next round, after the
-        # first is finished (then it replays). So does the rest of its partition.
+        # first is finished (then it replays). So does the rest of its partition, and so
+        # does an entity's second event: the first must settle before the guard can judge it.
         pending = [items for items in by_partition.values() if items]
         while pending:
             round_items: list[_Item] = []
             seen: set[str] = set()
+            entities: set[str] = set()
             later: list[list[_Item]] = []
             for items in pending:
                 for i, item in enumerate(items):
-                    if item.key is not None and item.key in seen:
+                    entity = None if item.order is None else item.order.entity
+                    if item.key is not None and (item.key in seen or entity in entities):
                         later.append(items[i:])
                         break
                     if item.key is not None:
                         seen.add(item.key)
+                        if entity is not None:
+                            entities.add(entity)
                     round_items.append(item)
             self._round(round_items)
             if self._storm_tripped is not None:
@@ -295,7 +310,8 @@ class Consumer(Watch):
         o = self.options
         try:
             key = self._strategy(message)
-            return _Item(m, key=key, fingerprint=_fingerprint(m.value()))
+            order = None if self._order is None else self._order(message)
+            return _Item(m, key=key, fingerprint=_fingerprint(m.value()), order=order)
         except (InvalidKey, InvalidPayload) as exc:
             if first and isinstance(exc, MissingField) and o.on_missing_key == "dlq":
                 raise ConfigError(
@@ -343,7 +359,10 @@ class Consumer(Watch):
 
         keyed = {i.key: i for i in items if i.key is not None}
         try:
-            claims = self._work.claim([ClaimRequest(k, i.fingerprint) for k, i in keyed.items()])
+            claims = self._work.claim(
+                [ClaimRequest(k, i.fingerprint) for k, i in keyed.items()],
+                [i.order for i in keyed.values()] if self._order is not None else (),
+            )
         except StoreUnavailable as exc:
             log.warning("store unavailable, holding every partition: %s", exc)
             for item in items:
@@ -400,12 +419,52 @@ class Consumer(Watch):
             return self._unusable(item)
         if claimed.outcome is not HELD:
             return self._act(item, claimed)
+        if self.options.contiguous and item.order is not None:
+            wait = self._gap(item, claimed)
+            if wait is not None:
+                return wait
         event = self._event(item)
 
         def call(ctx: Context) -> Any:
             return self.handler(event, ctx)
 
         return self._act(item, self._work.run(claimed.key, call))
+
+    def _gap(self, item: _Item, claimed: RunResult) -> Hold | None:
+        """--contiguous: hold an event whose predecessor is not applied yet, the busy
+        path's way, until ``gap_timeout`` has passed since it was first held; then it runs
+        (a gap counted)."""
+        assert item.order is not None
+        m = item.msg
+        at = (m.topic(), m.partition(), m.offset())
+        last = claimed.last
+        if self.options.transactional:  # the guard is asked inside the transaction
+            entity = self.store.get_entity(item.order.entity)
+            last = None if entity is None else entity.sequence
+        if not missing_predecessor(item.order, last):
+            self._gap_since.pop(at, None)
+            return None
+        now = time.monotonic()
+        since = self._gap_since.setdefault(at, now)
+        if now - since < self.options.gap_timeout:
+            self._work.give_back(claimed.key)
+            left = self.options.gap_timeout - (now - since)
+            return min(self.options.backoff, left), "gap_wait"
+        del self._gap_since[at]
+        self._count("gaps")
+        log.warning(
+            "%s[%d]@%d: entity %r applied up to %s, not %d; applying %d after waiting "
+            "%.1fs (--gap-timeout)",
+            m.topic(),
+            m.partition(),
+            m.offset(),
+            item.order.entity,
+            last,
+            item.order.sequence - 1,
+            item.order.sequence,
+            now - since,
+        )
+        return None
 
     def _act(self, item: _Item, result: RunResult) -> Hold | None:
         """What a RunResult comes to in Kafka, by the one table (``_actions``), for both
@@ -438,6 +497,23 @@ class Consumer(Watch):
             error = result.record.error if result.record else None
             return self._dead_letter(item, "failed before", error or "")
 
+        def stale(item: _Item, result: RunResult) -> Hold | None:
+            o, m = item.order, item.msg
+            detail = (
+                f"entity {o.entity!r} applied sequence {result.last}; this event is {o.sequence}"
+                if o is not None
+                else "the entity applied a later sequence"
+            )
+            if self.options.on_stale == "dlq":
+                wait = self._dead_letter(item, "stale event", detail)
+                if wait is None:
+                    self._count("stale")
+                return wait
+            item.done = True
+            self._count("stale")
+            log.info("stale %s[%d]@%d: %s: skipped", m.topic(), m.partition(), m.offset(), detail)
+            return None
+
         return {
             Outcome.EXECUTED: finished,
             Outcome.REPLAYED: finished,
@@ -449,6 +525,7 @@ class Consumer(Watch):
             Outcome.UNAVAILABLE: unavailable,
             Outcome.MISMATCH: mismatch,
             Outcome.FAILED: failed_before,
+            Outcome.STALE: stale,
             Outcome.ERROR: self._failure,
         }
 

@@ -10,11 +10,14 @@ OUTCOMES = (
     "replayed",
     "dead_lettered",
     "skipped",
+    "stale",
     "retried",
     "busy",
     "store_unavailable",
     "lease_lost",
     "dead_letter_refused",
+    "gap_wait",
+    "gaps",
 )
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from idemctl.errors import ConfigError
-from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy
+from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy, order_strategy
 
 
 @dataclass
@@ -54,6 +54,19 @@ class ConsumeOptions:
     dlq_timeout: float = 30.0
     """Seconds the broker has to acknowledge a dead letter; past it, the message's partition
     waits (with back-off) and the dead letter is tried again."""
+    order_key: str | None = None
+    """The sequence guard's entity (``account:{account_id}`` or ``header:NAME``); with
+    ``sequence``, an event runs only if its sequence is above the entity's last applied."""
+    sequence: str | None = None
+    """Where the event's sequence is: a payload field or ``header:NAME`` (whole numbers,
+    or ISO 8601 timestamps)."""
+    on_stale: str = "skip"
+    """An event the guard finds stale: skip (its offset is stored, logged at info) or dlq
+    (dead-lettered, then stored)."""
+    contiguous: bool = False
+    """Hold an event whose predecessor (sequence - 1) is not applied yet, up to
+    ``gap_timeout`` seconds, then apply it and count a gap."""
+    gap_timeout: float = 30.0
     dlq_breaker: int = 20
     """Stop (ConsumeStopped) when this many messages in a row are dead-lettered for the same
     reason: a storm says the consumer is misconfigured, not that the messages are bad.
@@ -78,6 +91,16 @@ class ConsumeOptions:
         if self.dlq_breaker < 0 or self.join_timeout < 0:
             raise ConfigError("--dlq-breaker and --join-timeout cannot be negative")
         key_strategy(self.key)  # fails early on a bad strategy
+        if (self.order_key is None) != (self.sequence is None):
+            raise ConfigError("--order-key and --sequence go together: give both or neither")
+        if self.order_key is not None and self.sequence is not None:
+            order_strategy(self.order_key, self.sequence)
+        elif self.contiguous:
+            raise ConfigError("--contiguous needs --order-key and --sequence")
+        if self.on_stale not in ("skip", "dlq"):
+            raise ConfigError(f"--on-stale {self.on_stale!r}: use skip or dlq")
+        if self.gap_timeout < 0:
+            raise ConfigError("--gap-timeout cannot be negative")
 
 
 @dataclass
@@ -85,8 +108,9 @@ class Summary:
     """What a run did, message by message, and where it stands now."""
 
     counts: Counter[str] = field(default_factory=Counter)
-    """executed, replayed, dead_lettered, skipped, retried, busy, store_unavailable,
-    lease_lost, dead_letter_refused"""
+    """executed, replayed, dead_lettered, skipped, stale, retried, busy, store_unavailable,
+    lease_lost, dead_letter_refused; with --contiguous, gap_wait (holds for a missing
+    predecessor) and gaps (events applied after waiting out --gap-timeout)"""
     dead_letters: Counter[str] = field(default_factory=Counter)
     """Dead letters by reason (no idempotency key, invalid idempotency key, ...)."""
     paused: int = 0
@@ -100,4 +124,7 @@ class Summary:
 
     @property
     def finished(self) -> int:
-        return self.counts["executed"] + self.counts["replayed"] + self.counts["dead_lettered"]
+        c = self.counts
+        # A stale event dead-lettered (--on-stale dlq) counts once, as a dead letter.
+        stale = c["stale"] - self.dead_letters["stale event"]
+        return c["executed"] + c["replayed"] + c["dead_lettered"] + stale

@@ -10,9 +10,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, IdemctlError, StoreUnavailable
-from idemctl.model import Acquired, ClaimRequest, Completion
+from idemctl.model import Acquired, ClaimRequest, Completion, Guard, Order, Settle, Verdict
 from idemctl.runner.context import Context
 from idemctl.runner.heartbeat import Heartbeat
+from idemctl.runner.ordering import guard_of, let_go, not_run, settle_of
 from idemctl.runner.outcome import Outcome, RunResult, settled
 from idemctl.runner.single import invoke, run
 from idemctl.stores.base import TransactionalStore
@@ -63,31 +64,59 @@ class Batch:
         )
         self._held: dict[str, Acquired] = {}
         self._fingerprints: dict[str, str | None] = {}
+        self._orders: dict[str, Order] = {}
 
-    def claim(self, requests: Sequence[ClaimRequest]) -> list[RunResult]:
+    def claim(
+        self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None] = ()
+    ) -> list[RunResult]:
         """Start a round: claim every key (all different) in one round trip. StoreUnavailable
-        propagates: nothing was claimed."""
+        propagates: nothing was claimed.
+
+        ``orders`` (one per request, or none) adds the sequence guard, asked for every held
+        key with an order in one more round trip: STALE or BUSY keys do not stay held, and
+        a HELD one carries the entity's last applied sequence in ``last``."""
         self._held = {}
+        self._orders = {
+            r.key: order for r, order in zip(requests, orders, strict=False) if order is not None
+        }
         if self.transactional:
             self._fingerprints = {r.key: r.fingerprint for r in requests}
             return [RunResult(Outcome.HELD, r.key) for r in requests]
         outcomes = self.store.claim_many(requests, self._lease)
-        results = []
+        results: dict[str, RunResult] = {}
         for r, outcome in zip(requests, outcomes, strict=True):
             if isinstance(outcome, Acquired):
                 self._held[r.key] = outcome
-                results.append(
-                    RunResult(
-                        Outcome.HELD,
-                        r.key,
-                        attempt=outcome.attempt,
-                        fencing_token=outcome.fencing_token,
-                    )
+                results[r.key] = RunResult(
+                    Outcome.HELD,
+                    r.key,
+                    attempt=outcome.attempt,
+                    fencing_token=outcome.fencing_token,
                 )
             else:
-                results.append(settled(r.key, outcome))
-        self._heartbeat.hold(self._held.values())
-        return results
+                results[r.key] = settled(r.key, outcome)
+        guards = [guard_of(a, self._orders[k]) for k, a in self._held.items() if k in self._orders]
+        if guards:
+            self._guard(guards, results)
+        self._heartbeat.hold(self._held.values(), [g for g in guards if g.key in self._held])
+        return [results[r.key] for r in requests]
+
+    def _guard(self, guards: list[Guard], results: dict[str, RunResult]) -> None:
+        """Ask the guard for the held keys with an order; settle those it does not let run."""
+        try:
+            replies = self.store.guard_many(guards, self._lease)
+        except BaseException:
+            for g in guards:  # nothing was decided: the keys go back for the next delivery
+                self.give_back(g.key)
+            raise
+        stopped = []
+        for g, reply in zip(guards, replies, strict=True):
+            if reply.verdict is Verdict.GO:
+                results[g.key] = results[g.key]._replace(last=reply.last)
+            else:
+                stopped.append((self._held.pop(g.key), reply))
+        for r in not_run(self.store, stopped, self._retention, self.logger):
+            results[r.key] = r
 
     def run(self, key: str, handler: Callable[[Context], Any]) -> RunResult:
         """Run the handler of a key this round holds: RAN (its completion is on its way),
@@ -105,6 +134,7 @@ class Batch:
                     permanent=self._permanent,
                     transactional=True,
                     max_attempts=self._max_attempts,
+                    order=self._orders.get(key),
                     logger=self.logger,
                 )
             except StoreUnavailable as exc:
@@ -120,6 +150,7 @@ class Batch:
                 permanent=self._permanent,
                 heartbeat=False,  # the batch's heartbeat holds it
                 max_attempts=self._max_attempts,
+                order=self._orders.get(key),
                 logger=self.logger,
             )
         except StoreUnavailable as exc:  # recording a failure
@@ -128,7 +159,11 @@ class Batch:
         if failed is not None:
             self._heartbeat.done([key])
             return failed
-        self._completer.put(Completion(key, a.owner, a.fencing_token, did.value))
+        order = self._orders.get(key)
+        self._completer.put(
+            Completion(key, a.owner, a.fencing_token, did.value),
+            None if order is None else settle_of(a, order),
+        )
         return RunResult(Outcome.RAN, key, did.value, None, None, a.attempt, a.fencing_token)
 
     def give_back(self, key: str) -> RunResult:
@@ -138,6 +173,9 @@ class Batch:
         a = self._held.get(key)
         if a is None:  # transactional: nothing was claimed
             return RunResult(Outcome.RELEASED, key)
+        order = self._orders.get(key)
+        if order is not None:
+            let_go(self.store, a, order, self.logger)
         try:
             self.store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
         except IdemctlError as exc:  # its lease runs out by itself
@@ -181,6 +219,7 @@ class _Completer:
         self._completed = completed
         self._cond = threading.Condition()
         self._queue: list[Completion] = []
+        self._settles: dict[str, Settle] = {}
         self._since = 0.0
         self._sending = 0
         self._answers: list[RunResult] = []
@@ -188,8 +227,11 @@ class _Completer:
         self._now = self._stopped = False
         self._thread: threading.Thread | None = None
 
-    def put(self, completion: Completion) -> None:
+    def put(self, completion: Completion, settle: Settle | None = None) -> None:
+        """Complete ``completion``; with ``settle``, advance its entity first."""
         with self._cond:
+            if settle is not None:
+                self._settles[completion.key] = settle
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="idemctl-completer", daemon=True
@@ -236,16 +278,27 @@ class _Completer:
                         break
                     self._cond.wait(left)
                 sending, self._queue = self._queue, []
+                settles = [self._settles.pop(c.key) for c in sending if c.key in self._settles]
                 self._sending = len(sending)
-            answers = self._send(sending)
+            answers = self._send(sending, settles)
             with self._cond:
                 self._answers += answers
                 self._sending = 0
                 self._cond.notify_all()
 
-    def _send(self, sending: list[Completion]) -> list[RunResult]:
+    def _send(self, sending: list[Completion], settles: list[Settle]) -> list[RunResult]:
+        lost: list[RunResult] = []
         try:
-            done = self.store.complete_many(sending, self.retention)
+            if settles:  # the entities first: a crash after it leaves them "applied"
+                held = self.store.settle_many(settles, self.retention)
+                taken = {s.key for s, ok in zip(settles, held, strict=True) if not ok}
+                lost = [
+                    RunResult(Outcome.LEASE_LOST, c.key, c.result, fencing_token=c.fencing_token)
+                    for c in sending
+                    if c.key in taken
+                ]
+                sending = [c for c in sending if c.key not in taken]
+            done = self.store.complete_many(sending, self.retention) if sending else []
         except StoreUnavailable as exc:
             return [RunResult(Outcome.UNAVAILABLE, c.key, c.result, error=exc) for c in sending]
         except BaseException as exc:  # raised again by drain(), in the consumer's thread
@@ -253,7 +306,7 @@ class _Completer:
                 self._failure = exc
             return []
         self._completed([c.key for c, ok in zip(sending, done, strict=True) if ok])
-        return [
+        return lost + [
             RunResult(
                 Outcome.EXECUTED if ok else Outcome.LEASE_LOST,
                 c.key,

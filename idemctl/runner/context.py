@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from idemctl.outbox.writer import NoOutbox, Outbox
 
 if TYPE_CHECKING:
+    from idemctl.model import Order
     from idemctl.stores.base import Store
 
 NO_OUTBOX = NoOutbox(
@@ -40,6 +41,14 @@ class Context:
     """In PostgreSQL transactional mode: ``ctx.outbox.add(aggregatetype, aggregateid, type,
     payload, headers=None)`` writes an event that commits with the key and the effects;
     ``idemctl outbox relay`` publishes it. Elsewhere ``add`` raises OutboxError."""
+    order: Order | None = None
+    """With the sequence guard: the entity and this event's sequence, which the guard let
+    through (write the sequence into your own rows if you keep it there too)."""
+
+    @property
+    def sequence(self) -> int | None:
+        """The event's sequence under the guard, else None."""
+        return None if self.order is None else self.order.sequence
 
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("idemctl_context")

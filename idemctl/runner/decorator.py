@@ -7,7 +7,8 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from idemctl.errors import FingerprintMismatch, KeyBusy, PreviouslyFailed
+from idemctl.errors import ConfigError, FingerprintMismatch, KeyBusy, PreviouslyFailed, StaleEvent
+from idemctl.model import Order, sequence_of
 from idemctl.model import fingerprint as fingerprint_of
 from idemctl.runner.outcome import Outcome
 from idemctl.runner.single import run
@@ -28,6 +29,8 @@ def idempotent(
     lease: float | None = None,
     retention: float | None = None,
     permanent: tuple[type[BaseException], ...] = (),
+    order_key: str | Callable[..., str] | None = None,
+    sequence: str | Callable[..., Any] | None = None,
 ) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """Make a function run at most once to completion per idempotency key.
 
@@ -37,7 +40,14 @@ def idempotent(
     what to fingerprint, False turns the check off. A repeated call returns the stored
     (JSON) result without running the function; see ``idemctl.errors`` for what it raises
     when the key is busy, mismatched or failed before.
+
+    ``order_key`` (a template or function like ``key``: the entity) and ``sequence`` (the
+    name of the argument holding it, or a function of the arguments) add the sequence
+    guard: a call whose sequence is not above the entity's last applied one does not run
+    and raises StaleEvent. Sequences are whole numbers or ISO 8601 timestamps.
     """
+    if (order_key is None) != (sequence is None):
+        raise ConfigError("order_key and sequence go together: give both or neither")
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
         signature = inspect.signature(fn)
@@ -61,6 +71,17 @@ def idempotent(
                 fp = fingerprint_of(arguments)
             elif callable(fingerprint):
                 fp = fingerprint_of(fingerprint(*args, **kwargs))
+            order = None
+            if order_key is not None and sequence is not None:
+                entity = (
+                    order_key.format(**arguments)
+                    if isinstance(order_key, str)
+                    else order_key(*args, **kwargs)
+                )
+                seq = (
+                    arguments[sequence] if isinstance(sequence, str) else sequence(*args, **kwargs)
+                )
+                order = Order(entity, sequence_of(seq))
             result = run(
                 the_store(),
                 k,
@@ -69,6 +90,7 @@ def idempotent(
                 lease=lease,
                 retention=retention,
                 permanent=permanent,
+                order=order,
             )
             match result.outcome:
                 case Outcome.EXECUTED | Outcome.REPLAYED:
@@ -82,6 +104,13 @@ def idempotent(
                 case Outcome.MISMATCH:
                     raise FingerprintMismatch(
                         f"key {k!r} was used before with different arguments", result.record
+                    )
+                case Outcome.STALE:
+                    assert order is not None
+                    raise StaleEvent(
+                        f"entity {order.entity!r} applied sequence {result.last} already; "
+                        f"{k!r} (sequence {order.sequence}) did not run",
+                        result.record,
                     )
                 case Outcome.FAILED:
                     error = result.record.error if result.record else None

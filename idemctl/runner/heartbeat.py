@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from idemctl.errors import LeaseLost, StoreError
 
 if TYPE_CHECKING:
-    from idemctl.model import Acquired
+    from idemctl.model import Acquired, Guard
     from idemctl.stores.base import Store
 
 log = logging.getLogger("idemctl.runner")
@@ -25,14 +25,17 @@ class Heartbeat:
     def __init__(self, store: Store, lease: float, name: str = "idemctl-heartbeat") -> None:
         self.store, self.lease = store, lease
         self._held: dict[str, Acquired] = {}
+        self._guards: dict[str, Guard] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=name, daemon=True)
 
-    def hold(self, acquired: Iterable[Acquired]) -> None:
-        """Keep these keys' leases alive too (starts the thread the first time)."""
+    def hold(self, acquired: Iterable[Acquired], guards: Iterable[Guard] = ()) -> None:
+        """Keep these keys' leases alive too (starts the thread the first time), and the
+        holds on their entities that ``guards`` name."""
         with self._lock:
             self._held.update((a.key, a) for a in acquired)
+            self._guards.update((g.key, g) for g in guards)
             if not self._thread.is_alive() and not self._wake.is_set():
                 self._thread.start()
 
@@ -41,10 +44,12 @@ class Heartbeat:
         with self._lock:
             for key in keys:
                 self._held.pop(key, None)
+                self._guards.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:
             self._held.clear()
+            self._guards.clear()
 
     def stop(self) -> None:
         self._wake.set()
@@ -61,7 +66,13 @@ class Heartbeat:
         while not self._wake.wait(self.lease / 3):
             with self._lock:
                 held = list(self._held.values())
+                guards = list(self._guards.values())
             unanswered: StoreError | None = None
+            if guards:  # asking again extends the hold; a lost one shows when it settles
+                try:
+                    self.store.guard_many(guards, self.lease)
+                except StoreError as exc:
+                    unanswered = exc
             for a in held:
                 try:
                     self.store.extend(a.key, a.owner, a.fencing_token, self.lease)

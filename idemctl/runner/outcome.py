@@ -41,6 +41,9 @@ class Outcome(StrEnum):
     """The handler raised now; the key is recorded as failed (``retriable``: may it run again)."""
     LEASE_LOST = "lease_lost"
     """The handler ran but another attempt took the key meanwhile: its result was discarded."""
+    STALE = "stale"
+    """The sequence guard: the entity already applied this event's sequence or a later
+    one, so the handler did not run (the key is completed with a null result)."""
     # What only a Batch answers: ``run()`` settles every key in one call.
     HELD = "held"
     """Batch.claim: this batch holds the key now; run it (Batch.run) or give it back."""
@@ -64,6 +67,8 @@ class RunResult(NamedTuple):
     attempt: int | None = None
     fencing_token: int | None = None
     retriable: bool = False
+    last: int | None = None
+    """With an order: the entity's last applied sequence when the guard answered."""
 
 
 def settled(key: str, outcome: ClaimOutcome) -> RunResult:

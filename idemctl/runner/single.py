@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, InvalidPayload, LeaseLost, StoreError
-from idemctl.model import JSON, Acquired, Record, validate_key
+from idemctl.model import JSON, Acquired, Order, Record, Stale, Verdict, validate_key
 from idemctl.outbox.writer import Outbox
 from idemctl.runner.context import Context, call_in_context
 from idemctl.runner.heartbeat import Heartbeat
+from idemctl.runner.ordering import guard_of, let_go, not_run, out_of_order, settle_of
 from idemctl.runner.outcome import (
     NEVER_RETRIED,
     Outcome,
@@ -48,6 +49,7 @@ def run(
     heartbeat: bool = True,
     transactional: bool = False,
     max_attempts: int | None = None,
+    order: Order | None = None,
     logger: logging.Logger = log,
 ) -> RunResult:
     """Run ``handler`` at most once to completion for ``key``.
@@ -64,17 +66,43 @@ def run(
     ``max_attempts`` bounds the handler's runs for the key, counted in the store (so across
     restarts, redeliveries and duplicates): the last run's failure is recorded as final,
     and a claim past the bound fails the key with AttemptsExhausted without running it.
+
+    ``order`` (an entity and the event's sequence) adds the sequence guard: the handler
+    runs only if the sequence is above the last one the entity applied, else the result is
+    ``Outcome.STALE``; BUSY while another key's event of the entity is being handled.
     """
     validate_key(key)  # InvalidKey before anything is claimed, the same on every store
     if transactional:
         return _run_transactional(
-            store, key, handler, fingerprint, lease, retention, permanent, max_attempts, logger
+            store,
+            key,
+            handler,
+            fingerprint,
+            lease,
+            retention,
+            permanent,
+            max_attempts,
+            logger,
+            order,
         )
     outcome = store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
         return settled(key, outcome)
+    if order is not None:
+        (reply,) = store.guard_many([guard_of(outcome, order)], lease)
+        if reply.verdict is not Verdict.GO:
+            return not_run(store, [(outcome, reply)], retention, logger)[0]
     return _execute(
-        store, outcome, handler, lease, retention, permanent, heartbeat, max_attempts, logger
+        store,
+        outcome,
+        handler,
+        lease,
+        retention,
+        permanent,
+        heartbeat,
+        max_attempts,
+        logger,
+        order,
     )
 
 
@@ -92,12 +120,15 @@ def _run_transactional(
     permanent: tuple[type[BaseException], ...],
     max_attempts: int | None,
     logger: logging.Logger,
+    order: Order | None,
 ) -> RunResult:
     if not isinstance(store, TransactionalStore):
         raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
     failure: Exception | None = None
     try:
-        with store.transaction(key, fingerprint, lease) as unit:
+        with store.transaction(key, fingerprint, lease, order) as unit:
+            if isinstance(unit.outcome, Stale):
+                return RunResult(Outcome.STALE, key, last=unit.outcome.last)
             if not isinstance(unit.outcome, Acquired):
                 return settled(key, unit.outcome)
             a = unit.outcome
@@ -114,6 +145,7 @@ def _run_transactional(
                 logger,
                 unit.connection,
                 Outbox(unit.connection, store.outbox_table),
+                order,
             )
             try:
                 value = stored_form(call_in_context(ctx, handler))
@@ -199,17 +231,24 @@ def invoke(
     permanent: tuple[type[BaseException], ...] = (),
     heartbeat: bool = True,
     max_attempts: int | None = None,
+    order: Order | None = None,
     logger: logging.Logger = log,
 ) -> Invocation:
     """Run ``handler`` for a key this attempt holds, with a heartbeat, and record a failure;
     completing is left to the caller (``complete`` or, for a batch, ``complete_many``).
     ``retriable`` tells what the exception is; the store records the failure as final on
-    the ``max_attempts``-th run, and a claim past it fails without running the handler."""
+    the ``max_attempts``-th run, and a claim past it fails without running the handler.
+    With ``order`` (whose guard said go), the heartbeat keeps the entity's hold too, and a
+    handler that does not finish lets go of the entity; settling is the caller's."""
     key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
     if exhausted(acquired, max_attempts):
         error: Exception = exhausted_error(acquired, max_attempts)
+        if order is not None:
+            let_go(store, acquired, order, logger)
         return _record_failure(store, acquired, error, False, retention)
-    ctx = Context(key, token, acquired.attempt, acquired.takeover, owner, store, logger)
+    ctx = Context(
+        key, token, acquired.attempt, acquired.takeover, owner, store, logger, order=order
+    )
     beat = (
         Heartbeat(
             store, store.default_lease if lease is None else lease, f"idemctl-heartbeat-{key}"
@@ -219,7 +258,7 @@ def invoke(
     )
     try:
         if beat is not None:
-            beat.hold([acquired])
+            beat.hold([acquired], [] if order is None else [guard_of(acquired, order)])
         try:
             value = call_in_context(ctx, handler)
         finally:
@@ -229,6 +268,8 @@ def invoke(
         error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
     except BaseException:
         # Interrupted (Ctrl-C, SystemExit): free the key for the next delivery at once.
+        if order is not None:
+            let_go(store, acquired, order, logger)
         try:
             store.release(key, owner, token)
         except StoreError as exc:
@@ -245,6 +286,8 @@ def invoke(
                 f"handler for {key!r} returned a result that cannot be stored: {exc}"
             )
             retriable = False
+    if order is not None:
+        let_go(store, acquired, order, logger)
     return _record_failure(
         store, acquired, error, retriable, retention, final=last_attempt(acquired, max_attempts)
     )
@@ -280,6 +323,7 @@ def _execute(
     heartbeat: bool,
     max_attempts: int | None,
     logger: logging.Logger,
+    order: Order | None = None,
 ) -> RunResult:
     key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
     done: dict[str, Any] = {"attempt": acquired.attempt, "fencing_token": token}
@@ -292,11 +336,16 @@ def _execute(
         permanent=permanent,
         heartbeat=heartbeat,
         max_attempts=max_attempts,
+        order=order,
         logger=logger,
     )
     failed = did.failed(acquired)
     if failed is not None:
         return failed
+    if order is not None and not store.settle_many([settle_of(acquired, order)], retention)[0]:
+        lost = out_of_order(acquired, order)
+        logger.warning("%s", lost)
+        return RunResult(Outcome.LEASE_LOST, key, error=lost, **done)
     try:
         record = store.complete(key, owner, token, did.value, retention)
     except LeaseLost as lost:

@@ -1,0 +1,87 @@
+"""The sequence guard around a held key: ask before the handler runs, settle after.
+
+An attempt that holds its key asks the store whether its event is newer than what the
+entity applied (``guard_many``): stale events are not run and their key is completed with a
+null result (a duplicate replays it), busy ones give their key back, and the rest hold the
+entity until they settle: the entity advances when the handler finished, just before the
+key completes, so a crash between the two leaves an entity that already says "applied" and
+the redelivery comes back stale instead of running again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from idemctl.errors import IdemctlError, LeaseLost
+from idemctl.model import Acquired, Completion, Guard, GuardReply, Order, Settle, Verdict
+from idemctl.runner.outcome import Outcome, RunResult
+
+if TYPE_CHECKING:
+    from idemctl.stores.base import Store
+
+
+def guard_of(a: Acquired, order: Order) -> Guard:
+    return Guard(order.entity, order.sequence, a.key, a.fencing_token)
+
+
+def settle_of(a: Acquired, order: Order, applied: bool = True) -> Settle:
+    return Settle(order.entity, order.sequence, a.key, a.fencing_token, applied)
+
+
+def missing_predecessor(order: Order, last: int | None) -> bool:
+    """``--contiguous``: the event before this one (sequence - 1) is not applied yet.
+    Sequences are taken to start at 1: an entity with nothing applied waits for it."""
+    return order.sequence > (0 if last is None else last) + 1
+
+
+def not_run(
+    store: Store,
+    held: Sequence[tuple[Acquired, GuardReply]],
+    retention: float | None,
+    logger: logging.Logger,
+) -> list[RunResult]:
+    """What keys whose guard said stale or busy come to. Stale keys are completed with a
+    null result (in one round trip): the event is decided; busy keys are given back."""
+    stale = [(a, r) for a, r in held if r.verdict is Verdict.STALE]
+    done = store.complete_many([_completion(a) for a, _ in stale], retention) if stale else []
+    results = {}
+    for (a, reply), ok in zip(stale, done, strict=True):
+        if not ok:  # the key was taken meanwhile: the entity says stale all the same
+            logger.debug("stale key %s was taken before it completed", a.key)
+        results[a.key] = RunResult(
+            Outcome.STALE,
+            a.key,
+            attempt=a.attempt,
+            fencing_token=a.fencing_token,
+            last=reply.last,
+        )
+    for a, reply in held:
+        if reply.verdict is Verdict.BUSY:
+            try:
+                store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
+            except IdemctlError as exc:  # its lease runs out by itself
+                logger.debug("release %s: %s", a.key, exc)
+            results[a.key] = RunResult(Outcome.BUSY, a.key, last=reply.last)
+    return [results[a.key] for a, _ in held]
+
+
+def _completion(a: Acquired) -> Completion:
+    return Completion(a.key, a.owner, a.fencing_token, None)
+
+
+def let_go(store: Store, a: Acquired, order: Order, logger: logging.Logger) -> None:
+    """The handler will not finish: free the entity for its next event at once."""
+    try:
+        store.settle_many([settle_of(a, order, applied=False)])
+    except IdemctlError as exc:  # its hold runs out by itself
+        logger.debug("let go of entity %s: %s", order.entity, exc)
+
+
+def out_of_order(a: Acquired, order: Order) -> LeaseLost:
+    return LeaseLost(
+        f"result for {a.key!r} discarded: its hold on entity {order.entity!r} was taken "
+        "before it finished (the handler ran past its lease; raise the lease or keep the "
+        "heartbeat on)"
+    )
