@@ -113,9 +113,7 @@ def test_a_takeover_of_the_key_takes_the_entity_and_fences_the_old_attempt(store
 def test_entities_keep_to_their_own_retention(store: Store) -> None:
     a, b = acquire(store, "a"), acquire(store, "b")
     assert guard(store, "acct:1", 9, a) is Verdict.GO
-    assert store.settle_many([Settle("acct:1", 9, "a", a.fencing_token)], retention=SHORT) == [
-        True
-    ]
+    assert store.settle_many([Settle("acct:1", 9, "a", a.fencing_token)], retention=SHORT) == [True]
     assert store.get_entity("acct:1") is not None
     time.sleep(WAIT)
     # Past retention the entity is as if never seen, like a key.

@@ -1,0 +1,75 @@
+"""Workers for the sequence guard's tests: each delivers events of entities through
+``run(..., order=...)``, writes every handler run to a ledger file (the effect, counted
+outside the store) and comes back to busy events later. In a module of its own so spawned
+processes import it."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any
+
+from idemctl.errors import StoreUnavailable
+from idemctl.model import Order
+from idemctl.runner import Context, Outcome, run
+from idemctl.stores import open_store
+from idemctl.stores.base import Store
+
+Event = tuple[str, int]
+"""(entity, sequence): its key is ``entity#sequence``."""
+
+
+def deliver(
+    store: Store, events: list[Event], ledger: str, worker: int, barrier: Any = None
+) -> dict[str, Any]:
+    """Run every event once to an end; returns the outcomes by event and their counts."""
+
+    def handler(ctx: Context) -> int:
+        assert ctx.order is not None
+        fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{ctx.order.entity} {ctx.order.sequence} {worker}\n".encode())
+        finally:
+            os.close(fd)
+        time.sleep(0.001)  # widen the window in which another worker could slip in
+        return ctx.order.sequence
+
+    outcomes: dict[str, list[str]] = {}
+    pending = list(events)
+    if barrier is not None:
+        barrier.wait()
+    deadline = time.monotonic() + 150
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker {worker}: {len(pending)} events still busy")
+        again = []
+        for entity, sequence in pending:
+            key = f"{entity}#{sequence}"
+            try:
+                result = run(store, key, handler, order=Order(entity, sequence), lease=30)
+            except StoreUnavailable:
+                again.append((entity, sequence))
+                continue
+            if result.outcome is Outcome.BUSY:
+                again.append((entity, sequence))
+                continue
+            outcomes.setdefault(key, []).append(result.outcome.value)
+        pending = again
+        if pending:
+            time.sleep(random.uniform(0.001, 0.005))
+    return outcomes
+
+
+def process_main(
+    url: str, events: list[Event], ledger: str, worker: int, barrier: Any, results: Any
+) -> None:
+    try:
+        store = open_store(url)
+        try:
+            results.put((worker, deliver(store, events, ledger, worker, barrier)))
+        finally:
+            store.close()
+    except Exception as exc:
+        results.put((worker, {"error": [repr(exc)]}))
+        raise
