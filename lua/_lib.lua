@@ -14,14 +14,28 @@
 --   error retriable                      the last error, and '1' if a later claim may run it again
 --   how         acquired | takeover: how the current owner got the key (replayed to a retried claim)
 --   done_by     owner token that completed or failed it (a retried complete/fail is recognised)
+--
+-- An entity of the sequence guard (guard.lua, settle.lua, forget_entity.lua) is one string
+-- key too, PREFIXentity:{ENTITY}, out of the records' PREFIX{KEY} namespace, holding a JSON
+-- object of text fields in the same way:
+--   seq         the last sequence applied ('' while its first event is being handled)
+--   key         the idempotency key whose handler applied seq
+--   applied     ms since the epoch when seq was applied
+--   holder      the key whose attempt holds the entity now ('' when none does)
+--   holder_token  that attempt's fencing token
+--   lock        ms since the epoch when the hold ends
+--   updated expires                      ms since the epoch; expires = end of retention
+-- Its TTL is the time left until expires. Sequences and tokens stay below 2^53, exact in a
+-- Lua number: compare them as numbers, write them with int(), never tostring() (1e+15).
+--
 -- One string rather than a hash: a GET and a SET ... PX cost the server about a third less
 -- than HMGET, HSET and PEXPIRE, and every transition reads and writes the whole record.
 -- Time is the server's: TIME, read once per call.
 --
--- Every script works on a batch: KEYS[1..n] are records, ARGV holds the values shared by the
--- batch first, then the same number of values for each key, in KEYS order. The reply has
--- one entry per key. A single operation is a batch of one; on a cluster a batch holds keys
--- of one slot.
+-- Every script works on a batch: KEYS[1..n] are records (or entities), ARGV holds the
+-- values shared by the batch first, then the same number of values for each key, in KEYS
+-- order. The reply has one entry per key. A single operation is a batch of one; on a
+-- cluster a batch holds keys of one slot.
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -99,4 +113,9 @@ local function each(shared, width, fn)
     out[i] = fn(key, unpack(ARGV, base + 1, base + width))
   end
   return out
+end
+
+-- An entity whose hold is live: a holder whose lock has not ended.
+local function entity_locked(rec, now)
+  return rec.holder ~= '' and num(rec.lock) ~= nil and num(rec.lock) > now
 end

@@ -31,7 +31,8 @@ from idemctl import (
     Status,
     fingerprint,
 )
-from idemctl.errors import ConfigError, IdemctlError, StoreError, StoreUnavailable
+from idemctl.errors import ConfigError, EntityNotFound, IdemctlError, StoreError, StoreUnavailable
+from idemctl.model import MAX_SEQUENCE, Guard, Settle, Verdict
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
 from tests.backends import unique_prefix
@@ -42,7 +43,19 @@ T = TypeVar("T")
 HANG = 30.0
 """No single store call may take longer than this: a bound that catches hangs, not speed."""
 LONG = 60.0
-SCRIPTS = ("claim", "complete", "fail", "extend", "release", "unlock", "forget", "purge")
+SCRIPTS = (
+    "claim",
+    "complete",
+    "fail",
+    "extend",
+    "release",
+    "unlock",
+    "forget",
+    "purge",
+    "guard",
+    "settle",
+    "forget_entity",
+)
 
 
 def bounded(fn: Callable[[], T], timeout: float = HANG) -> T:
@@ -372,6 +385,165 @@ def test_a_key_expired_by_its_ttl_starts_at_the_servers_clock(
     assert again.attempt == 1 and again.takeover is False
 
 
+# The sequence guard's entities ----------------------------------------------------------------
+
+
+def go(store: Store, entity: str, sequence: int, a: Acquired, lease: float = LONG) -> Verdict:
+    (reply,) = store.guard_many([Guard(entity, sequence, a.key, a.fencing_token)], lease)
+    return reply.verdict
+
+
+def scan_entities_all(store: Store, prefix: str | None = None, limit: int = 3) -> list[str]:
+    names: list[str] = []
+    cursor = None
+    for _ in range(10_000):
+        page = store.scan_entities(prefix=prefix, limit=limit, cursor=cursor)
+        assert len(page.entities) <= limit
+        names += [e.entity for e in page.entities]
+        cursor = page.cursor
+        if cursor is None:
+            assert len(set(names)) == len(names), names
+            return names
+    raise AssertionError("scan_entities never ended")
+
+
+def test_each_entity_is_one_json_string_out_of_the_records_namespace(
+    store: Store, raw: Any, prefix: str
+) -> None:
+    retention = 120.0  # the store fixture's URL says retention=120s
+    a = acquire(store, "k")
+    assert go(store, "acct:1", MAX_SEQUENCE - 1, a, lease=30) is Verdict.GO
+    ekey = f"{prefix}entity:{{acct:1}}"
+    assert sorted(raw.keys(f"{prefix}*")) == sorted([f"{prefix}{{k}}", ekey])
+    assert raw.keys(f"{prefix}{{*") == [f"{prefix}{{k}}"]  # what key scans match
+    assert raw.type(ekey) == "string"
+    # The hash tag: a cluster routes the entity by its own name.
+    assert key_slot(ekey.encode()) == key_slot(b"acct:1")
+    held = json.loads(raw.get(ekey))
+    assert (held["seq"], held["holder"]) == ("", "k")
+    assert held["holder_token"] == str(a.fencing_token)  # text, no float's exponent
+    assert int(held["expires"]) - int(held["lock"]) == retention * 1000
+    # The TTL ends with the entity's retention: lease + retention while held...
+    assert raw.pttl(ekey) == pytest.approx(150_000, abs=5_000)
+    assert store.settle_many([Settle("acct:1", MAX_SEQUENCE - 1, "k", a.fencing_token)]) == [True]
+    done = json.loads(raw.get(ekey))
+    assert done["seq"] == str(MAX_SEQUENCE - 1) and done["key"] == "k"
+    assert (done["holder"], done["holder_token"], done["lock"]) == ("", "", "")
+    # ... then retention from the settle.
+    assert raw.pttl(ekey) == pytest.approx(retention * 1000, abs=5_000)
+    entity = store.get_entity("acct:1")
+    assert entity is not None and entity.sequence == MAX_SEQUENCE - 1
+    assert entity.expires_at is not None and entity.applied_at is not None
+    assert (entity.expires_at - entity.applied_at).total_seconds() == retention
+    # A let-go keeps the TTL it had: the entity did not change.
+    b = acquire(store, "b")
+    assert go(store, "acct:1", MAX_SEQUENCE, b, lease=30) is Verdict.GO
+    assert store.settle_many([Settle("acct:1", MAX_SEQUENCE, "b", b.fencing_token, False)]) == [
+        True
+    ]
+    assert raw.pttl(ekey) == pytest.approx(150_000, abs=5_000)
+    assert json.loads(raw.get(ekey))["seq"] == str(MAX_SEQUENCE - 1)
+    # Key scans, stats and purge never see it; every key the store writes has a TTL.
+    assert scan_all(store) == ["b", "k"]
+    assert store.stats().total == 2
+    assert store.purge() == 0
+    assert raw.exists(ekey) == 1
+    assert all(raw.pttl(k) > 0 for k in raw.keys(f"{prefix}*"))
+
+
+def test_an_entity_past_retention_is_dropped_by_its_ttl(
+    store: Store, raw: Any, prefix: str
+) -> None:
+    a = acquire(store, "k")
+    assert go(store, "acct:1", 5, a) is Verdict.GO
+    assert store.settle_many([Settle("acct:1", 5, "k", a.fencing_token)], retention=0.05) == [True]
+    time.sleep(0.15)
+    assert raw.exists(f"{prefix}entity:{{acct:1}}") == 0
+    assert store.get_entity("acct:1") is None
+    assert store.count_entities() == 0
+    assert go(store, "acct:1", 1, acquire(store, "late")) is Verdict.GO
+
+
+def test_keys_in_the_entity_namespace_that_are_not_entities_are_left_out(
+    store: Store, raw: Any, prefix: str
+) -> None:
+    a = acquire(store, "k")
+    assert go(store, "mine", 1, a) is Verdict.GO
+    raw.hset(f"{prefix}entity:{{a-hash}}", "seq", "1")
+    raw.set(f"{prefix}entity:{{not-json}}", "plain text")
+    raw.set(f"{prefix}entity:{{a-record}}", json.dumps({"status": "completed", "updated": "1"}))
+    assert scan_entities_all(store) == ["mine"]
+    assert store.count_entities() == 1
+    assert store.get_entity("not-json") is None and store.get_entity("a-record") is None
+
+
+def test_scan_entities_prefix_is_literal_not_a_glob(store: Store) -> None:
+    names = ("a*1", "ab1", "a?2", "a[x]3", "a\\4", "b")
+    for i, name in enumerate(names):
+        assert go(store, name, 1, acquire(store, f"k{i}")) is Verdict.GO
+    assert scan_entities_all(store, prefix="a*") == ["a*1"]
+    assert scan_entities_all(store, prefix="a?") == ["a?2"]
+    assert scan_entities_all(store, prefix="a[x]") == ["a[x]3"]
+    assert scan_entities_all(store, prefix="a\\") == ["a\\4"]
+    assert scan_entities_all(store, prefix="a", limit=2) == sorted(names[:5])
+    assert scan_entities_all(store, limit=100) == sorted(names)
+
+
+def test_guard_and_settle_survive_script_flush(store: Store, raw: Any) -> None:
+    keys = [acquire(store, f"k{i}") for i in range(20)]
+    raw.script_flush()
+    replies = store.guard_many(
+        [Guard(f"e{i}", 1, a.key, a.fencing_token) for i, a in enumerate(keys)]
+    )
+    assert [r.verdict for r in replies] == [Verdict.GO] * 20
+    raw.script_flush()
+    settles = [Settle(f"e{i}", 1, a.key, a.fencing_token) for i, a in enumerate(keys)]
+    assert store.settle_many(settles) == [True] * 20
+    raw.script_flush()
+    assert store.forget_entity("e0").sequence == 1
+    with pytest.raises(EntityNotFound):
+        store.forget_entity("e0")
+
+
+def test_cluster_guards_land_on_every_primary_and_entity_admin_sees_them_all(
+    redis_cluster: RedisCluster, prefix: str
+) -> None:
+    store = open_store(cluster_url(redis_cluster, prefix))
+    nodes = [n.client(decode_responses=True) for n in redis_cluster.nodes]
+    names = [f"acct:{i:03d}" for i in range(120)]
+    try:
+        held = [acquire(store, f"k{i}") for i in range(len(names))]
+        guards = [Guard(n, 7, a.key, a.fencing_token) for n, a in zip(names, held, strict=True)]
+        # The same entity twice in one batch: the second sees the first's hold.
+        replies = store.guard_many([*guards, Guard(names[0], 8, "other", 1)])
+        assert [r.verdict for r in replies] == [Verdict.GO] * len(names) + [Verdict.BUSY]
+        assert replies[-1].holder == "k0"
+        on_node = [set(node.scan_iter(match=f"{prefix}entity:*", count=1000)) for node in nodes]
+        assert all(on_node), [len(k) for k in on_node]
+        assert sorted(k for ks in on_node for k in ks) == sorted(
+            f"{prefix}entity:{{{n}}}" for n in names
+        )
+        settles = [Settle(g.entity, g.sequence, g.key, g.fencing_token) for g in guards]
+        assert store.settle_many(settles[:100]) == [True] * 100
+        assert store.count_entities() == len(names)
+        assert scan_entities_all(store, limit=7) == names
+        assert scan_entities_all(store, prefix="acct:11", limit=4) == names[110:120]
+        entity = store.get_entity(names[5])
+        assert entity is not None and (entity.sequence, entity.key) == (7, "k5")
+        late = store.guard_many([Guard(n, 6, "late", 1) for n in names[:100]])
+        assert {r.verdict for r in late} == {Verdict.STALE}
+        with pytest.raises(StoreError, match="held"):
+            store.forget_entity(names[110])
+        assert store.forget_entity(names[110], force=True).holder == "k110"
+        assert store.forget_entity(names[0]).sequence == 7
+        assert store.count_entities() == len(names) - 2
+        assert scan_all(store) == sorted(a.key for a in held)  # no entity among the keys
+    finally:
+        store.close()
+        for node in nodes:
+            node.close()
+
+
 # Scripts: SCRIPT FLUSH and restarts ---------------------------------------------------------
 
 
@@ -648,6 +820,10 @@ def test_durable_works_with_an_fsynced_aof(tmp_path: Path, prefix: str) -> None:
         )
         f = acquire(store, "f")
         store.fail("f", f.owner, f.fencing_token, "x")
+        g = acquire(store, "g")
+        (go,) = store.guard_many([Guard("acct", 1, "g", g.fencing_token)])
+        assert go.verdict is Verdict.GO
+        assert store.settle_many([Settle("acct", 1, "g", g.fencing_token)]) == [True]
         replay = store.claim("k")
         assert isinstance(replay, Completed) and replay.record.result == "safe"
 
@@ -848,6 +1024,14 @@ def test_a_client_without_decode_responses_sees_its_records(
     assert store.stats().total == 1
     store.complete("k", a.owner, a.fencing_token, None)
     assert isinstance(store.claim("k"), Completed)
+    (reply,) = store.guard_many([Guard("acct", 3, "k", a.fencing_token)])
+    assert reply.verdict is Verdict.GO and reply.last is None
+    assert store.settle_many([Settle("acct", 3, "k", a.fencing_token)]) == [True]
+    entity = store.get_entity("acct")
+    assert entity is not None and (entity.sequence, entity.key) == (3, "k")
+    assert [e.entity for e in store.scan_entities().entities] == ["acct"]
+    assert store.count_entities() == 1
+    assert store.forget_entity("acct").sequence == 3
     found = findings_of(store)
     assert found["appendonly"].detail == "appendonly no"
     assert found["maxmemory-policy"].detail == "maxmemory-policy noeviction"

@@ -9,8 +9,9 @@ A module per job: ``connect`` makes the redis-py client a URL asks for (``client
 what the store calls on it, ``errors`` turns its errors into idemctl's); ``scripts`` loads
 and runs the Lua scripts, over ``connections`` on one server; ``records`` reads their
 replies. RedisStore (``store``: the protocol) stands on ``core`` (client, keys, clock, script
-calls), with the operator's operations in ``admin`` and provisioning and health in
-``provision``.
+calls), with the operator's operations in ``admin``, the sequence guard's entities
+(``PREFIXentity:{ENTITY}``, out of the records' namespace) in ``entities``, and provisioning
+and health in ``provision``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from idemctl.stores import redis as package
 from idemctl.stores.base import Progress, Query, Scan, stats_of
 from idemctl.stores.machine import check_forgettable, live_lease, not_unlockable
 from idemctl.stores.redis.client import ClusterNode
-from idemctl.stores.redis.core import RedisCore
+from idemctl.stores.redis.core import RedisCore, glob_escape
 from idemctl.stores.redis.records import fields_of, parse_reply, server_time, text, to_record
 
 
@@ -36,9 +36,6 @@ class RedisAdmin(RedisCore):
             return None
         record = to_record(key, fields)
         return None if record.retention_over(now) else record
-
-    def _nodes(self) -> list[ClusterNode | None]:
-        return list(self._cluster.get_primaries()) if self._cluster is not None else [None]
 
     def _scan_batch(
         self, node: ClusterNode | None, cursor: int, match: str
@@ -68,7 +65,7 @@ class RedisAdmin(RedisCore):
     ) -> Iterator[tuple[str, list[Record]]]:
         """Every record under ``prefix``, a SCAN batch at a time, with the position
         ("node:cursor") the batch started at."""
-        match = _glob_escape(self.prefix) + "{" + _glob_escape(prefix or "") + "*"
+        match = glob_escape(self.prefix) + "{" + glob_escape(prefix or "") + "*"
         nodes = self._nodes()
         node_index, cursor = (0, 0) if not start else (int(p) for p in start.split(":"))
         with self._guard():
@@ -179,10 +176,6 @@ class RedisAdmin(RedisCore):
             if progress is not None:
                 progress(len(batch))
         return purged
-
-
-def _glob_escape(literal: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in literal)
 
 
 def _parse_cursor(cursor: str | None) -> tuple[str | None, str | None]:

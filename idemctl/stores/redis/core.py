@@ -12,7 +12,7 @@ from redis.cluster import RedisCluster
 
 from idemctl.errors import ConfigError
 from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, BaseStore
-from idemctl.stores.redis.client import Client, ClusterClient, PlainClient
+from idemctl.stores.redis.client import Client, ClusterClient, ClusterNode, PlainClient
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import guard
 from idemctl.stores.redis.records import server_time
@@ -59,6 +59,10 @@ class RedisCore(BaseStore):
     def _key_of(self, rkey: str) -> str:
         return rkey[len(self.prefix) + 1 : -1]
 
+    def _nodes(self) -> list[ClusterNode | None]:
+        """What a SCAN walks: every primary of a cluster, or the one server (None)."""
+        return list(self._cluster.get_primaries()) if self._cluster is not None else [None]
+
     def _guard(self) -> AbstractContextManager[None]:
         return guard(self.url)
 
@@ -88,3 +92,8 @@ class RedisCore(BaseStore):
     def close(self) -> None:
         self._scripts.close()
         self._client.close()
+
+
+def glob_escape(literal: str) -> str:
+    """``literal`` as a SCAN MATCH pattern that matches it and nothing else."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in literal)

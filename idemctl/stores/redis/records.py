@@ -1,4 +1,5 @@
-"""Records and claim outcomes from the scripts' replies and the keys' JSON (lua/_lib.lua)."""
+"""Records and claim outcomes, and the sequence guard's entities, from the scripts' replies
+and the keys' JSON (lua/_lib.lua)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from idemctl.model import (
     ClaimOutcome,
     ClaimRequest,
     Completed,
+    Entity,
     Failed,
     Mismatch,
     Record,
@@ -72,6 +74,38 @@ def to_record(key: str, f: dict[str, str]) -> Record:
         result=json.loads(result) if result else None,
         error=get("error") or None,
         retriable=get("retriable") == "1",
+    )
+
+
+def entity_fields_of(raw: str | bytes | None) -> dict[str, str] | None:
+    """An entity's fields from its JSON text (see lua/_lib.lua), or None when there is none
+    or the key holds something else (an idempotency record has a status; an entity never)."""
+    if raw is None:
+        return None
+    try:
+        fields = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(fields, dict) or "status" in fields or not fields.get("updated"):
+        return None
+    return fields
+
+
+def to_entity(entity: str, f: dict[str, str]) -> Entity:
+    get = f.get
+    updated = from_ms(f["updated"])
+    assert updated is not None
+    sequence, token = get("seq"), get("holder_token")
+    return Entity(
+        entity=entity,
+        sequence=int(sequence) if sequence else None,
+        key=get("key") or None,
+        applied_at=from_ms(get("applied", "")),
+        holder=get("holder") or None,
+        holder_token=int(token) if token else None,
+        lock_expires_at=from_ms(get("lock", "")),
+        updated_at=updated,
+        expires_at=from_ms(get("expires", "")),
     )
 
 

@@ -22,7 +22,19 @@ from idemctl.stores.redis.client import Client, ClusterClient, Pipeline
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import translate
 
-SCRIPT_NAMES = ("claim", "complete", "fail", "extend", "release", "unlock", "forget", "purge")
+SCRIPT_NAMES = (
+    "claim",
+    "complete",
+    "fail",
+    "extend",
+    "release",
+    "unlock",
+    "forget",
+    "purge",
+    "guard",
+    "settle",
+    "forget_entity",
+)
 MAX_CALL_KEYS = 500
 """Keys per script call on one server: Redis runs nothing else while a script runs."""
 

@@ -20,12 +20,13 @@ from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, new_owner
 from idemctl.stores.machine import lease_lost
 from idemctl.stores.redis.admin import RedisAdmin
 from idemctl.stores.redis.connect import connect
+from idemctl.stores.redis.entities import RedisEntities
 from idemctl.stores.redis.provision import RedisProvisioning
 from idemctl.stores.redis.records import claim_outcome, from_ms, parse_reply, text, to_record
 from idemctl.urls import UrlOptions
 
 
-class RedisStore(RedisAdmin, RedisProvisioning):
+class RedisStore(RedisAdmin, RedisEntities, RedisProvisioning):
     scheme = "redis"
 
     @classmethod
