@@ -34,9 +34,11 @@ from idemctl import (
     fingerprint,
 )
 from idemctl.errors import ConfigError, NotProvisioned, StoreUnavailable
+from idemctl.model import Guard, Settle, Verdict
 from idemctl.runner import Outcome, run
 from idemctl.stores import open_store
 from idemctl.stores.dynamodb import DynamoDBStore
+from idemctl.stores.dynamodb.items import ENTITY_PREFIX
 from tests.backends import unique_table
 from tests.servers import HOST, MotoServer, free_port, http_answers, pid_alive
 
@@ -663,3 +665,128 @@ def test_scan_returns_at_most_limit_records_and_pages_through_all(store: DynamoD
         if cursor is None:
             break
     assert sorted(seen) == [f"k{i}" for i in range(6)]
+
+
+# The sequence guard ------------------------------------------------------------------------------
+
+
+def entity_item(raw: Any, table: str, entity: str) -> dict[str, Any] | None:
+    return item(raw, table, ENTITY_PREFIX + entity)
+
+
+def test_entities_are_items_of_the_table_that_keys_never_see(
+    store: DynamoDBStore, table: str, raw: Any
+) -> None:
+    """An entity lives in the same table under a partition key no key can have, with the
+    same TTL attribute; scan, stats, unlock_stale and purge of keys never see it."""
+    a = acquire(store, "order-1")
+    (reply,) = store.guard_many([Guard("order-1", 5, "order-1", a.fencing_token)], LONG)
+    assert reply.verdict is Verdict.GO
+    assert store.settle_many([Settle("order-1", 5, "order-1", a.fencing_token)], 3600) == [True]
+    held = acquire(store, "order-2", lease=0.3)  # holds an entity past its lock, unsettled
+    (busy,) = store.guard_many([Guard("acct:9", 1, "order-2", held.fencing_token)], 0.3)
+    assert busy.verdict is Verdict.GO
+    kept = entity_item(raw, table, "order-1")
+    assert kept is not None and kept["entity"]["S"] == "order-1"
+    assert number(kept, "sequence") == 5 and kept["applied_key"]["S"] == "order-1"
+    assert abs(number(kept, "ttl") - number(kept, "expires_at") / 1000) < 1
+    assert number(kept, "ttl") >= time.time() + 3600 - 5
+    time.sleep(0.6)
+
+    assert sorted(r.key for r in store.scan().records) == ["order-1", "order-2"]
+    assert [r.key for r in store.scan(stale_only=True).records] == ["order-2"]
+    assert store.stats().total == 2
+    assert store.get(ENTITY_PREFIX + "order-1") is None  # not a key, whatever is asked
+    assert store.unlock_stale() == ["order-2"]
+    assert store.purge() == 0  # nothing past retention: neither keys nor entities
+    assert store.count_entities() == 2
+    assert entity_item(raw, table, "order-1") is not None
+
+
+def test_purge_deletes_entities_past_retention_and_counts_them(
+    store: DynamoDBStore, table: str, raw: Any
+) -> None:
+    a, b = acquire(store, "a"), acquire(store, "b")
+    for name, sequence, holder, retention in (("old", 1, a, 0.3), ("kept", 2, b, LONG)):
+        (reply,) = store.guard_many([Guard(name, sequence, holder.key, holder.fencing_token)])
+        assert reply.verdict is Verdict.GO
+        settled = store.settle_many(
+            [Settle(name, sequence, holder.key, holder.fencing_token)], retention
+        )
+        assert settled == [True]
+    store.complete("a", a.owner, a.fencing_token, None, retention=0.3)
+    time.sleep(0.6)
+    assert store.get_entity("old") is None  # past retention, still in the table
+    assert entity_item(raw, table, "old") is not None
+    assert store.count_entities() == 1
+    assert store.purge(dry_run=True) == 2  # key "a" and entity "old"
+    handled: list[int] = []
+    assert store.purge(progress=handled.append) == 2 and sum(handled) == 2
+    assert entity_item(raw, table, "old") is None and item(raw, table, "a") is None
+    assert entity_item(raw, table, "kept") is not None
+    assert store.purge() == 0
+
+
+def test_an_entity_past_retention_starts_anew(store: DynamoDBStore, table: str, raw: Any) -> None:
+    a, b = acquire(store, "a"), acquire(store, "b")
+    store.guard_many([Guard("acct:1", 9, "a", a.fencing_token)])
+    assert store.settle_many([Settle("acct:1", 9, "a", a.fencing_token)], 0.3) == [True]
+    time.sleep(0.6)
+    (reply,) = store.guard_many([Guard("acct:1", 2, "b", b.fencing_token)], LONG)
+    assert (reply.verdict, reply.last) == (Verdict.GO, None)
+    fresh = entity_item(raw, table, "acct:1")
+    assert fresh is not None and fresh["holder"]["S"] == "b"
+    assert {"sequence", "applied_key", "applied_at", "settled_by"}.isdisjoint(fresh)
+    entity = store.get_entity("acct:1")
+    assert entity is not None and entity.sequence is None and entity.key is None
+
+
+def test_guard_and_settle_cost_one_request_each(store: DynamoDBStore) -> None:
+    a, b = acquire(store, "a"), acquire(store, "b")
+    with requests_sent(store) as sent:
+        store.guard_many([Guard("acct:1", 1, "a", a.fencing_token)])
+        store.guard_many([Guard("acct:1", 2, "b", b.fencing_token)])  # busy
+        store.settle_many([Settle("acct:1", 1, "a", a.fencing_token)])
+        store.guard_many([Guard("acct:1", 1, "b", b.fencing_token)])  # stale
+    assert sent == ["UpdateItem"] * 4
+
+
+def test_a_settle_retried_after_its_answer_was_lost_succeeds(store: DynamoDBStore) -> None:
+    """The first try advanced the entity; the retry must not report the hold lost. A second
+    settle of its own is refused all the same."""
+    a = acquire(store, "a")
+    store.guard_many([Guard("acct:1", 4, "a", a.fencing_token)])
+    with first_response_lost(store, "UpdateItem"):
+        assert store.settle_many([Settle("acct:1", 4, "a", a.fencing_token)]) == [True]
+    entity = store.get_entity("acct:1")
+    assert entity is not None and (entity.sequence, entity.holder) == (4, None)
+    assert store.settle_many([Settle("acct:1", 4, "a", a.fencing_token)]) == [False]
+
+
+def test_a_guard_retried_after_its_answer_was_lost_goes(store: DynamoDBStore) -> None:
+    a = acquire(store, "a")
+    with first_response_lost(store, "UpdateItem"):
+        (reply,) = store.guard_many([Guard("acct:1", 4, "a", a.fencing_token)])
+    assert (reply.verdict, reply.last) == (Verdict.GO, None)
+    assert store.settle_many([Settle("acct:1", 4, "a", a.fencing_token)]) == [True]
+
+
+def test_a_settle_that_does_not_advance_lets_go(store: DynamoDBStore) -> None:
+    """Settling a sequence at or below the entity's (the condition refuses to advance) lets
+    go of the entity without moving it back, as ``decide_settle`` does."""
+    a, b = acquire(store, "a"), acquire(store, "b")
+    store.guard_many([Guard("acct:1", 7, "a", a.fencing_token)])
+    assert store.settle_many([Settle("acct:1", 7, "a", a.fencing_token)]) == [True]
+    store.guard_many([Guard("acct:1", 8, "b", b.fencing_token)])
+    assert store.settle_many([Settle("acct:1", 3, "b", b.fencing_token)]) == [True]
+    entity = store.get_entity("acct:1")
+    assert entity is not None and (entity.sequence, entity.key, entity.holder) == (7, "a", None)
+
+
+def test_provisioning_says_the_guard_needs_nothing_more(url: str) -> None:
+    store = open_ddb(url)
+    try:
+        for plan in (store.provision(dry_run=True), store.provision(), store.provision()):
+            assert any("sequence guard" in note for note in plan.notes), plan.notes
+    finally:
+        store.close()

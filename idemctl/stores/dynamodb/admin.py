@@ -1,6 +1,8 @@
 """The operator's operations on a DynamoDB store: get, scan, stats, unlock, unlock_stale,
 forget and purge. Bulk operations scan the table and change each item by a conditional
-write of its own, which skips an item changed since the scan read it."""
+write of its own, which skips an item changed since the scan read it. They see keys only:
+the sequence guard's entities in the same table (``entities``) are left out of every scan
+of keys, and ``purge`` deletes them past retention too."""
 
 from __future__ import annotations
 
@@ -16,15 +18,25 @@ from idemctl.errors import InvalidCursor, KeyNotFound, StoreError
 from idemctl.model import Page, Record, Stats
 from idemctl.stores import dynamodb as package
 from idemctl.stores.base import Progress, Query, Scan, stats_of
-from idemctl.stores.dynamodb.core import DynamoDBCore
-from idemctl.stores.dynamodb.items import from_ms, n, s, to_ms, to_record
+from idemctl.stores.dynamodb.entities import DynamoDBEntities
+from idemctl.stores.dynamodb.items import (
+    ENTITY_PREFIX,
+    from_ms,
+    is_entity_key,
+    n,
+    s,
+    to_ms,
+    to_record,
+)
 from idemctl.stores.machine import check_forgettable, unlocked
 
 
-class DynamoDBAdmin(DynamoDBCore):
+class DynamoDBAdmin(DynamoDBEntities):
     """The operator's operations: a part of DynamoDBStore."""
 
     def get(self, key: str) -> Record | None:
+        if is_entity_key(key):  # no key can be: an entity's item
+            return None
         item = self._call("get_item", Key={"key": s(key)}, ConsistentRead=True).get("Item")
         if not item:
             return None
@@ -34,9 +46,15 @@ class DynamoDBAdmin(DynamoDBCore):
     def _scan(
         self, start: dict[str, Any] | None = None
     ) -> Iterator[tuple[list[Record], dict[str, Any] | None]]:
-        """Every item, a page at a time, with the key to continue from (None at the end)."""
+        """Every key's item (no entity's), a page at a time, with the key to continue from
+        (None at the end)."""
         while True:
-            kwargs: dict[str, Any] = {"ConsistentRead": True}
+            kwargs: dict[str, Any] = {
+                "ConsistentRead": True,
+                "FilterExpression": "NOT begins_with(#k, :ent)",
+                "ExpressionAttributeNames": {"#k": "key"},
+                "ExpressionAttributeValues": {":ent": s(ENTITY_PREFIX)},
+            }
             if start:
                 kwargs["ExclusiveStartKey"] = start
             response = self._call("scan", **kwargs)
@@ -155,21 +173,8 @@ class DynamoDBAdmin(DynamoDBCore):
             purged += sum(1 for r in batch if dry_run or self._delete_over(r.key, cutoff))
             if batch and not dry_run and progress is not None:
                 progress(len(batch))
-        return purged
-
-    def _delete_over(self, key: str, cutoff: int) -> bool:
-        """Delete ``key`` if its retention ended by ``cutoff`` (ms); False if claimed again."""
-        try:
-            self._call(
-                "delete_item",
-                Key={"key": s(key)},
-                ConditionExpression="#exp <= :cut",
-                ExpressionAttributeNames={"#exp": "expires_at"},
-                ExpressionAttributeValues={":cut": n(cutoff)},
-            )
-        except ClientError:
-            return False
-        return True
+        # The sequence guard's entities past retention go too, counted with the keys.
+        return purged + self._purge_entities(cutoff, dry_run, package.ITEMS_PER_BATCH, progress)
 
 
 def _start_key(cursor: str | None) -> dict[str, Any] | None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -15,8 +16,11 @@ from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, BaseStore
 from idemctl.stores.dynamodb.client import condition_failed, make_client, translate
 from idemctl.stores.dynamodb.items import names_in, s, to_ms
 
+T = TypeVar("T")
+
 DEFAULT_CONCURRENCY = 16
-"""Requests of one claim_many or complete_many in flight at once (URL option concurrency=)."""
+"""Requests of one claim_many, complete_many, guard_many or settle_many in flight at once
+(URL option concurrency=)."""
 
 
 class DynamoDBCore(BaseStore):
@@ -81,6 +85,28 @@ class DynamoDBCore(BaseStore):
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
         )
         return response.get("Attributes", {})  # type: ignore[no-any-return]
+
+    def _each(self, keys: list[str], call: Callable[[int], T]) -> list[T]:
+        """call(i) for every item of a batch: DynamoDB has no conditional write of many
+        items that can succeed one by one, so the requests go out side by side (at most
+        ``concurrency`` at once), a key's first item before any later one of the same key,
+        which then sees its effect as the single forms would. Every request is waited for;
+        then the first error, if any, is raised."""
+        first: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        leading = list(first.values())
+        if len(leading) <= 1 or self.concurrency == 1:
+            return [call(i) for i in range(len(keys))]
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = ThreadPoolExecutor(self.concurrency, "idemctl-dynamodb")
+        futures = {i: self._workers.submit(call, i) for i in leading}
+        errors = [f.exception() for f in futures.values()]  # waits for every one
+        if error := next((e for e in errors if e is not None), None):
+            raise error
+        results = {i: f.result() for i, f in futures.items()}
+        return [results[i] if i in results else call(i) for i in range(len(keys))]
 
     def _now(self) -> int:
         return to_ms(time.time())

@@ -1,4 +1,5 @@
-"""Records as DynamoDB items: attribute values, the expressions' attribute names, times."""
+"""Records and the sequence guard's entities as DynamoDB items: attribute values, the
+expressions' attribute names, times."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from idemctl.errors import StoreError
-from idemctl.model import Record, Status
+from idemctl.model import Entity, Record, Status
 
 NAMES = {
     "#k": "key",
@@ -28,8 +29,23 @@ NAMES = {
     "#err": "error",
     "#retr": "retriable",
     "#by": "done_by",
+    # The sequence guard's entities (``key`` is ENTITY_PREFIX + the entity's name):
+    "#ent": "entity",
+    "#seq": "sequence",
+    "#akey": "applied_key",
+    "#aat": "applied_at",
+    "#hold": "holder",
+    "#htok": "holder_token",
+    "#lock": "lock_expires_at",
+    "#ver": "version",
+    "#sby": "settled_by",
 }
 """The attributes' names in expressions (``#st``) and on the item (``status``)."""
+
+ENTITY_PREFIX = "\x1eentity\x1e"
+"""What the partition key of an entity of the sequence guard starts with, before its name.
+No idempotency key can: keys hold no control characters (``validate_key``), and U+001E is
+one. So entities share the table (its TTL, its provisioning) and never meet a key."""
 
 _STATUSES = {status.value for status in Status}
 
@@ -79,6 +95,15 @@ def value_of(item: dict[str, Any], name: str) -> Any:
     return None
 
 
+def entity_key(entity: str) -> str:
+    """The partition key of ``entity``'s item."""
+    return ENTITY_PREFIX + entity
+
+
+def is_entity_key(key: str) -> bool:
+    return key.startswith(ENTITY_PREFIX)
+
+
 def to_record(item: dict[str, Any]) -> Record:
     created = from_ms(value_of(item, "created_at"))
     if created is None or value_of(item, "status") not in _STATUSES:
@@ -100,3 +125,52 @@ def to_record(item: dict[str, Any]) -> Record:
         error=value_of(item, "error"),
         retriable=bool(value_of(item, "retriable")),
     )
+
+
+def to_entity(item: dict[str, Any]) -> Entity:
+    key = value_of(item, "key")
+    if not isinstance(key, str) or not is_entity_key(key):
+        raise StoreError(f"DynamoDB item {key!r} is not an idemctl entity")
+    updated = from_ms(value_of(item, "updated_at"))
+    return Entity(
+        entity=key[len(ENTITY_PREFIX) :],
+        sequence=value_of(item, "sequence"),
+        key=value_of(item, "applied_key"),
+        applied_at=from_ms(value_of(item, "applied_at")),
+        holder=value_of(item, "holder"),
+        holder_token=value_of(item, "holder_token"),
+        lock_expires_at=from_ms(value_of(item, "lock_expires_at")),
+        updated_at=updated or datetime.fromtimestamp(0, UTC),
+        expires_at=from_ms(value_of(item, "expires_at")),
+    )
+
+
+def entity_item(entity: Entity, version: int) -> dict[str, Any]:
+    """The whole item of ``entity`` (PutItem), at ``version``; ttl is ``expires_at``."""
+    item: dict[str, Any] = {
+        "key": s(entity_key(entity.entity)),
+        "entity": s(entity.entity),
+        "updated_at": n(ms_of(entity.updated_at)),
+        "version": n(version),
+    }
+    optional = {
+        "sequence": None if entity.sequence is None else n(entity.sequence),
+        "applied_key": None if entity.key is None else s(entity.key),
+        "applied_at": None if entity.applied_at is None else n(ms_of(entity.applied_at)),
+        "holder": None if entity.holder is None else s(entity.holder),
+        "holder_token": None if entity.holder_token is None else n(entity.holder_token),
+        "lock_expires_at": (
+            None if entity.lock_expires_at is None else n(ms_of(entity.lock_expires_at))
+        ),
+    }
+    if entity.expires_at is not None:
+        expires = ms_of(entity.expires_at)
+        optional["expires_at"] = n(expires)
+        optional["ttl"] = n(expires // 1000)
+    item.update({name: value for name, value in optional.items() if value is not None})
+    return item
+
+
+def ms_of(at: datetime) -> int:
+    """A time in milliseconds since the epoch, as the items keep it."""
+    return to_ms(at.timestamp())

@@ -1,5 +1,6 @@
 """Provisioning a DynamoDB store (its table, and TTL on ``ttl``) and checking its health:
-the endpoint, the table, TTL, and this machine's clock, which leases are judged by."""
+the endpoint, the table, TTL, and this machine's clock, which leases are judged by. The
+sequence guard's entities are items of the same table: no index or table of their own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from idemctl.model import Finding, Provisioning
 from idemctl.resources import read_resource
 from idemctl.stores.base import CLOCK_SKEW_TOLERANCE
 from idemctl.stores.dynamodb.core import DynamoDBCore
+
+GUARD_NOTE = (
+    "the sequence guard needs nothing more: its entities are items of this table "
+    "(partition key U+001E 'entity' U+001E + name), deleted by the same TTL"
+)
 
 
 class DynamoDBProvisioning(DynamoDBCore):
@@ -53,7 +59,10 @@ class DynamoDBProvisioning(DynamoDBCore):
             steps.append(f"UpdateTimeToLive {json.dumps(ttl)}")
         if not steps:
             return Provisioning(
-                [], changed=False, dry_run=dry_run, notes=[f"table {self.table} is ready"]
+                [],
+                changed=False,
+                dry_run=dry_run,
+                notes=[f"table {self.table} is ready", GUARD_NOTE],
             )
         if not dry_run:
             if not exists:
@@ -70,7 +79,7 @@ class DynamoDBProvisioning(DynamoDBCore):
                     raise StoreError(f"table {self.table} did not become ACTIVE: {exc}") from exc
             if not self._ttl_enabled():
                 self._call("update_time_to_live", TimeToLiveSpecification=spec["TimeToLive"])
-        return Provisioning(steps, changed=not dry_run, dry_run=dry_run)
+        return Provisioning(steps, changed=not dry_run, dry_run=dry_run, notes=[GUARD_NOTE])
 
     def check(self) -> list[Finding]:
         started = time.perf_counter()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -23,12 +22,19 @@ from idemctl.model import (
 from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, new_owner
 from idemctl.stores.dynamodb.admin import DynamoDBAdmin
 from idemctl.stores.dynamodb.core import DEFAULT_CONCURRENCY
-from idemctl.stores.dynamodb.items import first_token, from_ms, n, s, to_ms, to_record, value_of
+from idemctl.stores.dynamodb.items import (
+    first_token,
+    from_ms,
+    is_entity_key,
+    n,
+    s,
+    to_ms,
+    to_record,
+    value_of,
+)
 from idemctl.stores.dynamodb.provision import DynamoDBProvisioning
 from idemctl.stores.machine import decide_claim, lease_lost
 from idemctl.urls import UrlOptions, redact_url
-
-T = TypeVar("T")
 
 
 class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
@@ -187,7 +193,7 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
             return to_record(self._update(key, update, condition, values, "ALL_NEW"))
         except ClientError as exc:
             item = exc.response.get("Item")
-            record = to_record(item) if item else None
+            record = to_record(item) if item and not is_entity_key(key) else None
             raise lease_lost(key, owner, fencing_token, record) from None
 
     def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
@@ -208,28 +214,6 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
             return True
 
         return self._each([c.key for c in completions], complete)
-
-    def _each(self, keys: list[str], call: Callable[[int], T]) -> list[T]:
-        """call(i) for every item of a batch: DynamoDB has no conditional write of many
-        items that can succeed one by one, so the requests go out side by side (at most
-        ``concurrency`` at once), a key's first item before any later one of the same key,
-        which then sees its effect as the single forms would. Every request is waited for;
-        then the first error, if any, is raised."""
-        first: dict[str, int] = {}
-        for i, key in enumerate(keys):
-            first.setdefault(key, i)
-        leading = list(first.values())
-        if len(leading) <= 1 or self.concurrency == 1:
-            return [call(i) for i in range(len(keys))]
-        with self._workers_lock:
-            if self._workers is None:
-                self._workers = ThreadPoolExecutor(self.concurrency, "idemctl-dynamodb")
-        futures = {i: self._workers.submit(call, i) for i in leading}
-        errors = [f.exception() for f in futures.values()]  # waits for every one
-        if error := next((e for e in errors if e is not None), None):
-            raise error
-        results = {i: f.result() for i, f in futures.items()}
-        return [results[i] if i in results else call(i) for i in range(len(keys))]
 
     def _ending(self, retention: float) -> dict[str, Any]:
         """What a completion and a failure both set: now, and when the record's retention
