@@ -1,6 +1,7 @@
 """Consume throughput: `idemctl consume`'s loop with a no-op handler on each store, one
 message at a time and batched, against a bare confluent-kafka at-least-once loop (poll, read
-the key header, store_offsets) on the same broker, the same messages, in the same run.
+the key header, store_offsets) on the same broker, the same messages, in the same run; and
+batched with the sequence guard on (--order-key/--sequence), every message its own entity.
 
     .venv/bin/python benchmarks/consume_throughput.py [--messages 20000] [--batch 500]
         [--single-messages 2000] [--stores redis,sqlite,postgres,dynamodb] [--json]
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import HOST, BenchError, free_port, stdout_console, stop_on_sigterm, stop_process
 
 STORES = ("redis", "sqlite", "postgres", "dynamodb")
+GUARD = {"order_key": "acct:{order}", "sequence": "seq"}
 CONSUMER = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
             "auto.offset.reset": "earliest"}  # fmt: skip
 FAKE_AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
@@ -77,7 +79,8 @@ def produce(bootstrap: str, topic: str, n: int) -> None:
         f.result(15)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for i in range(n):
-        p.produce(topic, value=b'{"order": %d}' % i, headers=[("idempotency-key", b"k-%d" % i)])
+        value = b'{"order": %d, "seq": %d}' % (i, i + 1)
+        p.produce(topic, value=value, headers=[("idempotency-key", b"k-%d" % i)])
         if i % 10000 == 0:
             p.poll(0)
     p.flush(60)
@@ -192,6 +195,8 @@ def main() -> int:
                 # As before the completer: one complete_many after all the batch's handlers.
                 ("batched, completed at the batch's end", args.messages, args.batch,
                  {"complete_batch": args.batch, "complete_wait": 3600.0}),
+                # Every message its own entity: the guard's own cost (ask, then advance).
+                ("batched, sequence guard", args.messages, args.batch, GUARD),
                 ("single", single, 1, {}),
             )  # fmt: skip
             for label, n, batch, more in runs:
@@ -261,6 +266,13 @@ def _print(rows: list[Row], notes: list[str], as_json: bool) -> None:
             console.print(
                 f"{store}: each key completed as its handler returns / at the batch's end: "
                 f"{now / before:.2f}x",
+                markup=False,
+            )
+        guarded = rates.get(f"idemctl, {store}, batched, sequence guard")
+        if now and guarded:
+            console.print(
+                f"{store}: cost per message with the sequence guard / without: "
+                f"{now / guarded:.2f}x",
                 markup=False,
             )
     for note in notes:

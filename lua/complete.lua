@@ -24,14 +24,7 @@ return each(2, 3, function(key, owner, token, result)
   if not holds(rec, owner, token, now) then
     return reply('lost', rec)
   end
-  -- Fields set in place rather than through write(), whose varargs cost this, the commonest
-  -- write, about 1 µs per key. error and retriable are cleared: a success after a retriable
-  -- failure.
-  local at = int(now)
-  rec.status, rec.owner, rec.lease, rec.updated, rec.completed = 'completed', '', '', at, at
-  rec.expires, rec.result, rec.done_by, rec.error, rec.retriable =
-    int(now + retention), result, owner, '', '0'
-  redis.call('SET', key, cjson.encode(rec), 'PX', retention)
+  complete_record(key, rec, owner, result, retention, now)
   if full then return {'done', rec.created, rec.attempts, rec.fp, rec.completed} end
   return {'ok'}
 end)

@@ -11,19 +11,13 @@ local now = now_ms()
 
 return each(1, 4, function(key, sequence, holder, token, applied)
   local rec = get_record(key)
-  if rec == nil or retention_over(rec, now) or rec.holder == '' or rec.holder ~= holder
-    or num(rec.holder_token) ~= tonumber(token) then
+  if not entity_held(rec, holder, token, now) then
     return 0
   end
   if applied ~= '1' then
     write(key, rec, nil, 'holder', '', 'holder_token', '', 'lock', '', 'updated', int(now))
     return 1
   end
-  local seq = tonumber(sequence)
-  if rec.seq == '' or seq > tonumber(rec.seq) then
-    rec.seq, rec.key, rec.applied = int(seq), holder, int(now)
-  end
-  write(key, rec, retention, 'holder', '', 'holder_token', '', 'lock', '', 'updated', int(now),
-    'expires', int(now + retention))
+  advance_entity(key, rec, sequence, holder, retention, now)
   return 1
 end)

@@ -287,18 +287,12 @@ class _Completer:
                 self._cond.notify_all()
 
     def _send(self, sending: list[Completion], settles: list[Settle]) -> list[RunResult]:
-        lost: list[RunResult] = []
         try:
-            if settles:  # the entities first: a crash after it leaves them "applied"
-                held = self.store.settle_many(settles, self.retention)
-                taken = {s.key for s, ok in zip(settles, held, strict=True) if not ok}
-                lost = [
-                    RunResult(Outcome.LEASE_LOST, c.key, c.result, fencing_token=c.fencing_token)
-                    for c in sending
-                    if c.key in taken
-                ]
-                sending = [c for c in sending if c.key not in taken]
-            done = self.store.complete_many(sending, self.retention) if sending else []
+            done = (
+                self.store.finish_many(sending, settles, self.retention)
+                if settles
+                else self.store.complete_many(sending, self.retention)
+            )
         except StoreUnavailable as exc:
             return [RunResult(Outcome.UNAVAILABLE, c.key, c.result, error=exc) for c in sending]
         except BaseException as exc:  # raised again by drain(), in the consumer's thread
@@ -306,7 +300,7 @@ class _Completer:
                 self._failure = exc
             return []
         self._completed([c.key for c, ok in zip(sending, done, strict=True) if ok])
-        return lost + [
+        return [
             RunResult(
                 Outcome.EXECUTED if ok else Outcome.LEASE_LOST,
                 c.key,

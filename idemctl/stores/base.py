@@ -155,6 +155,19 @@ class Store(Protocol):
         when that key and token still hold it; False where they no longer do."""
         ...
 
+    def finish_many(
+        self,
+        completions: Sequence[Completion],
+        settles: Sequence[Settle],
+        retention: float | None = None,
+    ) -> list[bool]:
+        """The end of guarded attempts: for each completion whose key has a settle (by
+        key), advance the entity and complete the key, both or neither where the store can
+        (one transaction or script; else the entity first, so a crash between leaves it
+        "applied" and the redelivery stale); completions without a settle are completed as
+        ``complete_many`` does. True where the attempt held what it names."""
+        ...
+
     def get_entity(self, entity: str) -> Entity | None: ...
     def scan_entities(
         self, prefix: str | None = None, limit: int = 100, cursor: str | None = None
@@ -325,6 +338,21 @@ class BaseStore(ABC):
     @abstractmethod
     def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
         """``settle_many``, ``retention`` in seconds."""
+
+    def finish_many(
+        self,
+        completions: Sequence[Completion],
+        settles: Sequence[Settle],
+        retention: float | None = None,
+    ) -> list[bool]:
+        # Two round trips: the entities first, then the keys whose entity was still held.
+        held = dict.fromkeys((c.key for c in completions), True)
+        if settles:
+            answers = self.settle_many(settles, retention)
+            held.update(zip((s.key for s in settles), answers, strict=True))
+        sending = [c for c in completions if held[c.key]]
+        done = iter(self.complete_many(sending, retention) if sending else ())
+        return [held[c.key] and next(done) for c in completions]
 
     # One call per item: backends with a cheaper round trip override this.
 

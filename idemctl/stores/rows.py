@@ -187,6 +187,35 @@ class RowStore(BaseStore):
                 done.append(held)
         return done
 
+    def finish_many(
+        self,
+        completions: Sequence[Completion],
+        settles: Sequence[Settle],
+        retention: float | None = None,
+    ) -> list[bool]:
+        """In one transaction: each entity advanced and its key completed, or neither."""
+        by_key = {s.key: s for s in settles}
+        keep = self._retention(retention)
+        done = []
+        with self._transaction() as tx:
+            now = self.now()
+            for c in completions:
+                try:
+                    held = check_holder(tx.get(c.key), c.key, c.owner, c.fencing_token, now)
+                except LeaseLost:
+                    done.append(False)
+                    continue
+                s = by_key.get(c.key)
+                if s is not None:
+                    ok, entity = decide_settle(tx.get_entity(s.entity), s, now, keep)
+                    if not ok or entity is None:
+                        done.append(False)
+                        continue
+                    tx.put_entity(entity)
+                tx.put(completed(held, now, c.result, keep))
+                done.append(True)
+        return done
+
     def get_entity(self, entity: str) -> Entity | None:
         with self._transaction(write=False) as tx:
             found = tx.get_entity(entity)

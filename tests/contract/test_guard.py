@@ -187,3 +187,32 @@ def test_sequences_must_be_whole_numbers_in_range(store: Store) -> None:
     assert guard(store, "acct:1", 2**53 - 1, a) is Verdict.GO
     assert settle(store, "acct:1", 2**53 - 1, a)
     assert guard(store, "acct:1", 2**53 - 2, acquire(store, "b")) is Verdict.STALE
+
+
+def test_finish_advances_entities_and_completes_their_keys(store: Store) -> None:
+    from idemctl.model import Completion, Status
+
+    a, b, c = (acquire(store, k) for k in ("a", "b", "c"))
+    assert guard(store, "acct:1", 4, a) is Verdict.GO
+    assert guard(store, "acct:2", 9, c, lease=SHORT) is Verdict.GO
+    time.sleep(WAIT)
+    other = acquire(store, "other")
+    assert guard(store, "acct:2", 10, other) is Verdict.GO  # c's hold ended and was taken
+    done = store.finish_many(
+        [Completion("a", a.owner, a.fencing_token, {"n": 1}),
+         Completion("b", b.owner, b.fencing_token, None),
+         Completion("c", c.owner, c.fencing_token, None)],
+        [Settle("acct:1", 4, "a", a.fencing_token), Settle("acct:2", 9, "c", c.fencing_token)],
+    )  # fmt: skip
+    assert done == [True, True, False]
+    entity = store.get_entity("acct:1")
+    assert entity is not None and (entity.sequence, entity.key, entity.holder) == (4, "a", None)
+    record = store.get("a")
+    assert record is not None and record.status is Status.COMPLETED and record.result == {"n": 1}
+    finished_b = store.get("b")
+    assert finished_b is not None and finished_b.status is Status.COMPLETED
+    # c lost its hold on the entity: its key is not completed, the entity stays as taken.
+    left = store.get("c")
+    assert left is not None and left.status is Status.IN_PROGRESS
+    taken = store.get_entity("acct:2")
+    assert taken is not None and (taken.sequence, taken.holder) == (None, "other")

@@ -34,12 +34,17 @@ SCRIPT_NAMES = (
     "guard",
     "settle",
     "forget_entity",
+    "finish",
 )
 MAX_CALL_KEYS = 500
 """Keys per script call on one server: Redis runs nothing else while a script runs."""
 
-Item = tuple[str, Sequence[Any]]
-"""A Redis key and its own values for the script."""
+Item = tuple[str | tuple[str, str], Sequence[Any]]
+"""A Redis key (or a pair of them, on one server) and its own values for the script."""
+
+
+def _keys(key: str | tuple[str, str]) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else key
 
 
 @dataclass(frozen=True)
@@ -127,13 +132,13 @@ class ScriptRunner:
         if self._direct is not None:
             self._direct.close()
 
-    def _groups(self, keys: Sequence[str]) -> list[list[int]]:
+    def _groups(self, keys: Sequence[str | tuple[str, str]]) -> list[list[int]]:
         """Which items go in one script call: a script may only touch keys of one slot on a
         cluster; on one server, any keys, in chunks that keep each call short."""
         if self._cluster is not None:
             by_slot: dict[int, list[int]] = {}
             for i, key in enumerate(keys):
-                by_slot.setdefault(self._cluster.keyslot(key), []).append(i)
+                by_slot.setdefault(self._cluster.keyslot(_keys(key)[0]), []).append(i)
             return list(by_slot.values())
         return [
             list(range(i, min(i + MAX_CALL_KEYS, len(keys))))
@@ -178,8 +183,10 @@ class ScriptRunner:
         self, sha: str, shared: Sequence[Any], items: Sequence[Item], group: Sequence[int]
     ) -> list[Any]:
         """EVALSHA's arguments for the items at ``group``: the keys, the shared values, then
-        each key's own values in key order (as lua/_lib.lua's each() reads them)."""
-        args: list[Any] = [sha, len(group), *(items[i][0] for i in group), *shared]
+        each key's own values in key order (as lua/_lib.lua's each() reads them). An item
+        whose key is a pair (finish.lua's entity and record) gives both keys, in order."""
+        keys = [k for i in group for k in _keys(items[i][0])]
+        args: list[Any] = [sha, len(keys), *keys, *shared]
         for i in group:
             args += items[i][1]
         return args

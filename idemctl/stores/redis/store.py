@@ -13,6 +13,7 @@ from idemctl.model import (
     Completion,
     Holder,
     Record,
+    Settle,
     Status,
     canonical_json,
 )
@@ -23,6 +24,7 @@ from idemctl.stores.redis.connect import connect
 from idemctl.stores.redis.entities import RedisEntities
 from idemctl.stores.redis.provision import RedisProvisioning
 from idemctl.stores.redis.records import claim_outcome, from_ms, parse_reply, text, to_record
+from idemctl.stores.redis.scripts import Item
 from idemctl.urls import UrlOptions
 
 
@@ -80,6 +82,34 @@ class RedisStore(RedisAdmin, RedisEntities, RedisProvisioning):
         shared = (self._ms(self._retention(retention)), "0")
         items = [(c.key, (c.owner, c.fencing_token, canonical_json(c.result))) for c in completions]
         return [text(r[0]) == "ok" for r in self._call("complete", shared, items, durable=True)]
+
+    def finish_many(
+        self,
+        completions: Sequence[Completion],
+        settles: Sequence[Settle],
+        retention: float | None = None,
+    ) -> list[bool]:
+        """On one server, each entity and its key in one script (finish.lua): both or
+        neither. A cluster keeps them on two nodes: the entities first, then the keys."""
+        if self.cluster or not settles:
+            return super().finish_many(completions, settles, retention)
+        by_key = {s.key: s for s in settles}
+        keep = self._ms(self._retention(retention))
+        pairs = [c for c in completions if c.key in by_key]
+        items: list[Item] = [
+            (
+                (self._ekey(by_key[c.key].entity), self._rkey(c.key)),
+                (by_key[c.key].sequence, c.key, c.owner, c.fencing_token, canonical_json(c.result)),
+            )
+            for c in pairs
+        ]
+        replies = self._scripts.call("finish", (keep,), items, confirm=self.durable)
+        finished = {c.key: int(r) == 1 for c, r in zip(pairs, replies, strict=True)}
+        plain = [c for c in completions if c.key not in by_key]
+        if plain:
+            answers = self.complete_many(plain, retention)
+            finished.update(zip((c.key for c in plain), answers, strict=True))
+        return [finished[c.key] for c in completions]
 
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
         key, owner, fencing_token = held.key, held.owner, held.fencing_token
