@@ -11,6 +11,7 @@ A strategy that finds no key raises MissingKey; the consumer applies ``--on-miss
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -42,6 +43,17 @@ class Message:
     offset: int
     value: bytes | None
     headers: Sequence[tuple[str, bytes | None]] = ()
+
+    @functools.cached_property
+    def payload(self) -> Any:
+        """The JSON payload, parsed once for every strategy that reads it; MissingKey
+        without one, InvalidPayload when it is not JSON."""
+        if self.value is None:
+            raise MissingKey("the message has no payload")
+        try:
+            return json.loads(self.value)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidPayload(f"the payload is not JSON: {exc}") from None
 
 
 KeyStrategy = Callable[[Message], str]
@@ -99,12 +111,7 @@ def _from_payload_hash(m: Message) -> str:
 
 
 def _json(m: Message) -> Any:
-    if m.value is None:
-        raise MissingKey("the message has no payload")
-    try:
-        return json.loads(m.value)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidPayload(f"the payload is not JSON: {exc}") from None
+    return m.payload
 
 
 OrderStrategy = Callable[[Message], Order]
