@@ -55,3 +55,20 @@ DROP INDEX {schema}.{outbox_unpublished};
 CREATE INDEX {outbox_unpublished} ON {schema}.{outbox} (seq) WHERE published_at IS NULL;
 CREATE INDEX {outbox_created} ON {schema}.{outbox} (created_at);
 CREATE INDEX {outbox_published} ON {schema}.{outbox} (published_at) WHERE published_at IS NOT NULL;
+
+-- migration 4: the sequence guard ("apply if newer" per entity): the last sequence applied
+-- to each entity and the key that applied it, and the attempt that holds the entity while
+-- its handler runs (holder, holder_token: the key and its fencing token). Past expires_at
+-- an entity is as if never seen, like a key; purge deletes it.
+CREATE TABLE {schema}.{entities} (
+    entity          text PRIMARY KEY CHECK (octet_length(entity) BETWEEN 1 AND 512),
+    sequence        bigint,
+    key             text,
+    applied_at      timestamptz,
+    holder          text,
+    holder_token    bigint,
+    lock_expires_at timestamptz,
+    updated_at      timestamptz NOT NULL,
+    expires_at      timestamptz
+);
+CREATE INDEX {entities_expires} ON {schema}.{entities} (expires_at) WHERE expires_at IS NOT NULL;

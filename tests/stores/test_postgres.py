@@ -42,6 +42,7 @@ from idemctl import (
     fingerprint,
 )
 from idemctl.errors import ConfigError, NotProvisioned, Permanent, StoreError, StoreUnavailable
+from idemctl.model import Guard, Order, Settle, Stale, Verdict
 from idemctl.resources import read_resource
 from idemctl.runner import Context, Outcome, run
 from idemctl.stores import open_store
@@ -270,7 +271,7 @@ def test_dry_run_lists_the_sql_and_creates_nothing(url: str, db: Any, schema: st
         text = "\n".join(plan.statements)
         assert "CREATE" in text.upper()
         assert schema in text
-        for table in ("keys", "outbox", "schema_version"):
+        for table in ("keys", "outbox", "schema_version", "entities"):
             assert table in text
         assert not schema_exists(db, schema)  # nothing was created, not even the schema
         with pytest.raises(NotProvisioned):
@@ -362,7 +363,7 @@ def test_schema_names_and_prefixes_that_need_quoting(
         store.provision()
         plain.provision()
         assert schema_exists(db, schema_name)
-        for table in ("keys", "outbox", "schema_version"):
+        for table in ("keys", "outbox", "schema_version", "entities"):
             assert table_exists(db, schema_name, prefix + table), table
             assert table_exists(db, schema_name, table), table
         assert schema_version(db, schema_name, prefix) == LATEST
@@ -620,6 +621,176 @@ def test_a_batch_with_one_key_held_by_a_transaction_is_busy_only_there(
         release.set()
         thread.join(HANG)
     assert isinstance(store.claim("held"), Completed)
+
+
+def test_an_older_schema_gets_the_entities_table(url: str, db: Any, schema: str) -> None:
+    store = open_pg(url)
+    try:
+        store.provision(upto=3)
+        assert not table_exists(db, schema, "entities")
+        schema_finding = {f.name: f for f in store.check()}["schema"]
+        assert not schema_finding.ok and schema_finding.fix == "run 'idemctl init'"
+        a = acquire(store, "k")
+        with pytest.raises(NotProvisioned, match="upgrade"):
+            store.guard_many([Guard("acct:1", 1, "k", a.fencing_token)])
+        assert store.purge() == 0  # an older schema still purges its keys
+        plan = store.provision(dry_run=True)
+        assert any("entities" in statement for statement in plan.statements)
+        store.provision()
+        assert table_exists(db, schema, "entities")
+        assert {f.name: f for f in store.check()}["schema"].ok
+        (reply,) = store.guard_many([Guard("acct:1", 1, "k", a.fencing_token)])
+        assert reply.verdict is Verdict.GO
+    finally:
+        store.close()
+
+
+def test_purge_deletes_entities_past_retention(store: PostgresStore) -> None:
+    a = acquire(store, "k")
+    store.guard_many([Guard("acct:1", 1, "k", a.fencing_token)])
+    assert store.settle_many([Settle("acct:1", 1, "k", a.fencing_token)], retention=0.05)
+    store.complete("k", a.owner, a.fencing_token, retention=0.05)
+    time.sleep(0.2)
+    assert store.purge(dry_run=True) == 2
+    assert store.purge() == 2  # the key and the entity
+    assert store.count_entities() == 0 and store.purge() == 0
+
+
+def test_transactional_order_runs_only_newer_events_and_advances_with_the_handler(
+    store: PostgresStore, db: Any, effects: sql.Identifier
+) -> None:
+    acct = "acct:1"
+
+    def crash(key: str, sequence: int) -> None:
+        with store.transaction(key, lease=LONG, order=Order(acct, sequence)) as unit:
+            assert isinstance(unit.outcome, Acquired)
+            record_effect(unit.connection, effects, key)
+            unit.complete("applied")
+            raise RuntimeError("handler blew up after complete")
+
+    # An exception in the block: the handler's SQL, the key and the entity's advance all
+    # roll back together.
+    with pytest.raises(RuntimeError, match="blew up"):
+        crash("event-5", 5)
+    assert effect_counts(db, effects) == {}
+    assert store.get("event-5") is None and store.get_entity(acct) is None
+
+    with store.transaction("event-5", lease=LONG, order=Order(acct, 5)) as unit:
+        assert isinstance(unit.outcome, Acquired)
+        record_effect(unit.connection, effects, "event-5")
+        unit.complete("applied 5")
+        # Not visible outside the transaction yet.
+        assert store.get_entity(acct) is None
+    entity = store.get_entity(acct)
+    assert entity is not None
+    assert (entity.sequence, entity.key, entity.holder) == (5, "event-5", None)
+    assert entity.applied_at is not None and entity.expires_at is not None
+
+    # Older and equal events are stale: not run, their keys completed with a null result.
+    for key, sequence in (("event-4", 4), ("event-5-again", 5)):
+        with store.transaction(key, lease=LONG, order=Order(acct, sequence)) as stale:
+            assert stale.outcome == Stale(acct, sequence, 5)
+            assert stale.connection is None
+        replay = store.claim(key)
+        assert isinstance(replay, Completed) and replay.record.result is None
+    assert effect_counts(db, effects) == {"event-5": 1}
+
+    with store.transaction("event-6", lease=LONG, order=Order(acct, 6)) as unit:
+        assert isinstance(unit.outcome, Acquired)
+        record_effect(unit.connection, effects, "event-6")
+        unit.complete("applied 6")
+    entity = store.get_entity(acct)
+    assert entity is not None and (entity.sequence, entity.key) == (6, "event-6")
+    assert effect_counts(db, effects) == {"event-5": 1, "event-6": 1}
+    # The non-transactional guard agrees with what the transactions wrote.
+    late = acquire(store, "late-5")
+    (reply,) = store.guard_many([Guard(acct, 5, "late-5", late.fencing_token)])
+    assert (reply.verdict, reply.last) == (Verdict.STALE, 6)
+
+
+def test_two_transactions_on_one_entity(
+    store: PostgresStore, db: Any, effects: sql.Identifier
+) -> None:
+    acct = "acct:1"
+    holding, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def holder() -> None:
+        try:
+            with store.transaction("event-7", lease=LONG, order=Order(acct, 7)) as unit:
+                assert isinstance(unit.outcome, Acquired)
+                record_effect(unit.connection, effects, "event-7")
+                holding.set()
+                assert release.wait(HANG)
+                unit.complete("applied 7")
+        except BaseException as exc:
+            errors.append(exc)
+            holding.set()
+
+    thread = threading.Thread(target=holder, daemon=True)
+    thread.start()
+    try:
+        assert holding.wait(HANG) and not errors, errors
+
+        def second(key: str, sequence: int) -> Any:
+            with store.transaction(key, lease=LONG, order=Order(acct, sequence)) as unit:
+                assert unit.connection is None
+                return unit.outcome
+
+        # Another transaction on the entity (another key): busy at once, its claim undone.
+        assert bounded(lambda: second("event-8", 8), 5.0) == Busy(None)
+        assert store.get("event-8") is None
+        # A guard outside transactions waits lock_timeout at most, then says busy.
+        other = acquire(store, "outside-9")
+        (reply,) = bounded(
+            lambda: store.guard_many([Guard(acct, 9, "outside-9", other.fencing_token)]), 5.0
+        )
+        assert reply.verdict is Verdict.BUSY
+        store.release("outside-9", other.owner, other.fencing_token)
+    finally:
+        release.set()
+        thread.join(HANG)
+    assert not thread.is_alive() and errors == []
+    entity = store.get_entity(acct)
+    assert entity is not None and (entity.sequence, entity.key) == (7, "event-7")
+
+    # After the commit: the older event is stale and never runs, the newer one runs.
+    ran: list[str] = []
+    for key, sequence in (("event-6", 6), ("event-8", 8)):
+        with store.transaction(key, lease=LONG, order=Order(acct, sequence)) as unit:
+            if isinstance(unit.outcome, Acquired):
+                ran.append(key)
+                record_effect(unit.connection, effects, key)
+                unit.complete(f"applied {sequence}")
+            else:
+                assert unit.outcome == Stale(acct, 6, 7)
+    assert ran == ["event-8"]
+    assert effect_counts(db, effects) == {"event-7": 1, "event-8": 1}
+    entity = store.get_entity(acct)
+    assert entity is not None and (entity.sequence, entity.key) == (8, "event-8")
+
+
+def test_a_live_hold_from_the_guard_makes_a_transaction_busy(store: PostgresStore) -> None:
+    acct = "acct:1"
+    held = acquire(store, "outside")
+    (reply,) = store.guard_many([Guard(acct, 3, "outside", held.fencing_token)], LONG)
+    assert reply.verdict is Verdict.GO
+    with store.transaction("inside", lease=LONG, order=Order(acct, 4)) as unit:
+        assert unit.outcome == Busy(None) and unit.connection is None
+    assert store.get("inside") is None  # rolled back: free for its next delivery
+    # Stale first, whoever holds the entity: an event at or below the last applied one.
+    assert store.settle_many([Settle(acct, 3, "outside", held.fencing_token)]) == [True]
+    again = acquire(store, "outside-2")
+    store.guard_many([Guard(acct, 10, "outside-2", again.fencing_token)], LONG)
+    with store.transaction("inside-old", lease=LONG, order=Order(acct, 2)) as unit:
+        assert unit.outcome == Stale(acct, 2, 3)
+    # Once the hold is let go, the transaction runs and clears it as it advances.
+    assert store.settle_many([Settle(acct, 10, "outside-2", again.fencing_token, False)])
+    with store.transaction("inside", lease=LONG, order=Order(acct, 4)) as unit:
+        assert isinstance(unit.outcome, Acquired)
+        unit.complete("applied 4")
+    entity = store.get_entity(acct)
+    assert entity is not None and (entity.sequence, entity.holder) == (4, None)
 
 
 def test_a_block_that_never_completes_is_rolled_back(

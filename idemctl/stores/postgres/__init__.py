@@ -1,8 +1,10 @@
 """``postgresql://``: the store whose keys can commit together with the handler's own data.
 
 - ``sql``: the names of the schema's tables and indexes, its migrations, the statements
+  (the keys' and the sequence guard's entities')
 - ``pool``: the connection pool, and the driver's errors as idemctl's
-- ``transactional``: transactional mode (``PostgresStore.transaction`` and its ``Unit``)
+- ``transactional``: transactional mode (``PostgresStore.transaction`` and its ``Unit``),
+  with the entity's row locked and advanced in the same transaction when given an order
 - ``store``: ``PostgresStore`` itself
 
 Imported only when a ``postgresql://`` store is opened (``idemctl.stores.open_store``):

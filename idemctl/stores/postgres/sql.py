@@ -7,11 +7,15 @@ the outbox both take theirs from it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from typing import Any
 
 from psycopg.sql import quote as quote_literal
 
 from idemctl.errors import ConfigError
+from idemctl.model import Entity
 from idemctl.resources import read_resource
 
 DEFAULT_SCHEMA = "idem"
@@ -21,6 +25,33 @@ COLUMNS = (
     "created_at, updated_at, completed_at, expires_at, result, error, retriable"
 )
 """A key's row as ``Record`` reads it."""
+
+ENTITY_COLUMNS = (
+    "entity, sequence, key, applied_at, holder, holder_token, lock_expires_at, updated_at, "
+    "expires_at"
+)
+"""An entity's row (the sequence guard) as ``Entity`` reads it."""
+
+
+def entity_of(row: Sequence[Any]) -> Entity | None:
+    """An entity from the columns of ENTITY_COLUMNS (None: an outer join found no row)."""
+    if row[0] is None:
+        return None
+    return Entity(
+        entity=row[0],
+        sequence=row[1],
+        key=row[2],
+        applied_at=None if row[3] is None else utc(row[3]),
+        holder=row[4],
+        holder_token=row[5],
+        lock_expires_at=None if row[6] is None else utc(row[6]),
+        updated_at=utc(row[7]),
+        expires_at=None if row[8] is None else utc(row[8]),
+    )
+
+
+def utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
 
 
 def quote_ident(name: str) -> str:
@@ -49,6 +80,8 @@ class Names:
     outbox_unpublished: str
     outbox_created: str
     outbox_published: str
+    entities: str
+    entities_expires: str
 
     @property
     def version_table(self) -> str:
@@ -61,6 +94,10 @@ class Names:
     @property
     def outbox_table(self) -> str:
         return f"{self.schema}.{self.outbox}"
+
+    @property
+    def entities_table(self) -> str:
+        return f"{self.schema}.{self.entities}"
 
     def placeholders(self) -> dict[str, str]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -104,7 +141,7 @@ def prefixed(columns: str, alias: str) -> str:
 
 
 def protocol_statements(names: Names) -> dict[str, str]:
-    """The protocol's statements on the keys table, by name."""
+    """The protocol's statements on the keys table (and the entities table's), by name."""
     # complete, fail, extend and release match the owner, not the status: an owner is set
     # only while in progress (a CHECK constraint), and a status condition would let the
     # planner prefer the partial lease index, whose dead entries grow with every completion.
@@ -190,4 +227,83 @@ RETURNING {prefixed(COLUMNS, "k.")}""",
         "get": f"SELECT {prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = %(key)s AND {live}",
         "get_any": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s",
         "lock": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s FOR UPDATE",
+        **entity_statements(names),
+    }
+
+
+def entity_statements(names: Names) -> dict[str, str]:
+    """The sequence guard's statements on the entities table, by name: the rules of
+    ``machine.decide_guard`` and ``machine.decide_settle``, on the server's clock."""
+    t = names.entities_table
+    over = "e.expires_at <= now()"  # past retention: as if never seen (NULL: never)
+    return {
+        # GO writes the hold; STALE and BUSY write nothing. The WHERE is decide_guard's GO,
+        # judged on the row's latest version; the caller judges the rows it did not write
+        # from the snapshot's version (the outer join) and asks again if they disagree.
+        "guard": f"""
+WITH req AS (
+    SELECT * FROM unnest(%(entities)s::text[], %(sequences)s::bigint[], %(keys)s::text[],
+                         %(tokens)s::bigint[]) AS r(entity, sequence, key, token)
+), went AS (
+    INSERT INTO {t} AS e (entity, sequence, key, applied_at, holder, holder_token,
+                          lock_expires_at, updated_at, expires_at)
+    SELECT entity, NULL, NULL, NULL, key, token, now() + %(lease)s * interval '1 second',
+           now(), now() + (%(lease)s + %(retention)s) * interval '1 second'
+    FROM req ORDER BY entity
+    ON CONFLICT (entity) DO UPDATE SET
+        sequence = CASE WHEN {over} THEN NULL ELSE e.sequence END,
+        key = CASE WHEN {over} THEN NULL ELSE e.key END,
+        applied_at = CASE WHEN {over} THEN NULL ELSE e.applied_at END,
+        holder = excluded.holder,
+        holder_token = excluded.holder_token,
+        lock_expires_at = excluded.lock_expires_at,
+        updated_at = now(),
+        expires_at = excluded.expires_at
+    WHERE coalesce({over}, false)
+       OR NOT (coalesce((SELECT r.sequence FROM req r WHERE r.entity = e.entity) <= e.sequence,
+                        false)
+               OR (e.holder IS NOT NULL AND coalesce(e.lock_expires_at > now(), false)
+                   AND (e.holder <> excluded.holder
+                        OR coalesce(e.holder_token, 0) > excluded.holder_token)))
+    RETURNING e.entity, e.sequence
+)
+SELECT req.entity, w.entity IS NOT NULL, w.sequence, {prefixed(ENTITY_COLUMNS, "o.")}, now()
+FROM req LEFT JOIN went w USING (entity) LEFT JOIN {t} o ON o.entity = req.entity""",
+        # Fenced like complete: the holder's key and token, also after its lock expired.
+        "settle": f"""
+WITH req AS (
+    SELECT * FROM unnest(%(entities)s::text[], %(sequences)s::bigint[], %(keys)s::text[],
+                         %(tokens)s::bigint[], %(applied)s::boolean[])
+        AS r(entity, sequence, key, token, applied)
+)
+UPDATE {t} e SET
+    sequence = CASE WHEN req.applied AND (e.sequence IS NULL OR req.sequence > e.sequence)
+                    THEN req.sequence ELSE e.sequence END,
+    key = CASE WHEN req.applied AND (e.sequence IS NULL OR req.sequence > e.sequence)
+               THEN req.key ELSE e.key END,
+    applied_at = CASE WHEN req.applied AND (e.sequence IS NULL OR req.sequence > e.sequence)
+                      THEN now() ELSE e.applied_at END,
+    holder = NULL, holder_token = NULL, lock_expires_at = NULL, updated_at = now(),
+    expires_at = CASE WHEN req.applied THEN now() + %(retention)s * interval '1 second'
+                      ELSE e.expires_at END
+FROM req
+WHERE e.entity = req.entity AND (e.expires_at IS NULL OR e.expires_at > now())
+  AND e.holder = req.key AND e.holder_token = req.token
+RETURNING e.entity""",
+        "get_entity": f"SELECT {ENTITY_COLUMNS} FROM {t} e WHERE e.entity = %(entity)s "
+        "AND (e.expires_at IS NULL OR e.expires_at > now())",
+        "read_entity": f"SELECT {ENTITY_COLUMNS}, now() FROM {t} WHERE entity = %(entity)s",
+        "lock_entity": f"SELECT {ENTITY_COLUMNS}, now() FROM {t} WHERE entity = %(entity)s "
+        "FOR UPDATE",
+        # Transactional mode: the entity's row, made if missing (a row past retention, so as
+        # if never seen: it only commits once complete() advanced it), locked at once or not.
+        "make_entity": f"INSERT INTO {t} (entity, updated_at, expires_at) "
+        "VALUES (%(entity)s, now(), now()) ON CONFLICT (entity) DO NOTHING",
+        "lock_entity_nowait": f"SELECT {ENTITY_COLUMNS}, now() FROM {t} "
+        "WHERE entity = %(entity)s FOR UPDATE NOWAIT",
+        "advance_entity": f"""
+UPDATE {t} SET sequence = %(sequence)s, key = %(key)s, applied_at = now(), holder = NULL,
+    holder_token = NULL, lock_expires_at = NULL, updated_at = now(),
+    expires_at = now() + %(retention)s * interval '1 second'
+WHERE entity = %(entity)s""",
     }

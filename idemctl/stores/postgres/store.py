@@ -7,34 +7,53 @@ connections from a psycopg_pool pool with short lock and statement timeouts.
 
 Transactional mode (``store.transaction(key)``): claim, the handler's SQL on the same
 connection, outbox rows and complete share one transaction; a crash rolls all of it back.
+
+The sequence guard keeps one row per entity in its own table: guard is one ``INSERT ... ON
+CONFLICT ... DO UPDATE ... WHERE <go>`` per batch, settle one ``UPDATE ... FROM unnest``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode, urlunsplit
 
 import psycopg
 
-from idemctl.errors import ConfigError, KeyNotFound, LeaseLost, NotProvisioned, StoreError
+from idemctl.errors import (
+    ConfigError,
+    EntityNotFound,
+    KeyNotFound,
+    LeaseLost,
+    NotProvisioned,
+    StoreError,
+    StoreUnavailable,
+)
 from idemctl.model import (
     Acquired,
     Busy,
     ClaimOutcome,
     ClaimRequest,
     Completion,
+    Entity,
+    EntityPage,
     Finding,
+    Guard,
+    GuardReply,
     Holder,
+    Order,
     Page,
     Provisioning,
     Record,
+    Settle,
     Stats,
     Status,
+    Verdict,
     canonical_json,
+    validate_key,
 )
 from idemctl.stores import postgres as package
 from idemctl.stores.base import (
@@ -46,22 +65,36 @@ from idemctl.stores.base import (
     new_owner,
     server_clock_finding,
 )
-from idemctl.stores.machine import check_forgettable, decide_claim, lease_lost, unlocked
+from idemctl.stores.machine import (
+    check_forgettable,
+    decide_claim,
+    decide_guard,
+    entity_locked,
+    lease_lost,
+    unlocked,
+)
 from idemctl.stores.postgres import transactional
 from idemctl.stores.postgres.pool import LockTimeout, Pool
 from idemctl.stores.postgres.sql import (
     COLUMNS,
     DEFAULT_SCHEMA,
+    ENTITY_COLUMNS,
+    entity_of,
     migrations,
     names,
     protocol_statements,
     provision_lock,
+    utc,
 )
 from idemctl.stores.postgres.transactional import Unit
 from idemctl.urls import UrlOptions, redact_url
 
 ADMIN_LOCK_WAIT = 3.0
-"""Seconds unlock and forget wait for a key's row that another transaction holds."""
+"""Seconds unlock and forget (of a key or an entity) wait for a row that another
+transaction holds; also how long a settle waits for an entity's row before it gives up."""
+GUARD_TRIES = 5
+"""Statements a guard item may take when its row changes between the statement's snapshot
+and its write (a concurrent writer): then it answers BUSY."""
 # libpq options a URL may carry through to the connection.
 _LIBPQ = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "target_session_attrs")
 
@@ -87,6 +120,20 @@ def _record(row: Sequence[Any]) -> Record:
 
 def _utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.astimezone(UTC)
+
+
+def rounds_of(names: Sequence[str]) -> list[list[int]]:
+    """The indexes of ``names`` in rounds where no name comes twice, each in the order
+    given: one statement cannot change a row twice, so the second item on a row goes in the
+    next statement and sees what the one before it did, as items one by one would."""
+    seen: dict[str, int] = {}
+    rounds: list[list[int]] = []
+    for i, name in enumerate(names):
+        n = seen[name] = seen.get(name, -1) + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(i)
+    return rounds
 
 
 class PostgresStore(BaseStore):
@@ -312,10 +359,205 @@ class PostgresStore(BaseStore):
         params = {"unrun": int(not handler_ran)}
         return self._held("release", key, owner, fencing_token, params)
 
+    # The sequence guard ---------------------------------------------------------------------------
+
+    def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
+        try:
+            with self._on_entities(), self.connection() as conn:
+                return self._guard_on(conn, guards, lease)
+        except LockTimeout:
+            if len(guards) == 1:
+                return [self._guard_blocked(guards[0])]
+        # A row of the batch is held by an open transaction: one by one, so only that item
+        # answers BUSY. Items that went already go again: the holder asking again keeps it.
+        return [self._guard_many([g], lease)[0] for g in guards]
+
+    def _guard_on(
+        self, conn: psycopg.Connection[Any], guards: Sequence[Guard], lease: float
+    ) -> list[GuardReply]:
+        replies: list[GuardReply | None] = [None] * len(guards)
+        for indexes in rounds_of([g.entity for g in guards]):
+            pending = indexes
+            for _ in range(GUARD_TRIES):
+                pending = self._guard_statement(conn, guards, pending, lease, replies)
+                if not pending:
+                    break
+            for i in pending:  # the row kept changing under us: others are working on it
+                replies[i] = self._reply_unwritten(conn, guards[i])
+        return [r for r in replies if r is not None]
+
+    def _guard_statement(
+        self,
+        conn: psycopg.Connection[Any],
+        guards: Sequence[Guard],
+        indexes: list[int],
+        lease: float,
+        replies: list[GuardReply | None],
+    ) -> list[int]:
+        """One guard statement over items on different entities: their replies, and the
+        items whose row changed between the snapshot and the write (to ask again)."""
+        batch = [guards[i] for i in indexes]
+        params = {
+            "entities": [g.entity for g in batch],
+            "sequences": [g.sequence for g in batch],
+            "keys": [g.key for g in batch],
+            "tokens": [g.fencing_token for g in batch],
+            "lease": lease,
+            "retention": self.default_retention,
+        }
+        rows = {row[0]: row for row in conn.execute(self._sql["guard"], params).fetchall()}
+        again = []
+        for i, g in zip(indexes, batch, strict=True):
+            row = rows[g.entity]
+            if row[1]:
+                replies[i] = GuardReply(Verdict.GO, row[2])
+                continue
+            # Not written: decide_guard on the row as the statement's snapshot saw it says
+            # why. Where that says GO, the row changed before the write looked: ask again.
+            reply, _ = decide_guard(
+                entity_of(row[3:12]), g, utc(row[12]), lease, self.default_retention
+            )
+            if reply.verdict is Verdict.GO:
+                again.append(i)
+            else:
+                replies[i] = reply
+        return again
+
+    def _guard_blocked(self, g: Guard) -> GuardReply:
+        """The reply to a guard whose row an open transaction holds (transactional mode)."""
+        with self._on_entities(), self.connection() as conn:
+            return self._reply_unwritten(conn, g)
+
+    def _reply_unwritten(self, conn: psycopg.Connection[Any], g: Guard) -> GuardReply:
+        """The reply to a guard that could not write: STALE when the committed row says
+        so, else BUSY (with the holder the row names, if any)."""
+        row = conn.execute(self._sql["read_entity"], {"entity": g.entity}).fetchone()
+        if row is None:
+            entity, now = None, _now(conn)
+        else:
+            entity, now = entity_of(row), utc(row[9])
+        reply, _ = decide_guard(entity, g, now, 0.0, self.default_retention)
+        return reply if reply.verdict is not Verdict.GO else GuardReply(Verdict.BUSY, reply.last)
+
+    def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
+        try:
+            with self._on_entities(), self.connection() as conn:
+                return self._settle_on(conn, settles, retention)
+        except LockTimeout:
+            pass
+        # An entity's row is held by an open transaction (transactional mode): it decides
+        # whether this holder still holds it, so wait for it a while, as admin commands do.
+        try:
+            with self._on_entities(), self.connection() as conn, conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = {round(ADMIN_LOCK_WAIT * 1000)}")
+                return self._settle_on(conn, settles, retention)
+        except LockTimeout:
+            raise StoreUnavailable(
+                f"entity {settles[0].entity!r} (or another of this batch) is locked by a "
+                f"transaction in progress (waited {ADMIN_LOCK_WAIT:g}s); try again"
+            ) from None
+
+    def _settle_on(
+        self, conn: psycopg.Connection[Any], settles: Sequence[Settle], retention: float
+    ) -> list[bool]:
+        rounds = rounds_of([s.entity for s in settles])
+        done = [False] * len(settles)
+        # More than one round: in one transaction, so a lock timeout undoes all of them.
+        with conn.transaction() if len(rounds) > 1 else nullcontext():
+            for indexes in rounds:
+                batch = [settles[i] for i in indexes]
+                params = {
+                    "entities": [s.entity for s in batch],
+                    "sequences": [s.sequence for s in batch],
+                    "keys": [s.key for s in batch],
+                    "tokens": [s.fencing_token for s in batch],
+                    "applied": [s.applied for s in batch],
+                    "retention": retention,
+                }
+                held = {row[0] for row in conn.execute(self._sql["settle"], params).fetchall()}
+                for i, s in zip(indexes, batch, strict=True):
+                    done[i] = s.entity in held
+        return done
+
+    def get_entity(self, entity: str) -> Entity | None:
+        with self._on_entities():
+            rows = self._fetch(self._sql["get_entity"], {"entity": entity})
+        return entity_of(rows[0]) if rows else None
+
+    def scan_entities(
+        self, prefix: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> EntityPage:
+        where = ["(expires_at IS NULL OR expires_at > now())"]
+        params: dict[str, Any] = {"limit": limit + 1}
+        if prefix:
+            # left(), not LIKE: a prefix's % and _ are plain characters.
+            where.append("left(entity, %(plen)s) = %(prefix)s")
+            params |= {"plen": len(prefix), "prefix": prefix}
+        if cursor is not None:
+            where.append("entity > %(after)s")
+            params["after"] = cursor
+        with self._on_entities():
+            rows = self._fetch(
+                f"SELECT {ENTITY_COLUMNS} FROM {self.names.entities_table} "
+                f"WHERE {' AND '.join(where)} ORDER BY entity LIMIT %(limit)s",
+                params,
+            )
+        found = [e for r in rows[:limit] if (e := entity_of(r)) is not None]
+        return EntityPage(found, found[-1].entity if len(rows) > limit and found else None)
+
+    def count_entities(self) -> int:
+        with self._on_entities():
+            rows = self._fetch(
+                f"SELECT count(*) FROM {self.names.entities_table} "
+                "WHERE expires_at IS NULL OR expires_at > now()"
+            )
+        return int(rows[0][0])
+
+    def forget_entity(self, entity: str, force: bool = False) -> Entity:
+        validate_key(entity, "entity")
+        try:
+            with self._on_entities(), self.connection() as conn, conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = {round(ADMIN_LOCK_WAIT * 1000)}")
+                row = conn.execute(self._sql["lock_entity"], {"entity": entity}).fetchone()
+                found = None if row is None else entity_of(row)
+                if row is None or found is None or found.retention_over(utc(row[9])):
+                    raise EntityNotFound(entity)
+                if found.locked(utc(row[9])) and not force:
+                    raise entity_locked(found)
+                conn.execute(
+                    f"DELETE FROM {self.names.entities_table} WHERE entity = %(entity)s",
+                    {"entity": entity},
+                )
+                return found
+        except LockTimeout:
+            raise StoreError(
+                f"entity {entity!r} is locked by a transaction in progress (waited "
+                f"{ADMIN_LOCK_WAIT:g}s); try again"
+            ) from None
+
+    @contextmanager
+    def _on_entities(self) -> Iterator[None]:
+        """NotProvisioned that says to upgrade when the schema predates the entities."""
+        try:
+            yield
+        except NotProvisioned:
+            version = self.schema_version()
+            if 0 < version < max(migrations(self.names)):
+                raise NotProvisioned(
+                    f"PostgreSQL at {self.url} has an older idemctl schema {self.schema!r} "
+                    f"(version {version}), without the sequence guard's entities: "
+                    "run 'idemctl init' to upgrade it"
+                ) from None
+            raise
+
     # Transactional mode ---------------------------------------------------------------------------
 
     def transaction(
-        self, key: str, fingerprint: str | None = None, lease: float | None = None
+        self,
+        key: str,
+        fingerprint: str | None = None,
+        lease: float | None = None,
+        order: Order | None = None,
     ) -> AbstractContextManager[Unit]:
         """Claim ``key`` in a new transaction and keep it open around the block.
 
@@ -325,8 +567,15 @@ class PostgresStore(BaseStore):
         Another transaction on the same key meanwhile gets Busy at once: a transaction-level
         advisory lock is tried before the claim, and other claimers wait on the row at most
         lock_timeout. For any other outcome nothing is held and ``unit.connection`` is None.
+
+        With ``order``, the entity's row is locked in the same transaction once the key is
+        acquired (another transaction on it: Busy(None) at once, as another attempt's live
+        hold from ``guard_many``). An event not newer than the entity's last applied one is
+        Stale: its key is completed with a null result and committed before the block, and
+        nothing is held. Otherwise ``unit.complete()`` advances the entity too, in the
+        transaction: it commits with the handler's SQL or not at all.
         """
-        return transactional.transaction(self, key, fingerprint, lease)
+        return transactional.transaction(self, key, fingerprint, lease, order)
 
     # Admin ----------------------------------------------------------------------------------------
 
@@ -456,12 +705,25 @@ class PostgresStore(BaseStore):
     def purge(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> int:
+        """Keys and entities of the sequence guard past retention (an older schema's
+        purge, without the entities table, purges keys only)."""
         t = self.keys_table
         over = "expires_at <= now() - %(older)s * interval '1 second'"
         args = {"older": older_than, "batch": package.BATCH}
+        entities = self.names.entities_table
+        with self.connection() as conn:
+            has_entities = _exists(conn, entities)
         if dry_run:
-            return int(self._fetch(f"SELECT count(*) FROM {t} WHERE {over}", args)[0][0])
-        return self.delete_in_batches(t, "key", over, args, progress)
+            count = int(self._fetch(f"SELECT count(*) FROM {t} WHERE {over}", args)[0][0])
+            if has_entities:
+                count += int(
+                    self._fetch(f"SELECT count(*) FROM {entities} WHERE {over}", args)[0][0]
+                )
+            return count
+        purged = self.delete_in_batches(t, "key", over, args, progress)
+        if has_entities:
+            purged += self.delete_in_batches(entities, "entity", over, args, progress)
+        return purged
 
     def delete_in_batches(
         self,
@@ -526,8 +788,7 @@ class PostgresStore(BaseStore):
 
     def schema_version_on(self, conn: psycopg.Connection[Any]) -> int:
         table = self.names.version_table
-        exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
-        if not exists or exists[0] is None:
+        if not _exists(conn, table):
             return 0
         row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {table}").fetchone()
         return int(row[0]) if row else 0
@@ -563,3 +824,9 @@ def _now(conn: psycopg.Connection[Any]) -> datetime:
     row = conn.execute("SELECT now()").fetchone()
     assert row is not None
     return row[0].astimezone(UTC)  # type: ignore[no-any-return]
+
+
+def _exists(conn: psycopg.Connection[Any], table: str) -> bool:
+    """Whether ``table`` (schema-qualified, quoted) exists."""
+    row = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+    return row is not None and row[0] is not None
