@@ -177,3 +177,26 @@ def test_orders_example_commits_the_order_and_its_events_together(postgres_serve
     assert events[0][3] == {"id": "o-1", "customer": "ada", "cents": 2500}
     assert events[1][4] == {"causation-id": str(events[0][0])}
     assert first.result == {"placed": "o-1", "event": str(events[0][0])}
+
+
+def test_readme_ordering_example_runs(
+    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    import psycopg
+
+    schema = f"readme_{uuid.uuid4().hex[:8]}"
+    url = postgres_server.url(schema=schema)
+    monkeypatch.setenv("IDEMCTL_STORE", url)
+    block = readme_block("Ordering: a late event never overwrites newer state")
+    exec(compile(block, "README.md", "exec"), {})
+    with psycopg.connect(postgres_server.url().split("?")[0]) as conn:
+        rows = conn.execute("SELECT id, cents, seq FROM accounts").fetchall()
+        conn.execute("DROP TABLE accounts")
+    assert rows == [("a-7", 0, 11)]  # the late sequence 10 did not overwrite 11
+    from idemctl import open_store
+
+    with open_store(url) as store:
+        entity = store.get_entity("account:a-7")
+    assert entity is not None and (entity.sequence, entity.key) == (11, "ledger:a-7:11")
