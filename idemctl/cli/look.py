@@ -18,8 +18,8 @@ from idemctl.cli.common import (
 )
 from idemctl.cli.exitcodes import ExitCode
 from idemctl.doctor import Verdict, diagnose
-from idemctl.errors import InvalidCursor, KeyNotFound
-from idemctl.model import Status, validate_key
+from idemctl.errors import EntityNotFound, InvalidCursor, KeyNotFound, NotProvisioned
+from idemctl.model import Entity, Status, validate_key
 
 PAGE = 500
 """Records one ``scan`` call fetches for ``list``."""
@@ -28,14 +28,40 @@ PAGE = 500
 @command()
 def inspect(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(metavar="KEY", help="The idempotency key")],
+    key: Annotated[
+        str | None, typer.Argument(metavar="KEY", help="The idempotency key", show_default=False)
+    ] = None,
+    entity: Annotated[
+        str | None,
+        typer.Option(
+            "--entity",
+            metavar="ENTITY",
+            help="Show an entity of the sequence guard instead of a KEY",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Show every field of one key's record.
+    """Show every field of one key's record, or of one entity with --entity.
 
     Status, owner, fencing token, attempts, lease left, age, retention left, fingerprint,
-    result and error; exact with --json. A missing key exits 5.
+    result and error; exact with --json. --entity ENTITY: the sequence guard's last applied
+    sequence for it, when and by which key, the attempt holding it now (key, fencing token,
+    hold left) and retention left. A missing key or entity exits 5.
     """
+    one_of(ctx, key, entity)
     current = settings(ctx)
+    if entity is not None:
+        validate_key(entity, "entity")
+        with cli_store(ctx) as store:
+            found = store.get_entity(entity)
+        if found is None:
+            raise EntityNotFound(entity)
+        if current.json:
+            emit_json(found.to_json())
+        else:
+            current.out.print(render.entity_detail(found, render.now()))
+        return
+    assert key is not None
     validate_key(key)
     with cli_store(ctx) as store:
         record = store.get(key)
@@ -45,6 +71,14 @@ def inspect(
         emit_json(record.to_json())
     else:
         current.out.print(render.record_detail(record, render.now()))
+
+
+def one_of(ctx: typer.Context, key: str | None, entity: str | None) -> None:
+    """A KEY or --entity ENTITY, exactly one: else a usage error."""
+    if key is None and entity is None:
+        raise usage_error(ctx, "KEY", "give a KEY, or --entity ENTITY")
+    if key is not None and entity is not None:
+        raise usage_error(ctx, "--entity", "give a KEY or --entity ENTITY, not both")
 
 
 @command("list")
@@ -76,16 +110,38 @@ def list_(
     cursor: Annotated[
         str | None, typer.Option("--cursor", help="Go on from where the last page stopped")
     ] = None,
+    entities: Annotated[
+        bool,
+        typer.Option(
+            "--entities",
+            help="List the sequence guard's entities instead of keys (--prefix, --limit, "
+            "--cursor apply)",
+        ),
+    ] = False,
 ) -> None:
-    """List records, a page at a time.
+    """List records, or the sequence guard's entities, a page at a time.
 
     A table, or NDJSON with --json. Keys past retention are left out. --stale shows
     in-progress keys whose owner's lease expired and nobody freed (its worker may be gone):
     what `unlock --stale` frees. --released shows in-progress keys with no owner, freed by
-    an unlock or a release: the next delivery claims them.
+    an unlock or a release: the next delivery claims them. --entities lists entities in
+    name order: the last sequence applied, when, by which key, and the key holding it now.
     """
     if stale and released:
         raise usage_error(ctx, "--released", "a key is either stale or released: pick one")
+    if entities:
+        for flag, used in (
+            ("--status", status),
+            ("--stale", stale),
+            ("--released", released),
+            ("--older-than", older_than),
+        ):
+            if used:
+                raise usage_error(
+                    ctx, flag, "filters keys (--entities takes --prefix, --limit, --cursor)"
+                )
+        _list_entities(ctx, prefix, limit, cursor)
+        return
     current = settings(ctx)
     older = duration(older_than, "--older-than")
     at = render.now()
@@ -126,22 +182,66 @@ def list_(
         )
 
 
+def _list_entities(ctx: typer.Context, prefix: str | None, limit: int, cursor: str | None) -> None:
+    """``list --entities``: pages of ``scan_entities``, as ``list`` pages records."""
+    current = settings(ctx)
+    at = render.now()
+    shown: list[Entity] = []
+    remaining = limit or None
+    with cli_store(ctx) as store:
+        while True:
+            try:
+                page = store.scan_entities(
+                    prefix=prefix,
+                    limit=PAGE if remaining is None else min(PAGE, remaining),
+                    cursor=cursor,
+                )
+            except InvalidCursor as exc:
+                raise usage_error(ctx, "--cursor", str(exc)) from None
+            if current.json:
+                for found in page.entities:
+                    emit_json(found.to_json())
+            shown += page.entities
+            cursor = page.cursor
+            if remaining is not None:
+                remaining -= len(page.entities)
+            if cursor is None or (remaining is not None and remaining <= 0):
+                break
+    if not current.json:
+        if shown:
+            current.out.print(render.entities_table(shown, at))
+        else:
+            current.err.print("no entities match")
+    if cursor is not None:
+        current.err.print(
+            f"showing {len(shown)}; for more: idemctl list --entities ... --cursor {cursor!r}",
+            markup=False,
+        )
+
+
 @command()
 def stats(ctx: typer.Context) -> None:
-    """Count records by status, stale and released leases, and the oldest in-progress key's age.
+    """Count records by status, stale and released leases, the oldest in-progress key's age,
+    and the sequence guard's entities.
 
     Stale: in progress, the owner's lease expired and nobody freed it (`unlock --stale`
     frees them). Released: in progress with no owner, waiting for the next delivery.
+    Entities: those the sequence guard keeps a last applied sequence for (none counted,
+    `-` or null, on a store provisioned before the guard: `idemctl init` adds it).
     """
     current = settings(ctx)
     with cli_store(ctx) as store:
         counts = store.stats()
+        try:
+            entities: int | None = store.count_entities()
+        except NotProvisioned:  # keys provisioned, the guard's table not yet
+            entities = None
         url = store.url
     at = render.now()
     if current.json:
-        emit_json(render.stats_json(store_fields(ctx, url), counts, at))
+        emit_json(render.stats_json(store_fields(ctx, url), counts, at, entities))
     else:
-        current.out.print(render.stats_table(counts, at))
+        current.out.print(render.stats_table(counts, at, entities))
 
 
 @command()

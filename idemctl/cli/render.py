@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from idemctl.durations import format_duration
-from idemctl.model import Finding, Provisioning, Record, Stats, Status, iso_time
+from idemctl.model import Entity, Finding, Provisioning, Record, Stats, Status, iso_time
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod, RenderableType
@@ -130,7 +130,79 @@ def records_table(records: list[Record], at: datetime) -> Table:
     return table
 
 
-def stats_json(where: Mapping[str, str], stats: Stats, at: datetime) -> dict[str, Any]:
+def hold_text(entity: Entity, at: datetime) -> str:
+    """How long the attempt holding ``entity`` keeps it: ``12s left``, ``expired 3s ago``
+    (a hold that expired still lets its holder settle until another key takes it)."""
+    if entity.holder is None or entity.lock_expires_at is None:
+        return "-"
+    left = (entity.lock_expires_at - at).total_seconds()
+    return f"{format_duration(left)} left" if left > 0 else f"expired {format_duration(-left)} ago"
+
+
+def entity_detail(entity: Entity, at: datetime) -> RenderableType:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    retention = "-"
+    if entity.expires_at is not None:
+        left = max(0.0, (entity.expires_at - at).total_seconds())
+        retention = f"until {stamp(entity.expires_at)} ({format_duration(left)} left)"
+    hold = hold_text(entity, at)
+    if entity.holder is not None and entity.lock_expires_at is not None:
+        hold += f" ({stamp(entity.lock_expires_at)})"
+    rows: list[tuple[str, str | Text]] = [
+        ("entity", Text(entity.entity)),
+        ("sequence", "-" if entity.sequence is None else str(entity.sequence)),
+        ("applied", when(entity.applied_at, at)),
+        ("applied by", "-" if entity.key is None else Text(entity.key)),
+        ("holder", "-" if entity.holder is None else Text(entity.holder)),
+        ("holder token", "-" if entity.holder_token is None else str(entity.holder_token)),
+        ("hold", hold),
+        ("updated", when(entity.updated_at, at)),
+        ("retention", retention),
+    ]
+    for name, value in rows:
+        grid.add_row(name, value)
+    return grid
+
+
+def entities_table(entities: list[Entity], at: datetime) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("ENTITY", overflow="fold")
+    table.add_column("SEQUENCE", justify="right")
+    table.add_column("APPLIED AT", no_wrap=True)
+    table.add_column("KEY", overflow="fold")
+    table.add_column("HOLDER", overflow="fold")
+    for e in entities:
+        holder: str | Text = "-"
+        if e.holder is not None:
+            holder = Text(f"{e.holder} ({hold_text(e, at)})")
+            holder.stylize("yellow" if e.locked(at) else "magenta")
+        table.add_row(
+            Text(e.entity),
+            "-" if e.sequence is None else str(e.sequence),
+            when(e.applied_at, at),
+            "-" if e.key is None else Text(e.key),
+            holder,
+        )
+    return table
+
+
+def entity_summary(entity: Entity) -> str:
+    """``at sequence 11, applied by key 'e11'; held by key 'e12'`` (plain text)."""
+    if entity.sequence is None:
+        text = "no sequence applied yet"
+    else:
+        text = f"at sequence {entity.sequence}, applied by key {entity.key!r}"
+    if entity.holder is not None:
+        text += f"; held by key {entity.holder!r}"
+    return text
+
+
+def stats_json(
+    where: Mapping[str, str], stats: Stats, at: datetime, entities: int | None
+) -> dict[str, Any]:
+    """``schemas/stats.schema.json``; ``entities`` None: the store has no guard table yet."""
     oldest = stats.oldest_in_progress
     return {
         **where,
@@ -143,10 +215,11 @@ def stats_json(where: Mapping[str, str], stats: Stats, at: datetime) -> dict[str
             None if oldest is None else round((at - oldest).total_seconds(), 3)
         ),
         "past_retention": stats.past_retention,
+        "entities": entities,
     }
 
 
-def stats_table(stats: Stats, at: datetime) -> Table:
+def stats_table(stats: Stats, at: datetime, entities: int | None) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column(justify="right")
@@ -169,6 +242,11 @@ def stats_table(stats: Stats, at: datetime) -> Table:
         "-" if oldest is None else format_duration((at - oldest).total_seconds()),
         "" if oldest is None else f"created {stamp(oldest)}",
     )
+    if entities is None:
+        grid.add_row("entities", "-", "no sequence guard table yet: idemctl init")
+    else:
+        guarded = "last applied sequence per entity: idemctl list --entities"
+        grid.add_row("entities", str(entities), guarded if entities else "")
     if stats.past_retention:
         grid.add_row(
             "past retention", str(stats.past_retention), "kept until purged: idemctl purge"
@@ -244,6 +322,7 @@ def action_json(
     count: int,
     keys: list[str] | None = None,
     record: Record | None = None,
+    entity: Entity | None = None,
 ) -> dict[str, Any]:
     """What an action did, or would do (``dry_run``): ``schemas/action.schema.json``."""
     return {
@@ -253,6 +332,7 @@ def action_json(
         "count": count,
         "keys": keys,
         "record": None if record is None else record.to_json(),
+        "entity": None if entity is None else entity.to_json(),
     }
 
 

@@ -20,10 +20,11 @@ from idemctl.cli.common import (
     store_fields,
     usage_error,
 )
-from idemctl.errors import KeyNotFound
+from idemctl.cli.look import one_of
+from idemctl.errors import EntityNotFound, KeyNotFound
 from idemctl.model import Record, validate_key
 from idemctl.stores.base import Store
-from idemctl.stores.machine import check_forgettable, unlocked
+from idemctl.stores.machine import check_forgettable, entity_locked, unlocked
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Show what would change and change nothing")
@@ -100,17 +101,38 @@ def unlock(
 @command()
 def forget(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(metavar="KEY", help="The key to forget")],
-    force: Annotated[bool, typer.Option("--force", help="Forget an in-progress key too")] = False,
+    key: Annotated[
+        str | None, typer.Argument(metavar="KEY", help="The key to forget", show_default=False)
+    ] = None,
+    entity: Annotated[
+        str | None,
+        typer.Option(
+            "--entity",
+            metavar="ENTITY",
+            help="Forget an entity of the sequence guard instead of a KEY",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Forget an in-progress key, or a held entity, too"),
+    ] = False,
     dry_run: DryRunOption = False,
 ) -> None:
-    """Forget a key so its next delivery runs the handler again.
+    """Forget a key so its next delivery runs the handler again, or an entity with --entity.
 
     For completed or failed keys. An in-progress key needs --force (exit 6 without): its
     worker may still be running. What stays is a tombstone that keeps the key's fencing
-    counter (the next claim gets token + 1) until purge. --dry-run shows the record that
-    would be forgotten and changes nothing.
+    counter (the next claim gets token + 1) until purge. --entity ENTITY forgets the
+    sequence guard's entity: its next event applies whatever its sequence. An entity an
+    attempt holds needs --force (exit 6 without): that attempt may still be working, and
+    can no longer settle. --dry-run shows what would be forgotten and changes nothing.
     """
+    one_of(ctx, key, entity)
+    if entity is not None:
+        _forget_entity(ctx, entity, force, dry_run)
+        return
+    assert key is not None
     validate_key(key)
     with cli_store(ctx) as store:
         if dry_run:  # the checks forget makes, on the record as it is now; no write
@@ -119,6 +141,41 @@ def forget(
         else:
             record = store.forget(key, force=force)
         _report(ctx, "forget", store.url, [key], record=record, dry_run=dry_run)
+
+
+def _forget_entity(ctx: typer.Context, entity: str, force: bool, dry_run: bool) -> None:
+    validate_key(entity, "entity")
+    with cli_store(ctx) as store:
+        if dry_run:  # the checks forget_entity makes, on the entity as it is now; no write
+            found = store.get_entity(entity)
+            if found is None:
+                raise EntityNotFound(entity)
+            if found.locked(render.now()) and not force:
+                raise entity_locked(found)
+        else:
+            found = store.forget_entity(entity, force=force)
+        url = store.url
+    current = settings(ctx)
+    if current.json:
+        emit_json(
+            render.action_json(
+                "forget", store_fields(ctx, url), dry_run=dry_run, count=1, entity=found
+            )
+        )
+        return
+    summary = render.entity_summary(found)
+    if dry_run:
+        current.out.print(
+            f"would forget entity {found.entity!r} ({summary}): "
+            "its next event would apply whatever its sequence",
+            markup=False,
+        )
+        current.err.print(f"dry run: nothing changed on {url}", markup=False)
+        return
+    current.out.print(
+        f"forgot entity {found.entity!r} ({summary}): its next event applies whatever its sequence",
+        markup=False,
+    )
 
 
 def _existing(store: Store, key: str) -> Record:

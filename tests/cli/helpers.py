@@ -97,11 +97,14 @@ def messages(result: Result) -> str:
     return _STORE_LINE.sub("", result.stderr, count=1)
 
 
-_MORE = re.compile(r"showing (\d+); for more: idemctl list \.\.\. --cursor (.+)$", re.MULTILINE)
+_MORE = re.compile(
+    r"showing (\d+); for more: idemctl list (?:--entities )?\.\.\. --cursor (.+)$", re.MULTILINE
+)
 
 
 def next_cursor(result: Result) -> str | None:
-    """The cursor ``list`` printed on stderr for the next page; None when it printed none."""
+    """The cursor ``list`` (or ``list --entities``) printed on stderr for the next page; None
+    when it printed none."""
     match = _MORE.search(result.stderr)
     if match is None:
         return None
@@ -110,13 +113,20 @@ def next_cursor(result: Result) -> str | None:
     return cursor
 
 
-def rows(text: str) -> dict[str, str]:
-    """``inspect``'s detail grid as {field: value}; a value's continuation lines (a result
-    printed as indented JSON) are joined to it."""
-    names = (
-        "key", "status", "owner", "fencing token", "attempts", "lease", "age", "updated",
-        "completed", "retention", "fingerprint", "error", "result",
-    )  # fmt: skip
+RECORD_ROWS = (
+    "key", "status", "owner", "fencing token", "attempts", "lease", "age", "updated",
+    "completed", "retention", "fingerprint", "error", "result",
+)  # fmt: skip
+ENTITY_ROWS = (
+    "entity", "sequence", "applied", "applied by", "holder", "holder token", "hold", "updated",
+    "retention",
+)  # fmt: skip
+
+
+def rows(text: str, names: tuple[str, ...] = RECORD_ROWS) -> dict[str, str]:
+    """``inspect``'s detail grid as {field: value} (``names``: ENTITY_ROWS for ``inspect
+    --entity``); a value's continuation lines (a result printed as indented JSON) are joined
+    to it."""
     found: dict[str, str] = {}
     last = None
     for line in text.splitlines():
@@ -131,12 +141,18 @@ def rows(text: str) -> dict[str, str]:
     return found
 
 
-def table(text: str) -> dict[str, list[str]]:
-    """``list``'s table as {key: [status, token, attempts, lease, age]}. Columns are split on
-    runs of two or more spaces, so a status like ``in_progress (stale)`` stays whole."""
+KEY_COLUMNS = ["KEY", "STATUS", "TOKEN", "ATTEMPTS", "LEASE", "AGE"]
+ENTITY_COLUMNS = ["ENTITY", "SEQUENCE", "APPLIED AT", "KEY", "HOLDER"]
+
+
+def table(text: str, columns: list[str] = KEY_COLUMNS) -> dict[str, list[str]]:
+    """``list``'s table as {key: [status, token, attempts, lease, age]} (``columns``:
+    ENTITY_COLUMNS for ``list --entities``: {entity: [sequence, applied at, key, holder]}).
+    Columns are split on runs of two or more spaces, so a status like ``in_progress
+    (stale)`` stays whole."""
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines, "no table on stdout"
-    assert lines[0].split() == ["KEY", "STATUS", "TOKEN", "ATTEMPTS", "LEASE", "AGE"], lines[0]
+    assert re.split(r"\s{2,}", lines[0].strip()) == columns, lines[0]
     out = {}
     for line in lines[1:]:
         cells = re.split(r"\s{2,}", line.strip())

@@ -539,6 +539,7 @@ def test_stats_counts_what_was_made(target: Target) -> None:
         "oldest_in_progress_at": document["oldest_in_progress_at"],
         "oldest_in_progress_age_seconds": document["oldest_in_progress_age_seconds"],
         "past_retention": past,
+        "entities": 0,
     }
 
     # Stores keep milliseconds or microseconds: compare the instant, not the spelling.
@@ -571,7 +572,7 @@ def test_stats_counts_what_was_made(target: Target) -> None:
     assert "Delete" not in purged.stderr
     assert json_doc(purged, "action.schema.json") == {
         "action": "purge", "store": target.store.url, "store_source": "--store",
-        "dry_run": False, "count": past, "keys": None, "record": None,
+        "dry_run": False, "count": past, "keys": None, "record": None, "entity": None,
     }  # fmt: skip
     after = json_doc(on(target.url, "stats", "--json"), "stats.schema.json")
     assert (after["past_retention"], after["total"], after["stale"]) == (0, 9, 2)
@@ -584,7 +585,7 @@ def test_stats_empty_store(target: Target) -> None:
         "store": target.store.url, "store_source": "--store", "total": 0,
         "by_status": {"in_progress": 0, "completed": 0, "failed": 0}, "stale": 0,
         "released": 0, "oldest_in_progress_at": None, "oldest_in_progress_age_seconds": None,
-        "past_retention": 0,
+        "past_retention": 0, "entities": 0,
     }  # fmt: skip
     shown = grid(on(target.url, "stats").stdout)
     assert shown["total"] == ["0"]
@@ -850,7 +851,7 @@ def test_unlock_key(target: Target) -> None:
     assert {k: v for k, v in document.items() if k != "record"} == {
         "action": "unlock", "store": target.store.url,
         "store_source": "--store", "dry_run": False, "count": 1,
-        "keys": ["u:stale"],
+        "keys": ["u:stale"], "entity": None,
     }  # fmt: skip
     assert document["record"]["key"] == "u:stale"
     assert document["record"]["owner"] is None
@@ -874,7 +875,7 @@ def test_unlock_key(target: Target) -> None:
     assert json_doc(rest, "action.schema.json") == {
         "action": "unlock", "store": target.store.url,
         "store_source": "--store", "dry_run": False, "count": 2,
-        "keys": ["u:stale-2", "u:stale-3"], "record": None,
+        "keys": ["u:stale-2", "u:stale-3"], "record": None, "entity": None,
     }  # fmt: skip
     for key in ("u:stale-2", "u:stale-3"):
         record = target.get(key)
@@ -922,7 +923,7 @@ def test_unlock_and_forget_one_key_dry_run_change_nothing(target: Target) -> Non
     document = json_doc(as_json, "action.schema.json")
     assert {k: v for k, v in document.items() if k != "record"} == {
         "action": "unlock", "store": target.store.url, "store_source": "--store",
-        "dry_run": True, "count": 1, "keys": ["d:live"],
+        "dry_run": True, "count": 1, "keys": ["d:live"], "entity": None,
     }  # fmt: skip
     assert document["record"]["owner"] is None  # as the record would be
     assert document["record"]["fencing_token"] == live.fencing_token
@@ -993,7 +994,7 @@ def test_unlock_stale(target: Target) -> None:
     assert json_doc(dry_json, "action.schema.json") == {
         "action": "unlock", "store": target.store.url,
         "store_source": "--store", "dry_run": True, "count": 3,
-        "keys": stale, "record": None,
+        "keys": stale, "record": None, "entity": None,
     }  # fmt: skip
     assert owners() == held
 
@@ -1005,7 +1006,7 @@ def test_unlock_stale(target: Target) -> None:
     assert json_doc(none_yet, "action.schema.json") == {
         "action": "unlock", "store": target.store.url,
         "store_source": "--store", "dry_run": False, "count": 0,
-        "keys": [], "record": None,
+        "keys": [], "record": None, "entity": None,
     }  # fmt: skip
     assert owners() == held  # no lease ended an hour ago
 
@@ -1060,7 +1061,7 @@ def test_forget(target: Target) -> None:
     assert json_doc(as_json, "action.schema.json") == {
         "action": "forget", "store": target.store.url,
         "store_source": "--store", "dry_run": False, "count": 1,
-        "keys": ["f:failed"], "record": failed.to_json(),
+        "keys": ["f:failed"], "record": failed.to_json(), "entity": None,
     }  # fmt: skip
     assert target.get("f:failed") is None
     assert target.claim("f:failed").attempt == 1
@@ -1112,7 +1113,7 @@ def test_purge(target: Target) -> None:
     assert json_doc(dry_json, "action.schema.json") == {
         "action": "purge", "store": target.store.url,
         "store_source": "--store", "dry_run": True, "count": expected,
-        "keys": None, "record": None,
+        "keys": None, "record": None, "entity": None,
     }  # fmt: skip
     assert past() == expected  # the dry runs deleted nothing
     recent = on(target.url, "purge", "--older-than", "100ms", "--dry-run", "--json")

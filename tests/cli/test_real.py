@@ -646,7 +646,7 @@ def test_unlock_stale_asks_first(db: tuple[Path, str]) -> None:
     assert action == {
         "action": "unlock", "store": url, "store_source": "--store", "dry_run": False,
         "count": 2, "keys": ["s-1", "s-2"],
-        "record": None,
+        "record": None, "entity": None,
     }  # fmt: skip
     with open_store(url) as store:
         # Released, not deleted: still in progress (listed by --released, no longer by
