@@ -24,6 +24,7 @@ from idemctl.model import (
     Settle,
     Status,
     Verdict,
+    iso_time,
 )
 from idemctl.stores.base import new_owner
 
@@ -294,6 +295,6 @@ def entity_locked(entity: Entity) -> Refused:
     """What every backend says when asked, without force, to forget a held entity."""
     return Refused(
         f"entity {entity.entity!r} is held by key {entity.holder!r} until "
-        f"{entity.lock_expires_at}; forgetting it lets an older event apply while that "
+        f"{iso_time(entity.lock_expires_at)}; forgetting it lets an older event apply while that "
         "attempt may still be working (use --force, or force=True, to do it anyway)"
     )

@@ -267,6 +267,11 @@ class SQLiteStore(RowStore):
 
     def _translate(self, exc: sqlite3.Error) -> StoreError:
         text = str(exc)
+        if "no such table: idem_entities" in text:
+            return NotProvisioned(
+                f"SQLite database {self.path} has an older idemctl schema, without the "
+                "sequence guard's table: run 'idemctl init' to upgrade it"
+            )
         if "no such table" in text:
             return NotProvisioned(
                 f"SQLite database {self.path} has no idemctl tables: run 'idemctl init'"
