@@ -146,6 +146,7 @@ local function advance_entity(key, rec, sequence, holder, retention, now)
   if rec.seq == '' or seq > tonumber(rec.seq) then
     rec.seq, rec.key, rec.applied = int(seq), holder, int(now)
   end
-  write(key, rec, retention, 'holder', '', 'holder_token', '', 'lock', '', 'updated', int(now),
-    'expires', int(now + retention))
+  rec.holder, rec.holder_token, rec.lock, rec.updated, rec.expires =
+    '', '', '', int(now), int(now + retention)
+  redis.call('SET', key, cjson.encode(rec), 'PX', retention)
 end

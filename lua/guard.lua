@@ -32,7 +32,9 @@ return each(2, 3, function(key, sequence, holder, token)
   if rec == nil then
     rec = {seq = '', key = '', applied = ''}
   end
-  write(key, rec, lease + retention, 'holder', holder, 'holder_token', int(t),
-    'lock', int(ends), 'updated', int(now), 'expires', int(ends + retention))
+  -- Fields set in place and one SET, not write()'s varargs: a guard per message.
+  rec.holder, rec.holder_token, rec.lock, rec.updated, rec.expires =
+    holder, int(t), int(ends), int(now), int(ends + retention)
+  redis.call('SET', key, cjson.encode(rec), 'PX', lease + retention)
   return {'go', last, ''}
 end)
