@@ -520,9 +520,13 @@ def test_usage_errors_exit_2(tmp_path: Path, args: list[str], says: str) -> None
 GUARD_PROVISIONING = {
     "sqlite": ["CREATE TABLE IF NOT EXISTS idem_entities (", "ON idem_entities (expires_at)"],
     "postgres": ['."entities" (', '."entities" (expires_at)'],
-    "redis": ["SCRIPT LOAD guard.lua", "SCRIPT LOAD settle.lua", "SCRIPT LOAD forget_entity.lua"],
+    "redis": [
+        "SCRIPT LOAD guard.lua", "SCRIPT LOAD settle.lua", "SCRIPT LOAD forget_entity.lua",
+        "SCRIPT LOAD finish.lua",
+    ],
     "redis-cluster": [
         "SCRIPT LOAD guard.lua", "SCRIPT LOAD settle.lua", "SCRIPT LOAD forget_entity.lua",
+        "SCRIPT LOAD finish.lua",
     ],
     "dynamodb": [],  # entities are items of the store's own table: nothing of their own
 }  # fmt: skip

@@ -55,6 +55,7 @@ SCRIPTS = (
     "guard",
     "settle",
     "forget_entity",
+    "finish",
 )
 
 
