@@ -399,6 +399,13 @@ def validate_key(key: str, what: str = "idempotency key") -> str:
     One rule for every store: a non-empty string of valid Unicode, at most MAX_KEY_BYTES in
     UTF-8, without control characters (U+0000-U+001F, U+007F-U+009F: PostgreSQL cannot
     store NUL in text, and none of them shows in a terminal or a log as it is)."""
+    if (
+        isinstance(key, str)
+        and key.isascii()
+        and key.isprintable()
+        and 0 < len(key) <= MAX_KEY_BYTES
+    ):
+        return key  # the common case, without the regex: printable ASCII is one byte a char
     if not isinstance(key, str):
         raise InvalidKey(f"{what} must be a string, not {type(key).__name__}")
     if not key:
