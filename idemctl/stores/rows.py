@@ -114,18 +114,7 @@ class RowStore(BaseStore):
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
-        done = []
-        with self._transaction() as tx:
-            now = self.now()
-            for c in completions:
-                try:
-                    held = check_holder(tx.get(c.key), c.key, c.owner, c.fencing_token, now)
-                except LeaseLost:
-                    done.append(False)
-                    continue
-                tx.put(completed(held, now, c.result, self._retention(retention)))
-                done.append(True)
-        return done
+        return self.finish_many(completions, (), retention)
 
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
         key, owner, fencing_token = held.key, held.owner, held.fencing_token
@@ -193,7 +182,8 @@ class RowStore(BaseStore):
         settles: Sequence[Settle],
         retention: float | None = None,
     ) -> list[bool]:
-        """In one transaction: each entity advanced and its key completed, or neither."""
+        """In one transaction: each entity advanced and its key completed, or neither
+        (``complete_many`` is this without settles)."""
         by_key = {s.key: s for s in settles}
         keep = self._retention(retention)
         done = []

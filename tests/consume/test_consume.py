@@ -23,7 +23,6 @@ import pytest
 from idemctl import Acquired, Permanent, open_store
 from idemctl.consume import ConsumeOptions, Consumer, Event, adapt
 from idemctl.runner import Context
-from tests.backends import unique_prefix, unique_schema
 from tests.servers import KafkaBroker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,19 +90,6 @@ def options(broker: KafkaBroker, topic: str, group: str, **kw: Any) -> ConsumeOp
     kw.setdefault("exit_when_idle", 3.0)
     kw.setdefault("backoff", 0.2)
     return ConsumeOptions(broker.bootstrap, [topic], group, kafka_config=kafka, **kw)
-
-
-@pytest.fixture(params=["sqlite", "redis", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/consume.db"
-    if request.param == "redis":
-        server = request.getfixturevalue("redis_server")
-        return f"redis://127.0.0.1:{server.port}/0?prefix={unique_prefix()}"
-    url: str = request.getfixturevalue("postgres_server").url(schema=unique_schema())
-    with open_store(url) as s:
-        s.provision()
-    return url
 
 
 def test_each_key_runs_once_across_duplicates_and_partitions(

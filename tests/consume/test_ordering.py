@@ -19,24 +19,10 @@ from idemctl import open_store
 from idemctl.consume import Consumer, Event, adapt
 from idemctl.consume.options import Summary
 from idemctl.runner import Context
-from tests.backends import unique_prefix, unique_schema
 from tests.consume.test_consume import committed, names, options, produce, read_all
 from tests.servers import KafkaBroker
 
 ORDER = {"order_key": "account:{account}", "sequence": "seq"}
-
-
-@pytest.fixture(params=["sqlite", "redis", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/consume.db"
-    if request.param == "redis":
-        server = request.getfixturevalue("redis_server")
-        return f"redis://127.0.0.1:{server.port}/0?prefix={unique_prefix()}"
-    url: str = request.getfixturevalue("postgres_server").url(schema=unique_schema())
-    with open_store(url) as s:
-        s.provision()
-    return url
 
 
 def to_partition(broker: KafkaBroker, topic: str, partition: int, m: dict[str, Any]) -> None:
