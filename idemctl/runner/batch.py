@@ -106,8 +106,16 @@ class Batch:
         try:
             replies = self.store.guard_many(guards, self._lease)
         except BaseException:
-            for g in guards:  # nothing was decided: the keys go back for the next delivery
-                self.give_back(g.key)
+            # Nothing was decided: the keys go back for the next delivery, while the store
+            # answers (those it does not take back wait out their leases).
+            for key in list(self._held):
+                a = self._held.pop(key)
+                try:
+                    self.store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
+                except IdemctlError as exc:
+                    self.logger.debug("release %s: %s", key, exc)
+                    break
+            self._held.clear()
             raise
         stopped = []
         for g, reply in zip(guards, replies, strict=True):

@@ -72,3 +72,45 @@ def test_a_completion_the_store_refuses_comes_back_as_lease_lost() -> None:
 def test_transactional_mode_needs_a_transactional_store() -> None:
     with pytest.raises(ConfigError, match="transactional mode needs a PostgreSQL store"):
         Batch(MemoryStore(), transactional=True)
+
+
+def test_a_round_with_orders_asks_the_guard_and_settles_what_ran() -> None:
+    from idemctl.model import Guard, Order
+
+    store = MemoryStore()
+    other = store.claim("other")
+    assert isinstance(other, Acquired)
+    store.guard_many([Guard("acct:busy", 1, "other", other.fencing_token)])
+    with Batch(store) as batch:
+        done = batch.claim([ClaimRequest("first")], [Order("acct:1", 3)])
+        assert done[0].outcome is Outcome.HELD and done[0].last is None
+        assert batch.run("first", lambda ctx: ctx.sequence).outcome is Outcome.RAN
+        assert [r.outcome for r in batch.complete_all()] == [Outcome.EXECUTED]
+        orders = [Order("acct:1", 2), Order("acct:1", 5), Order("acct:busy", 2), None]
+        claimed = batch.claim([ClaimRequest(k) for k in ("late", "next", "held", "plain")], orders)
+        assert [r.outcome for r in claimed] == [
+            Outcome.STALE, Outcome.HELD, Outcome.BUSY, Outcome.HELD
+        ]  # fmt: skip
+        assert (claimed[0].last, claimed[1].last) == (3, 3)
+        assert batch.give_back("next").outcome is Outcome.RELEASED
+        batch.complete_all()
+    entity = store.get_entity("acct:1")
+    assert entity is not None and (entity.sequence, entity.key, entity.holder) == (3, "first", None)
+    late, held = store.get("late"), store.get("held")
+    assert late is not None and late.status is Status.COMPLETED and late.result is None
+    assert held is not None and held.owner is None  # given back for the next delivery
+
+
+def test_a_guard_the_store_does_not_answer_gives_every_claim_back() -> None:
+    from idemctl.errors import StoreUnavailable
+    from idemctl.model import Order
+
+    class Down(MemoryStore):
+        def _guard_many(self, guards, lease):  # type: ignore[no-untyped-def]
+            raise StoreUnavailable("down")
+
+    store = Down()
+    with Batch(store) as batch, pytest.raises(StoreUnavailable):
+        batch.claim([ClaimRequest("a"), ClaimRequest("b")], [Order("e", 1), None])
+    for key in ("a", "b"):  # nothing decided: claimable again at once
+        assert isinstance(store.claim(key), Acquired)
