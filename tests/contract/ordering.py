@@ -13,7 +13,6 @@ from typing import Any
 from idemctl.errors import StoreUnavailable
 from idemctl.model import Order
 from idemctl.runner import Context, Outcome, run
-from idemctl.stores import open_store
 from idemctl.stores.base import Store
 
 Event = tuple[str, int]
@@ -59,17 +58,3 @@ def deliver(
         if pending:
             time.sleep(random.uniform(0.001, 0.005))
     return outcomes
-
-
-def process_main(
-    url: str, events: list[Event], ledger: str, worker: int, barrier: Any, results: Any
-) -> None:
-    try:
-        store = open_store(url)
-        try:
-            results.put((worker, deliver(store, events, ledger, worker, barrier)))
-        finally:
-            store.close()
-    except Exception as exc:
-        results.put((worker, {"error": [repr(exc)]}))
-        raise

@@ -5,8 +5,6 @@ Effects are counted in a ledger file the handler appends to, never from return v
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
 import random
 import threading
 from collections import defaultdict
@@ -15,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.backends import Backend
-from tests.contract.ordering import Event, deliver, process_main
+from tests.contract.ordering import Event, deliver
+from tests.contract.race import race
 
 ENTITIES = 200
 EVENTS_PER_ENTITY = 4
@@ -85,9 +84,9 @@ def test_shuffled_duplicated_events_apply_in_sequence_order(
     assert sum(len(seen) for seen in outcomes.values()) == sum(len(p) for p in partitions)
     store = stores[0]
     for e in range(0, ENTITIES, 20):
-        entity = store.get_entity(f"acct:{e:03d}")
-        assert entity is not None and entity.sequence == EVENTS_PER_ENTITY
-        assert entity.key == f"acct:{e:03d}#{EVENTS_PER_ENTITY}" and entity.holder is None
+        found = store.get_entity(f"acct:{e:03d}")
+        assert found is not None and found.sequence == EVENTS_PER_ENTITY
+        assert found.key == f"acct:{e:03d}#{EVENTS_PER_ENTITY}" and found.holder is None
     for s in stores:
         s.close()
 
@@ -106,45 +105,8 @@ def test_two_processes_racing_one_entity_never_apply_backwards(
     for events in orders:
         events.sort(key=lambda e: e[1] + random.Random(e[1]).randrange(-8, 8))
     ledger = tmp_path / "ledger.txt"
-    results: dict[int, dict[str, list[str]]] = {}
-    if backend.url:
-        ctx = multiprocessing.get_context("spawn")
-        barrier = ctx.Barrier(2)
-        out = ctx.Queue()
-        procs = [
-            ctx.Process(
-                target=process_main, args=(backend.url, orders[w], str(ledger), w, barrier, out)
-            )
-            for w in range(2)
-        ]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:
-                worker, got = out.get(timeout=180)
-                results[worker] = got
-        except queue.Empty:
-            pytest.fail(f"workers did not finish; exit codes {[p.exitcode for p in procs]}")
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-        assert [p.exitcode for p in procs] == [0, 0]
-    else:
-        store = backend.open()
-        tbarrier = threading.Barrier(2)
-
-        def thread_main(w: int) -> None:
-            results[w] = deliver(store, orders[w], str(ledger), w, tbarrier)
-
-        threads = [threading.Thread(target=thread_main, args=(w,)) for w in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=180)
+    results = race(backend, deliver, orders, str(ledger))
     assert sorted(results) == [0, 1]
-    assert [r for r in results.values() if "error" in r] == []
     applied = [sequence for _, sequence, _ in _ledger(ledger)]
     assert applied == sorted(set(applied)), applied
     assert applied[-1] == n

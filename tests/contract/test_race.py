@@ -6,9 +6,6 @@ Stores reachable from other processes race in 8 OS processes; memory:// in 8 thr
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +13,7 @@ import pytest
 
 from idemctl.model import Status
 from tests.backends import Backend
-from tests.contract.race import process_main, work
+from tests.contract.race import race, work
 
 WORKERS = 8
 KEYS = [f"payment-{i:03d}" for i in range(200)]
@@ -25,44 +22,7 @@ KEYS = [f"payment-{i:03d}" for i in range(200)]
 @pytest.mark.slow
 def test_race_every_handler_runs_exactly_once(backend: Backend, tmp_path: Path) -> None:
     ledger = str(tmp_path / "ledger.txt")
-    results: dict[int, dict[str, int]] = {}
-    if backend.url:
-        ctx = multiprocessing.get_context("spawn")
-        barrier = ctx.Barrier(WORKERS)
-        out = ctx.Queue()
-        procs = [
-            ctx.Process(target=process_main, args=(backend.url, KEYS, ledger, w, barrier, out))
-            for w in range(WORKERS)
-        ]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:
-                worker, counts = out.get(timeout=180)
-                results[worker] = counts
-        except queue.Empty:
-            pytest.fail(f"workers did not finish; exit codes {[p.exitcode for p in procs]}")
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-        assert [p.exitcode for p in procs] == [0] * WORKERS
-    else:
-        store = backend.open()
-        tbarrier = threading.Barrier(WORKERS)
-
-        def thread_main(w: int) -> None:
-            results[w] = work(store, KEYS, ledger, w, tbarrier)
-
-        threads = [threading.Thread(target=thread_main, args=(w,)) for w in range(WORKERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=180)
-        assert len(results) == WORKERS
-
-    assert [c for c in results.values() if "error" in c] == []
+    results = race(backend, work, [KEYS] * WORKERS, ledger)
     lines = Path(ledger).read_text().splitlines()
     runs = Counter(line.split()[0] for line in lines)
     assert set(runs) == set(KEYS)
