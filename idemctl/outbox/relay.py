@@ -1,12 +1,17 @@
 """The relay: publishes committed outbox rows to Kafka, marking each published only once
-the broker has acknowledged it.
+the broker has acknowledged it, and keeping each aggregate's events in write order.
 
-Each round, in one PostgreSQL transaction: lock up to ``batch_size`` due rows with
-``FOR UPDATE SKIP LOCKED`` (other relays skip them), produce them with an idempotent
-producer, wait for every acknowledgement, then mark the acknowledged rows published and
-count a failed attempt (with its error and a back-off) on the others, and commit. A relay
-that dies before the commit leaves its rows unpublished, so another publishes them again:
-an event may appear twice, always with the same ``id`` header, and is never lost.
+Each round, in one PostgreSQL transaction: take up to ``batch_size`` rows
+(``OutboxTable.take``: the aggregates whose earliest unpublished row is due and not held by
+another relay, each from that row on, locked until the commit), produce them with an
+idempotent producer keyed by ``aggregateid``, one row of an aggregate at a time (the next
+only once the broker acknowledged the one before; rows of different aggregates go out
+together), then mark the acknowledged rows published and count a failed attempt (with
+its error and a back-off) on the row that failed, and commit. A failed row stays its
+aggregate's earliest unpublished row, so the aggregate's later rows wait for it, while
+other aggregates go on. A relay that dies before the commit leaves its rows unpublished,
+so another publishes them again: an event may appear twice, always with the same ``id``
+header, and is never lost.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import string
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -129,6 +135,37 @@ def publish(
     return results
 
 
+def publish_in_order(
+    producer: Any,
+    rows: Sequence[OutboxRow],
+    topic_of: Callable[[OutboxRow], str],
+    timeout: float,
+) -> tuple[dict[uuid.UUID, str | None], list[OutboxRow]]:
+    """Produce ``rows`` (in write order) so that no row goes out before the rows written
+    before it of its aggregate are acknowledged: in waves, each holding the next row of
+    every aggregate, each waited for (up to ``timeout``) before the next. An aggregate
+    whose row failed stops there.
+
+    Returns the outcome of each row produced (as ``publish``), and the rows held back, not
+    produced, because an earlier row of their aggregate failed."""
+    queues: dict[tuple[str, str], deque[OutboxRow]] = {}
+    for row in rows:
+        queues.setdefault((row.aggregatetype, row.aggregateid), deque()).append(row)
+    results: dict[uuid.UUID, str | None] = {}
+    held: list[OutboxRow] = []
+    while queues:
+        wave = [queue[0] for queue in queues.values()]
+        results.update(publish(producer, wave, topic_of, timeout))
+        for aggregate, queue in list(queues.items()):
+            row = queue.popleft()
+            if results[row.id] is not None:
+                held.extend(queue)
+                del queues[aggregate]
+            elif not queue:
+                del queues[aggregate]
+    return results, held
+
+
 @dataclass
 class RelayOptions:
     brokers: str
@@ -204,13 +241,17 @@ class Relay:
         options: RelayOptions,
         *,
         on_progress: Callable[[RelaySummary], None] | None = None,
+        producer: Any = None,
     ) -> None:
+        """``producer``: a ``confluent_kafka.Producer`` (or an object with its ``produce``,
+        ``poll`` and ``flush``) to publish with; by default one is made from ``options``
+        on first use. Tests pass one that fails deliveries on purpose."""
         self.table = OutboxTable(store)
         self.options = options
         self.summary = RelaySummary()
         self._on_progress = on_progress
         self._stop = threading.Event()
-        self._producer: Any = None
+        self._producer: Any = producer
         self._undelivered: set[uuid.UUID] = set()
 
     def stop(self) -> None:
@@ -257,9 +298,11 @@ class Relay:
                 return 0
             if self._producer is None:
                 self._producer = new_producer(o.brokers, o.kafka_config, o.delivery_timeout)
-            results = publish(self._producer, rows, o.topic_of, o.delivery_timeout + 5.0)
-            acked = [row.id for row in rows if results[row.id] is None]
-            failed = [(row, error) for row in rows if (error := results[row.id]) is not None]
+            results, held = publish_in_order(
+                self._producer, rows, o.topic_of, o.delivery_timeout + 5.0
+            )
+            acked = [row.id for row in rows if row.id in results and results[row.id] is None]
+            failed = [(row, error) for row in rows if (error := results.get(row.id)) is not None]
             self.table.mark_published(conn, acked)
             self.table.mark_failed(
                 conn, [(row.id, error) for row, error in failed], o.backoff, o.max_backoff
@@ -275,12 +318,13 @@ class Relay:
             self.summary.last_error = self.summary.delivery_error = error
             log.warning(
                 "%d of %d outbox row(s) not delivered to the brokers at %s, each retried "
-                "after its back-off (from %gs, doubling); the last: %s (%s %s) to %s, "
-                "attempt %d: %s",
+                "after its back-off (from %gs, doubling), %d later row(s) of their aggregates "
+                "waiting for them; the last: %s (%s %s) to %s, attempt %d: %s",
                 len(failed),
                 len(rows),
                 o.brokers,
                 o.backoff,
+                len(held),
                 row.id,
                 row.aggregatetype,
                 row.type,

@@ -20,6 +20,14 @@ if TYPE_CHECKING:
 
 BATCH = 500
 """Rows per purge statement: each is atomic and holds its locks briefly."""
+WINDOW = 4
+"""The relay first looks for aggregates among this many times ``--batch-size`` of the
+oldest unpublished rows (see ``take``)."""
+WIDEN = 8
+"""How much further each next look goes when one finds too few rows."""
+TAKE_MARK = "idemctl outbox relay: take"
+"""Opens the relay's selection as a comment: what pg_stat_activity shows of it (the rest
+may be cut off there)."""
 
 _COLUMNS = (
     "id, aggregatetype, aggregateid, type, payload, headers, created_at, published_at, "
@@ -173,15 +181,9 @@ class OutboxTable:
     # The relay -------------------------------------------------------------------------------
 
     def take(self, conn: psycopg.Connection[Any], limit: int) -> list[OutboxRow]:
-        """Lock up to ``limit`` rows due for publishing, oldest first, skipping rows other
-        relays hold: call inside a transaction, which keeps them until it ends."""
-        rows = conn.execute(
-            f"SELECT {_COLUMNS} FROM {self.name} WHERE published_at IS NULL "
-            "AND (retry_at IS NULL OR retry_at <= now()) ORDER BY seq LIMIT %s "
-            "FOR UPDATE SKIP LOCKED",
-            (limit,),
-        ).fetchall()
-        return [_row(r) for r in rows]
+        """Lock up to ``limit`` rows to publish, keeping each aggregate's order: call inside
+        a transaction, which keeps them until it ends. See ``take``."""
+        return take(conn, self.name, limit)
 
     def mark_published(self, conn: psycopg.Connection[Any], ids: Sequence[uuid.UUID]) -> None:
         if ids:
@@ -298,6 +300,113 @@ FROM {self.name} GROUP BY aggregatetype ORDER BY aggregatetype"""
         return self.store.delete_in_batches(
             self.name, "id", due, params, progress, order="ORDER BY published_at"
         )
+
+
+def take(conn: psycopg.Connection[Any], table: str, limit: int) -> list[OutboxRow]:
+    """Lock up to ``limit`` rows of ``table`` to publish, in write order (``seq``), keeping
+    each aggregate's order: call inside a transaction, which keeps them until it ends.
+
+    An aggregate (``aggregatetype``, ``aggregateid``) is taken only when its head, its
+    earliest unpublished row, is due (not held back after a failed delivery) and this
+    transaction could lock it: the head's row lock, held to the commit, makes this relay
+    the aggregate's only relay meanwhile. Other relays skip the aggregate, its later rows
+    included, and a relay that dies releases it with its transaction. The rows taken of an
+    aggregate are its head and the rows after it, with no gap.
+
+    The search looks at the oldest ``WINDOW * limit`` unpublished rows, a few index pages.
+    When those give fewer than ``limit`` rows (other relays hold their aggregates, or
+    failed deliveries block them) and more rows wait, it looks again at ``WIDEN`` times as
+    many, leaving out the aggregates it found held back after a failed delivery, and so
+    on (``benchmarks/outbox_select.py`` measures it)."""
+    window = WINDOW * limit
+    skip: set[tuple[str, str]] = set()
+    while True:
+        # Rows this transaction locked in a narrower look are its own: a wider one takes
+        # them again.
+        rows, more, held = _take_within(conn, table, limit, window, skip)
+        if len(rows) >= limit or not more:
+            return rows
+        skip |= held
+        window *= WIDEN
+
+
+def _take_within(
+    conn: psycopg.Connection[Any],
+    table: str,
+    limit: int,
+    window: int,
+    skip: set[tuple[str, str]],
+) -> tuple[list[OutboxRow], bool, set[tuple[str, str]]]:
+    """``take`` among the oldest ``window`` unpublished rows but those of the aggregates
+    in ``skip``. Returns the rows taken, whether more unpublished rows lie past the window,
+    and the aggregates held back after a failed delivery found in it.
+
+    The window holds, with any row of an aggregate, the aggregate's head: it starts at the
+    oldest unpublished row and leaves out whole aggregates only. Three statements, none of
+    which waits for a row lock, each with a plan that reads at most the window's rows
+    (the rest is done here, so that no plan depends on the table's statistics):
+
+    1. the window, in write order;
+    2. the heads of its due aggregates, locked oldest first, skipping those another
+       transaction holds, until there are as many as the aggregates of the oldest
+       ``limit`` rows of the due aggregates (a relay holds no aggregate it has no room for
+       in its batch). A head that a concurrent commit published or held back is checked on
+       its newest version and left out;
+    3. each locked aggregate's rows in the window, the oldest ``limit`` of all of them,
+       locked, skipping any that another transaction holds or changed: an aggregate's
+       rows are cut at the first such one, so that none goes out ahead of an earlier one.
+    """
+    types, ids = [t for t, _ in skip], [i for _, i in skip]
+    found = conn.execute(
+        f"/* {TAKE_MARK} */ SELECT id, aggregatetype, aggregateid, "
+        "retry_at IS NULL OR retry_at <= now() "
+        f"FROM {table} WHERE published_at IS NULL AND (aggregatetype, aggregateid) NOT IN "
+        "(SELECT * FROM unnest(%s::text[], %s::text[])) ORDER BY seq LIMIT %s",
+        (types, ids, window + 1),
+    ).fetchall()
+    more = len(found) > window
+    heads: dict[tuple[str, str], uuid.UUID] = {}
+    due: dict[tuple[str, str], bool] = {}
+    for row_id, aggregatetype, aggregateid, ready in found[:window]:
+        aggregate = (aggregatetype, aggregateid)
+        heads.setdefault(aggregate, row_id)
+        due[aggregate] = due.get(aggregate, True) and ready
+    held = {aggregate for aggregate, ready in due.items() if not ready}
+    candidates = [(r[0], (r[1], r[2])) for r in found[:window] if due[r[1], r[2]]]
+    wanted = len({aggregate for _, aggregate in candidates[:limit]})
+    if not wanted:
+        return [], more, held
+    locked = {
+        r[0]
+        for r in conn.execute(
+            f"/* {TAKE_MARK} */ SELECT o.id FROM unnest(%s::uuid[]) WITH ORDINALITY AS h(id, n) "
+            f"JOIN {table} o ON o.id = h.id "
+            "WHERE o.published_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now()) "
+            "ORDER BY h.n LIMIT %s FOR UPDATE OF o SKIP LOCKED",
+            ([heads[aggregate] for aggregate, ready in due.items() if ready], wanted),
+        )
+    }
+    mine = {aggregate for aggregate, head in heads.items() if head in locked}
+    run = [(row_id, aggregate) for row_id, aggregate in candidates if aggregate in mine]
+    run = run[:limit]
+    got = {
+        row.id: row
+        for row in map(
+            _row,
+            conn.execute(
+                f"/* {TAKE_MARK} */ SELECT {_COLUMNS} FROM {table} "
+                "WHERE id = ANY(%s) AND published_at IS NULL FOR UPDATE SKIP LOCKED",
+                ([row_id for row_id, _ in run],),
+            ).fetchall(),
+        )
+    }
+    rows, broken = [], set()
+    for row_id, aggregate in run:
+        if aggregate in broken or row_id not in got:
+            broken.add(aggregate)
+        else:
+            rows.append(got[row_id])
+    return rows, more, held
 
 
 def _utc(value: datetime | None) -> datetime | None:

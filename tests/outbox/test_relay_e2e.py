@@ -28,6 +28,7 @@ import pytest
 
 import idemctl.outbox
 from idemctl import open_store
+from idemctl.outbox.table import TAKE_MARK
 from tests.backends import unique_schema
 from tests.consume.test_consume import produce
 from tests.servers import KafkaBroker, PostgresServer, free_port
@@ -170,12 +171,21 @@ class World:
         assert proc.popen.returncode == 0, proc.describe()
         return dict(json.loads(proc.stdout()))
 
-    def write(self, count: int, start: int = 0, aggregatetype: str = "order") -> dict[str, Row]:
-        """``count`` outbox rows in one transaction through idemctl.outbox.add."""
+    def write(
+        self,
+        count: int,
+        start: int = 0,
+        aggregatetype: str = "order",
+        aggregates: int | None = None,
+    ) -> dict[str, Row]:
+        """``count`` outbox rows in one transaction through idemctl.outbox.add; each of an
+        aggregate of its own, or of one of ``aggregates`` in turn (payload ``n``: the
+        order they were written in)."""
         rows: dict[str, Row] = {}
         with self.pg.connect() as conn, conn.transaction():
             for i in range(start, start + count):
-                aggregateid = f"ördér-{i}" if i % 5 == 0 else f"order-{i}"  # keys are UTF-8
+                a = i if aggregates is None else i % aggregates
+                aggregateid = f"ördér-{a}" if a % 5 == 0 else f"order-{a}"  # keys are UTF-8
                 type_ = "OrderPlaced" if i % 2 == 0 else "OrderShipped"
                 payload: Any = {"order": aggregateid, "cents": 100 + i, "note": "über", "n": i}
                 if i % 97 == 0:
@@ -334,7 +344,23 @@ def check_messages(world: World, rows: dict[str, Row], seen: list[Seen]) -> None
         assert sorted(m.headers[2:]) == sorted((k, v.encode()) for k, v in row.headers.items())
 
 
-RELAY_LOOKS = "(query LIKE 'SELECT seq, retry_at%%' OR query LIKE '%%FOR UPDATE SKIP LOCKED%%')"
+def check_order(seen: list[Seen]) -> None:
+    """Per aggregate (key), in partition order, the first copies of its events come in the
+    order they were written (payload ``n``); every aggregate keeps to one partition."""
+    by_key: dict[bytes | None, list[Seen]] = defaultdict(list)
+    for m in seen:
+        by_key[m.key].append(m)
+    for key, messages in by_key.items():
+        assert len({m.partition for m in messages}) == 1, f"{key!r} spans partitions"
+        firsts: dict[str, int] = {}
+        for m in sorted(messages, key=lambda m: m.offset):
+            if m.value is not None:  # (a tombstone carries no n)
+                firsts.setdefault(m.id, json.loads(m.value)["n"])
+        order = list(firsts.values())
+        assert order == sorted(order), f"{key!r}: first copies in the order {order}"
+
+
+RELAY_LOOKS = f"(query LIKE 'SELECT seq, retry_at%%' OR query LIKE '/* {TAKE_MARK} */%%')"
 """A backend of a relay: its table check or its take (see ``World.backends``)."""
 
 
@@ -618,6 +644,8 @@ def test_sigterm_while_marking_waits_on_a_lock_still_marks_the_batch_in_hand(
 # 5. Chaos ----------------------------------------------------------------------------------------
 
 CHAOS_ROWS = 3000
+CHAOS_AGGREGATES = 150
+"""The chaos rows are 20 events of each of these aggregates, interleaved."""
 CHAOS_FOR = 60.0
 
 
@@ -651,8 +679,10 @@ def test_relays_killed_again_and_again_lose_no_event(world: World) -> None:
     again, until the outbox is drained (at most CHAOS_FOR s). A relay drains 3000 rows in
     about a second here (kills 0.5-1.5 s after the look left two rounds, too few), so
     batches are small and the table is locked now and then: kills land while a relay has
-    produced a batch and waits to mark it."""
-    rows = world.write(CHAOS_ROWS)
+    produced a batch and waits to mark it. Each aggregate's events stay in the order they
+    were written: duplicates come after their first copy, and no first copy comes ahead
+    of an earlier event's first copy."""
+    rows = world.write(CHAOS_ROWS, aggregates=CHAOS_AGGREGATES)
     rng = random.Random(5)
     kills, rounds = 0, 0
     stop = threading.Event()
@@ -694,5 +724,6 @@ def test_relays_killed_again_and_again_lose_no_event(world: World) -> None:
         assert {m.copy() for m in same} == {same[0].copy()}, row_id  # copies are identical
     duplicates = sum(len(c) - 1 for c in copies.values())
     print(f"chaos: {kills} kills, {len(seen)} messages, {duplicates} duplicates")
+    check_order(seen)
     assert kills >= 3, f"only {kills} kills: the relay finished too soon to test anything"
     assert duplicates > 0, "no kill landed between a produce and its mark"
