@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from idemctl.errors import ConfigError, InvalidKey, InvalidPayload
-from idemctl.model import Order, fingerprint, sequence_of, validate_key
+from idemctl.model import Order, fingerprint, parsed_fingerprint, sequence_of, validate_key
 
 DEFAULT_KEY_STRATEGY = "header:idempotency-key"
 _FIELD = re.compile(r"\{([^{}]+)\}")
@@ -55,6 +55,15 @@ class Message:
         except (UnicodeDecodeError, ValueError) as exc:
             raise InvalidPayload(f"the payload is not JSON: {exc}") from None
 
+    def fingerprint(self) -> str | None:
+        """The payload's fingerprint (None without one), from its parsed JSON when a
+        strategy parsed it already: the same as ``model.fingerprint(value)``."""
+        if self.value is None:
+            return None
+        if "payload" in self.__dict__:  # parsed, and cached, by cached_property
+            return parsed_fingerprint(self.__dict__["payload"])
+        return fingerprint(self.value)
+
 
 KeyStrategy = Callable[[Message], str]
 
@@ -65,7 +74,7 @@ def key_strategy(spec: str) -> KeyStrategy:
     if kind == "header" and arg:
         return lambda m: _from_header(m, arg)
     if kind == "template" and _FIELD.search(arg):
-        return lambda m: _from_template(m, arg)
+        return _template(arg)
     if spec == "payload-hash":
         return _from_payload_hash
     if spec == "offset":
@@ -86,22 +95,28 @@ def _from_header(m: Message, name: str) -> str:
         raise InvalidKey(f"header {name!r} is not UTF-8: {values[-1][:60]!r}") from None
 
 
-def _from_template(m: Message, template: str) -> str:
-    payload = _json(m)
-    if not isinstance(payload, dict):
-        raise MissingKey("the payload is not a JSON object, so the key template has no fields")
+def _template(template: str) -> Callable[[Message], str]:
+    """A key template compiled once: its literal parts and its fields' dotted paths."""
+    parts = _FIELD.split(template)  # literal, field, literal, field, ..., literal
+    literals, fields = parts[0::2], [(f, f.split(".")) for f in parts[1::2]]
 
-    def field(match: re.Match[str]) -> str:
-        value: Any = payload
-        for part in match.group(1).split("."):
-            if not isinstance(value, dict) or part not in value:
-                raise MissingField(f"the payload has no field {match.group(1)!r}")
-            value = value[part]
-        if value is None or isinstance(value, dict | list):
-            raise MissingField(f"field {match.group(1)!r} is not a scalar")
-        return str(value)
+    def fill(m: Message) -> str:
+        payload = _json(m)
+        if not isinstance(payload, dict):
+            raise MissingKey("the payload is not a JSON object, so the key template has no fields")
+        out = [literals[0]]
+        for (name, path), literal in zip(fields, literals[1:], strict=True):
+            value: Any = payload
+            for part in path:
+                if not isinstance(value, dict) or part not in value:
+                    raise MissingField(f"the payload has no field {name!r}")
+                value = value[part]
+            if value is None or isinstance(value, dict | list):
+                raise MissingField(f"field {name!r} is not a scalar")
+            out += (str(value), literal)
+        return validate_key("".join(out))
 
-    return validate_key(_FIELD.sub(field, template))
+    return fill
 
 
 def _from_payload_hash(m: Message) -> str:
@@ -124,17 +139,12 @@ def order_strategy(entity: str, sequence: str) -> OrderStrategy:
     ``account:{account_id}``. ``sequence``: ``header:NAME`` or a payload field (dotted
     paths allowed), holding a whole number or an ISO 8601 timestamp. A message lacking
     either raises MissingKey; one whose sequence is unreadable, InvalidPayload."""
+    entity_of: Callable[[Message], str]
     if entity.startswith("header:") and entity[7:]:
         name = entity[7:]
-
-        def entity_of(m: Message) -> str:
-            return _from_header(m, name)
-
+        entity_of = lambda m: _from_header(m, name)  # noqa: E731 - one of two forms
     elif _FIELD.search(entity):
-
-        def entity_of(m: Message) -> str:
-            return _from_template(m, entity)
-
+        entity_of = _template(entity)
     else:
         raise ConfigError(
             f"--order-key {entity!r} names no field: use header:NAME or a template such as "

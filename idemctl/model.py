@@ -460,6 +460,11 @@ def fingerprint(payload: JSON | bytes | str, *, fields: Sequence[str] | None = N
             return hashlib.sha256(raw).hexdigest()
     if fields:
         value = {path: _pick(value, path) for path in fields}
+    return parsed_fingerprint(value)
+
+
+def parsed_fingerprint(value: JSON) -> str:
+    """``fingerprint`` of a payload whose JSON was parsed already (into ``value``)."""
     return hashlib.sha256(canonical_json(value)).hexdigest()
 
 

@@ -43,7 +43,7 @@ from idemctl.errors import (
     StoreUnavailable,
 )
 from idemctl.keys import Message, MissingField, MissingKey, key_strategy, order_strategy
-from idemctl.model import ClaimRequest, Order, fingerprint
+from idemctl.model import ClaimRequest, Order
 from idemctl.runner import Batch, Context, Outcome, RunResult
 from idemctl.runner.ordering import missing_predecessor
 
@@ -311,7 +311,7 @@ class Consumer(Watch):
         try:
             key = self._strategy(message)
             order = None if self._order is None else self._order(message)
-            return _Item(m, key=key, fingerprint=_fingerprint(m.value()), order=order)
+            return _Item(m, key=key, fingerprint=message.fingerprint(), order=order)
         except (InvalidKey, InvalidPayload) as exc:
             if first and isinstance(exc, MissingField) and o.on_missing_key == "dlq":
                 raise ConfigError(
@@ -328,7 +328,7 @@ class Consumer(Watch):
             )
             if o.on_missing_key == "offset":
                 try:
-                    fp = _fingerprint(m.value())
+                    fp = message.fingerprint()
                 except InvalidPayload:
                     fp = None  # the offset is the key: nothing to compare it with
                 return _Item(m, key=self._offset_strategy(message), fingerprint=fp)
@@ -663,7 +663,3 @@ def _while_done(items: list[_Item]) -> list[_Item]:
             break
         out.append(item)
     return out
-
-
-def _fingerprint(value: bytes | None) -> str | None:
-    return None if value is None else fingerprint(value)
