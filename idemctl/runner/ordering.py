@@ -3,9 +3,10 @@
 An attempt that holds its key asks the store whether its event is newer than what the
 entity applied (``guard_many``): stale events are not run and their key is completed with a
 null result (a duplicate replays it), busy ones give their key back, and the rest hold the
-entity until they settle: the entity advances when the handler finished, just before the
-key completes, so a crash between the two leaves an entity that already says "applied" and
-the redelivery comes back stale instead of running again.
+entity until they settle. When the handler finished, the entity advances with the key's
+completion: in one step where the store has one (``finish_many``: one transaction or
+script), else the entity first, so a crash between the two leaves an entity that already
+says "applied" and the redelivery comes back stale instead of running again.
 """
 
 from __future__ import annotations
