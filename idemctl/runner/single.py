@@ -243,9 +243,7 @@ def invoke(
     key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
     if exhausted(acquired, max_attempts):
         error: Exception = exhausted_error(acquired, max_attempts)
-        if order is not None:
-            let_go(store, acquired, order, logger)
-        return _record_failure(store, acquired, error, False, retention)
+        return _record_failure(store, acquired, error, False, retention, order=order)
     ctx = Context(
         key, token, acquired.attempt, acquired.takeover, owner, store, logger, order=order
     )
@@ -286,11 +284,8 @@ def invoke(
                 f"handler for {key!r} returned a result that cannot be stored: {exc}"
             )
             retriable = False
-    if order is not None:
-        let_go(store, acquired, order, logger)
-    return _record_failure(
-        store, acquired, error, retriable, retention, final=last_attempt(acquired, max_attempts)
-    )
+    final = last_attempt(acquired, max_attempts)
+    return _record_failure(store, acquired, error, retriable, retention, final=final, order=order)
 
 
 def _record_failure(
@@ -301,9 +296,13 @@ def _record_failure(
     retention: float | None,
     *,
     final: bool = False,
+    order: Order | None = None,
 ) -> Invocation:
-    """Record ``error`` for the key ``acquired`` holds: retriable unless ``final``."""
+    """Record ``error`` for the key ``acquired`` holds: retriable unless ``final``; with
+    ``order``, let go of its entity first, so the entity's next event need not wait."""
     a = acquired
+    if order is not None:
+        let_go(store, a, order, log)
     try:
         record = store.fail(
             a.key, a.owner, a.fencing_token, error_text(error), retriable and not final, retention
