@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import ctypes
 import itertools
+import json
 import signal
 import socket
 import subprocess
@@ -36,6 +37,46 @@ class BenchError(Exception):
 
 class MissingPart(BenchError):
     """Something the benchmark needs is not installed or not written yet."""
+
+
+class NoServer(MissingPart):
+    """No server binary to start, and no URL of one given."""
+
+
+def finish(
+    name: str,
+    work: Callable[[], dict[str, Any]],
+    report: Callable[[dict[str, Any]], None],
+    as_json: bool,
+    driver: str | None = None,
+    server: str = "the server",
+) -> int:
+    """Run a benchmark's ``work``, print its ``report`` (and its data with ``as_json``),
+    and return the exit status: what went wrong is one line on stderr, never a traceback
+    (an error of the ``driver`` module, psycopg say, is what ``server`` answered)."""
+    try:
+        data = work()
+    except NoServer as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return RET_NO_SERVER
+    except MissingPart as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return RET_MISSING
+    except BenchError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return RET_FAILED
+    except Exception as exc:
+        if driver is None or not type(exc).__module__.startswith(driver):
+            raise
+        print(f"{name}: {server} said: {exc}", file=sys.stderr)
+        return RET_FAILED
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return RET_INTERRUPTED
+    report(data)
+    if as_json:
+        print(json.dumps(data, indent=2))
+    return RET_OK
 
 
 # Payloads ------------------------------------------------------------------------------

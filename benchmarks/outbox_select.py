@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -52,19 +51,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from _common import (
-    RET_FAILED,
-    RET_INTERRUPTED,
-    RET_MISSING,
-    RET_NO_SERVER,
-    RET_OK,
     BenchError,
     MissingPart,
+    finish,
     stdout_console,
     stop_on_sigterm,
     version,
 )
 from postgres_claims import (
-    NoPostgresServer,
     open_idemctl_store,
     own_postgres_server,
     quote_ident,
@@ -414,7 +408,8 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
     stop_on_sigterm()
-    try:
+
+    def work() -> dict[str, Any]:
         try:
             import psycopg  # noqa: F401
 
@@ -422,32 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError as exc:
             raise MissingPart(f"{exc}: .venv/bin/pip install -e '.[postgres]'") from exc
         if settings.postgres_url:
-            data = benchmark(settings, settings.postgres_url, own_server=False)
-        else:
-            # fsync off: every selection is rolled back, nothing waits for the disk.
-            with own_postgres_server(fsync=False) as (url, _pid):
-                data = benchmark(settings, url, own_server=True)
-    except NoPostgresServer as exc:
-        print(f"outbox_select: {exc}", file=sys.stderr)
-        return RET_NO_SERVER
-    except MissingPart as exc:
-        print(f"outbox_select: {exc}", file=sys.stderr)
-        return RET_MISSING
-    except BenchError as exc:
-        print(f"outbox_select: {exc}", file=sys.stderr)
-        return RET_FAILED
-    except Exception as exc:
-        if not type(exc).__module__.startswith("psycopg"):
-            raise
-        print(f"outbox_select: PostgreSQL said: {exc}", file=sys.stderr)
-        return RET_FAILED
-    except KeyboardInterrupt:
-        print("outbox_select: interrupted", file=sys.stderr)
-        return RET_INTERRUPTED
-    report(data)
-    if settings.as_json:
-        print(json.dumps(data, indent=2))
-    return RET_OK
+            return benchmark(settings, settings.postgres_url, own_server=False)
+        # fsync off: every selection is rolled back, nothing waits for the disk.
+        with own_postgres_server(fsync=False) as (url, _pid):
+            return benchmark(settings, url, own_server=True)
+
+    return finish(
+        "outbox_select", work, report, settings.as_json, driver="psycopg", server="PostgreSQL"
+    )
 
 
 if __name__ == "__main__":

@@ -33,20 +33,17 @@ from typing import Any
 
 from _common import (
     HOST,
-    RET_FAILED,
-    RET_INTERRUPTED,
-    RET_MISSING,
-    RET_NO_SERVER,
-    RET_OK,
     BenchError,
     IdemctlBatched,
     IdemctlSingle,
     MissingPart,
+    NoServer,
     Phase,
     Ratio,
     benchmark_parser,
     chosen_contenders,
     die_with_parent,
+    finish,
     free_port,
     measure,
     print_ratios,
@@ -80,7 +77,7 @@ RATIOS = (
 )
 
 
-class NoPostgresServer(MissingPart):
+class NoPostgresServer(NoServer):
     """No initdb/postgres binaries to start, and no --postgres-url given."""
 
 
@@ -650,34 +647,17 @@ def check_parts(settings: Settings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
     stop_on_sigterm()
-    try:
+
+    def work() -> dict[str, Any]:
         check_parts(settings)
         if settings.postgres_url:
-            data = benchmark(settings, settings.postgres_url, own_server=False, server_pid=None)
-        else:
-            with own_postgres_server(fsync=settings.fsync != "off") as (url, pid):
-                data = benchmark(settings, url, own_server=True, server_pid=pid)
-    except NoPostgresServer as exc:
-        print(f"postgres_claims: {exc}", file=sys.stderr)
-        return RET_NO_SERVER
-    except MissingPart as exc:
-        print(f"postgres_claims: {exc}", file=sys.stderr)
-        return RET_MISSING
-    except BenchError as exc:
-        print(f"postgres_claims: {exc}", file=sys.stderr)
-        return RET_FAILED
-    except Exception as exc:
-        if not type(exc).__module__.startswith("psycopg"):
-            raise
-        print(f"postgres_claims: PostgreSQL said: {exc}", file=sys.stderr)
-        return RET_FAILED
-    except KeyboardInterrupt:
-        print("postgres_claims: interrupted", file=sys.stderr)
-        return RET_INTERRUPTED
-    report(data)
-    if settings.as_json:
-        print(json.dumps(data, indent=2))
-    return RET_OK
+            return benchmark(settings, settings.postgres_url, own_server=False, server_pid=None)
+        with own_postgres_server(fsync=settings.fsync != "off") as (url, pid):
+            return benchmark(settings, url, own_server=True, server_pid=pid)
+
+    return finish(
+        "postgres_claims", work, report, settings.as_json, driver="psycopg", server="PostgreSQL"
+    )
 
 
 if __name__ == "__main__":

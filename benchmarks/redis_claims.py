@@ -34,21 +34,18 @@ from urllib.parse import urlsplit
 from _common import (
     CENSUS_MESSAGES,
     HOST,
-    RET_FAILED,
-    RET_INTERRUPTED,
-    RET_MISSING,
-    RET_NO_SERVER,
-    RET_OK,
     BenchError,
     IdemctlBatched,
     IdemctlSingle,
     KeyLog,
     MissingPart,
+    NoServer,
     Phase,
     Ratio,
     benchmark_parser,
     chosen_contenders,
     die_with_parent,
+    finish,
     free_port,
     payload,
     print_ratios,
@@ -72,7 +69,7 @@ CONTENDERS = ("floor", "powertools", "idemctl", "scripts")
 TARGETS_DOC = "single >= 1.8x Powertools, single >= 0.6x floor, batched >= 15x Powertools"
 
 
-class NoRedisServer(MissingPart):
+class NoRedisServer(NoServer):
     """No redis-server binary to start, and no --redis-url given."""
 
 
@@ -633,30 +630,16 @@ def check_idemctl_redis() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
     stop_on_sigterm()
-    try:
+
+    def work() -> dict[str, Any]:
         if "idemctl" in settings.only:
             check_idemctl_redis()
         if settings.redis_url:
-            data = benchmark(settings, settings.redis_url, own_server=False)
-        else:
-            with own_redis_server() as url:
-                data = benchmark(settings, url, own_server=True)
-    except NoRedisServer as exc:
-        print(f"redis_claims: {exc}", file=sys.stderr)
-        return RET_NO_SERVER
-    except MissingPart as exc:
-        print(f"redis_claims: {exc}", file=sys.stderr)
-        return RET_MISSING
-    except BenchError as exc:
-        print(f"redis_claims: {exc}", file=sys.stderr)
-        return RET_FAILED
-    except KeyboardInterrupt:
-        print("redis_claims: interrupted", file=sys.stderr)
-        return RET_INTERRUPTED
-    report(data)
-    if settings.as_json:
-        print(json.dumps(data, indent=2))
-    return RET_OK
+            return benchmark(settings, settings.redis_url, own_server=False)
+        with own_redis_server() as url:
+            return benchmark(settings, url, own_server=True)
+
+    return finish("redis_claims", work, report, settings.as_json)
 
 
 if __name__ == "__main__":

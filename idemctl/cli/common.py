@@ -525,3 +525,11 @@ def _configure_logging(current: Settings) -> None:
     handler.idemctl = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.INFO if current.verbose == 1 else logging.DEBUG)
+
+
+def one_of(ctx: typer.Context, key: str | None, entity: str | None) -> None:
+    """A KEY or --entity ENTITY, exactly one: else a usage error."""
+    if key is None and entity is None:
+        raise usage_error(ctx, "KEY", "give a KEY, or --entity ENTITY")
+    if key is not None and entity is not None:
+        raise usage_error(ctx, "--entity", "give a KEY or --entity ENTITY, not both")

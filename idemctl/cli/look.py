@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -12,6 +14,7 @@ from idemctl.cli.common import (
     command,
     duration,
     emit_json,
+    one_of,
     settings,
     store_fields,
     usage_error,
@@ -19,7 +22,8 @@ from idemctl.cli.common import (
 from idemctl.cli.exitcodes import ExitCode
 from idemctl.doctor import Verdict, diagnose
 from idemctl.errors import EntityNotFound, InvalidCursor, KeyNotFound, NotProvisioned
-from idemctl.model import Entity, Status, validate_key
+from idemctl.model import Entity, Record, Status, validate_key
+from idemctl.stores.base import Store
 
 PAGE = 500
 """Records one ``scan`` call fetches for ``list``."""
@@ -71,14 +75,6 @@ def inspect(
         emit_json(record.to_json())
     else:
         current.out.print(render.record_detail(record, render.now()))
-
-
-def one_of(ctx: typer.Context, key: str | None, entity: str | None) -> None:
-    """A KEY or --entity ENTITY, exactly one: else a usage error."""
-    if key is None and entity is None:
-        raise usage_error(ctx, "KEY", "give a KEY, or --entity ENTITY")
-    if key is not None and entity is not None:
-        raise usage_error(ctx, "--entity", "give a KEY or --entity ENTITY, not both")
 
 
 @command("list")
@@ -142,81 +138,78 @@ def list_(
                 )
         _list_entities(ctx, prefix, limit, cursor)
         return
-    current = settings(ctx)
     older = duration(older_than, "--older-than")
+
+    def records(store: Store, size: int, after: str | None) -> tuple[list[Record], str | None]:
+        page = store.scan(
+            status=status,
+            stale_only=stale,
+            prefix=prefix,
+            cursor=after,
+            older_than=older,
+            limit=size,
+            released_only=released,
+        )
+        return page.records, page.cursor
+
+    _pages(ctx, records, limit, cursor, render.records_table, "records", "list")
+
+
+Item = TypeVar("Item", Record, Entity)
+
+
+def _pages(
+    ctx: typer.Context,
+    fetch: Callable[[Store, int, str | None], tuple[list[Item], str | None]],
+    limit: int,
+    cursor: str | None,
+    table: Callable[[list[Item], datetime], Any],
+    what: str,
+    again: str,
+) -> None:
+    """What ``list`` shows, keys or entities: ``fetch(store, size, cursor)`` a page at a
+    time up to ``limit`` (0: all), NDJSON with --json as they come, else one table; on
+    stderr the cursor that goes on (``again``: the command to give it to)."""
+    current = settings(ctx)
     at = render.now()
-    shown = []
+    shown: list[Item] = []
     remaining = limit or None
     with cli_store(ctx) as store:
         while True:
             try:
-                page = store.scan(
-                    status=status,
-                    stale_only=stale,
-                    prefix=prefix,
-                    cursor=cursor,
-                    older_than=older,
-                    limit=PAGE if remaining is None else min(PAGE, remaining),
-                    released_only=released,
+                found, cursor = fetch(
+                    store, PAGE if remaining is None else min(PAGE, remaining), cursor
                 )
             except InvalidCursor as exc:
                 raise usage_error(ctx, "--cursor", str(exc)) from None
             if current.json:
-                for record in page.records:
-                    emit_json(record.to_json())
-            shown += page.records
-            cursor = page.cursor
+                for item in found:
+                    emit_json(item.to_json())
+            shown += found
             if remaining is not None:
-                remaining -= len(page.records)
+                remaining -= len(found)
             if cursor is None or (remaining is not None and remaining <= 0):
                 break
     if not current.json:
         if shown:
-            current.out.print(render.records_table(shown, at))
+            current.out.print(table(shown, at))
         else:
-            current.err.print("no records match")
+            current.err.print(f"no {what} match")
     if cursor is not None:
         current.err.print(
-            f"showing {len(shown)}; for more: idemctl list ... --cursor {cursor!r}",
+            f"showing {len(shown)}; for more: idemctl {again} ... --cursor {cursor!r}",
             markup=False,
         )
 
 
 def _list_entities(ctx: typer.Context, prefix: str | None, limit: int, cursor: str | None) -> None:
     """``list --entities``: pages of ``scan_entities``, as ``list`` pages records."""
-    current = settings(ctx)
-    at = render.now()
-    shown: list[Entity] = []
-    remaining = limit or None
-    with cli_store(ctx) as store:
-        while True:
-            try:
-                page = store.scan_entities(
-                    prefix=prefix,
-                    limit=PAGE if remaining is None else min(PAGE, remaining),
-                    cursor=cursor,
-                )
-            except InvalidCursor as exc:
-                raise usage_error(ctx, "--cursor", str(exc)) from None
-            if current.json:
-                for found in page.entities:
-                    emit_json(found.to_json())
-            shown += page.entities
-            cursor = page.cursor
-            if remaining is not None:
-                remaining -= len(page.entities)
-            if cursor is None or (remaining is not None and remaining <= 0):
-                break
-    if not current.json:
-        if shown:
-            current.out.print(render.entities_table(shown, at))
-        else:
-            current.err.print("no entities match")
-    if cursor is not None:
-        current.err.print(
-            f"showing {len(shown)}; for more: idemctl list --entities ... --cursor {cursor!r}",
-            markup=False,
-        )
+
+    def entities(store: Store, size: int, after: str | None) -> tuple[list[Entity], str | None]:
+        page = store.scan_entities(prefix=prefix, limit=size, cursor=after)
+        return page.entities, page.cursor
+
+    _pages(ctx, entities, limit, cursor, render.entities_table, "entities", "list --entities")
 
 
 @command()

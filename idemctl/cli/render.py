@@ -71,18 +71,33 @@ def lease_text(record: Record, at: datetime) -> str:
     if record.owner is None:
         return "released"
     assert record.lease_expires_at is not None
-    left = (record.lease_expires_at - at).total_seconds()
+    return time_left(record.lease_expires_at, at)
+
+
+def time_left(until: datetime, at: datetime) -> str:
+    """``12s left``, or ``expired 3s ago``: a lease's or a hold's end seen from ``at``."""
+    left = (until - at).total_seconds()
     return f"{format_duration(left)} left" if left > 0 else f"expired {format_duration(-left)} ago"
 
 
-def record_detail(record: Record, at: datetime) -> RenderableType:
+def retention_text(expires_at: datetime | None, at: datetime) -> str:
+    if expires_at is None:
+        return "-"
+    left = max(0.0, (expires_at - at).total_seconds())
+    return f"until {stamp(expires_at)} ({format_duration(left)} left)"
+
+
+def detail_grid(rows: list[tuple[str, str | Text]]) -> RenderableType:
+    """``inspect``'s view: a name and its value on each line."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
-    retention = "-"
-    if record.expires_at is not None:
-        left = max(0.0, (record.expires_at - at).total_seconds())
-        retention = f"until {stamp(record.expires_at)} ({format_duration(left)} left)"
+    for name, value in rows:
+        grid.add_row(name, value)
+    return grid
+
+
+def record_detail(record: Record, at: datetime) -> RenderableType:
     lease = lease_text(record, at)
     if record.lease_expires_at is not None and record.owner is not None:
         lease += f" ({stamp(record.lease_expires_at)})"
@@ -100,14 +115,12 @@ def record_detail(record: Record, at: datetime) -> RenderableType:
         ("age", f"{age} (created {stamp(record.created_at)})"),
         ("updated", when(record.updated_at, at)),
         ("completed", when(record.completed_at, at)),
-        ("retention", retention),
+        ("retention", retention_text(record.expires_at, at)),
         ("fingerprint", record.fingerprint or "-"),
         ("error", Text(record.error) if record.error else "-"),
         ("result", result),
     ]
-    for name, value in rows:
-        grid.add_row(name, value)
-    return grid
+    return detail_grid(rows)
 
 
 def records_table(records: list[Record], at: datetime) -> Table:
@@ -135,18 +148,10 @@ def hold_text(entity: Entity, at: datetime) -> str:
     (a hold that expired still lets its holder settle until another key takes it)."""
     if entity.holder is None or entity.lock_expires_at is None:
         return "-"
-    left = (entity.lock_expires_at - at).total_seconds()
-    return f"{format_duration(left)} left" if left > 0 else f"expired {format_duration(-left)} ago"
+    return time_left(entity.lock_expires_at, at)
 
 
 def entity_detail(entity: Entity, at: datetime) -> RenderableType:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(overflow="fold")
-    retention = "-"
-    if entity.expires_at is not None:
-        left = max(0.0, (entity.expires_at - at).total_seconds())
-        retention = f"until {stamp(entity.expires_at)} ({format_duration(left)} left)"
     hold = hold_text(entity, at)
     if entity.holder is not None and entity.lock_expires_at is not None:
         hold += f" ({stamp(entity.lock_expires_at)})"
@@ -159,11 +164,9 @@ def entity_detail(entity: Entity, at: datetime) -> RenderableType:
         ("holder token", "-" if entity.holder_token is None else str(entity.holder_token)),
         ("hold", hold),
         ("updated", when(entity.updated_at, at)),
-        ("retention", retention),
+        ("retention", retention_text(entity.expires_at, at)),
     ]
-    for name, value in rows:
-        grid.add_row(name, value)
-    return grid
+    return detail_grid(rows)
 
 
 def entities_table(entities: list[Entity], at: datetime) -> Table:

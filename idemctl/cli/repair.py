@@ -16,11 +16,11 @@ from idemctl.cli.common import (
     confirm,
     duration,
     emit_json,
+    one_of,
     settings,
     store_fields,
     usage_error,
 )
-from idemctl.cli.look import one_of
 from idemctl.errors import EntityNotFound, KeyNotFound
 from idemctl.model import Record, validate_key
 from idemctl.stores.base import Store

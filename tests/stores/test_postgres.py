@@ -13,7 +13,6 @@ import contextlib
 import functools
 import multiprocessing
 import os
-import queue
 import random
 import re
 import signal
@@ -48,7 +47,8 @@ from idemctl.runner import Context, Outcome, run
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
 from idemctl.stores.postgres import PostgresStore
-from tests.backends import unique_schema
+from tests.backends import Backend, unique_schema
+from tests.contract.race import race
 from tests.killing import claims_across_a_kill
 from tests.servers import PostgresServer, _children_of, free_port, pid_alive
 
@@ -930,82 +930,48 @@ def test_a_worker_killed_mid_transaction_leaves_no_trace(
 
 
 def _race_worker(
-    url: str, keys: list[str], table: str, worker: int, barrier: Any, results: Any
-) -> None:
-    """Runs in a spawned process: every key through run(transactional=True), Busy retried."""
-    try:
-        store = open_pg(url)
-        effects = sql.Identifier("public", table)
+    store: Store, keys: list[Any], table: str, worker: int, barrier: Any
+) -> dict[str, Any]:
+    """One worker of the race (tests.contract.race): every key through
+    run(transactional=True), Busy retried; effects go to ``table``."""
+    effects = sql.Identifier("public", table)
 
-        def handler(ctx: Context) -> dict[str, int]:
-            record_effect(ctx.connection, effects, ctx.key, worker)
-            time.sleep(0.001)  # widen the window in which another worker could slip in
-            return {"worker": worker}
+    def handler(ctx: Context) -> dict[str, int]:
+        record_effect(ctx.connection, effects, ctx.key, worker)
+        time.sleep(0.001)  # widen the window in which another worker could slip in
+        return {"worker": worker}
 
-        counts = {"executed": 0, "replayed": 0, "busy": 0, "other": 0}
-        pending = random.Random(worker).sample(keys, len(keys))
-        barrier.wait()
-        deadline = time.monotonic() + 120
-        try:
-            while pending:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"worker {worker}: {len(pending)} keys still busy")
-                busy = []
-                for key in pending:
-                    result = run(
-                        store,
-                        key,
-                        handler,
-                        fingerprint=fingerprint(key),
-                        lease=30,
-                        transactional=True,
-                    )
-                    if result.outcome is Outcome.BUSY:
-                        busy.append(key)
-                        counts["busy"] += 1
-                    elif result.outcome in (Outcome.EXECUTED, Outcome.REPLAYED):
-                        counts[result.outcome.value] += 1
-                    else:
-                        counts["other"] += 1
-                pending = busy
-                if pending:
-                    time.sleep(0.005)
-        finally:
-            store.close()
-        results.put((worker, counts))
-    except Exception as exc:
-        results.put((worker, {"error": repr(exc)}))
-        raise
+    counts = {"executed": 0, "replayed": 0, "busy": 0, "other": 0}
+    pending = random.Random(worker).sample(keys, len(keys))
+    barrier.wait()
+    deadline = time.monotonic() + 120
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker {worker}: {len(pending)} keys still busy")
+        busy = []
+        for key in pending:
+            result = run(
+                store, key, handler, fingerprint=fingerprint(key), lease=30, transactional=True
+            )
+            if result.outcome is Outcome.BUSY:
+                busy.append(key)
+                counts["busy"] += 1
+            elif result.outcome in (Outcome.EXECUTED, Outcome.REPLAYED):
+                counts[result.outcome.value] += 1
+            else:
+                counts["other"] += 1
+        pending = busy
+        if pending:
+            time.sleep(0.005)
+    return counts
 
 
 @pytest.mark.slow
 def test_race_in_transactional_mode_runs_every_effect_once(
     store: PostgresStore, url: str, db: Any, effects_table: str
 ) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(WORKERS)
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_race_worker, args=(url, KEYS, effects_table, w, barrier, out))
-        for w in range(WORKERS)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, dict[str, int]] = {}
-    try:
-        for _ in procs:
-            worker, counts = out.get(timeout=180)
-            results[worker] = counts
-    except queue.Empty:
-        pytest.fail(f"workers did not finish; exit codes {[p.exitcode for p in procs]}")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * WORKERS
-    assert [c for c in results.values() if "error" in c] == []
+    backend = Backend("postgres", url, lambda: open_pg(url))
+    results = race(backend, _race_worker, [KEYS] * WORKERS, effects_table)
 
     table = sql.Identifier("public", effects_table)
     rows = db.execute(sql.SQL("SELECT key, worker FROM {}").format(table)).fetchall()

@@ -15,22 +15,14 @@ from idemctl.stores.base import Progress, Query, Scan, stats_of
 from idemctl.stores.machine import check_forgettable, live_lease, not_unlockable
 from idemctl.stores.redis.client import ClusterNode
 from idemctl.stores.redis.core import RedisCore, glob_escape
-from idemctl.stores.redis.records import fields_of, parse_reply, server_time, text, to_record
+from idemctl.stores.redis.records import fields_of, parse_reply, text, to_record
 
 
 class RedisAdmin(RedisCore):
     """The operator's operations: a part of RedisStore."""
 
     def get(self, key: str) -> Record | None:
-        with self._guard():
-            if self.cluster:  # a cluster pipeline refuses TIME, which has no key to route by
-                raw, now = self._client.get(self._rkey(key)), self._now()
-            else:  # the record and the server's clock in one round trip
-                pipe = self._client.pipeline(transaction=False)
-                pipe.get(self._rkey(key))
-                pipe.time()
-                raw, (seconds, micros) = pipe.execute()
-                now = server_time(seconds, micros)
+        raw, now = self._read(self._rkey(key))
         fields = fields_of(raw)
         if fields is None:
             return None

@@ -3,7 +3,7 @@ server's clock, and the script calls."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -72,16 +72,30 @@ class RedisCore(BaseStore):
     def _ms(self, seconds: float) -> int:
         return max(1, round(seconds * 1000))
 
+    def _read(self, rkey: str) -> tuple[Any, datetime]:
+        """What Redis key ``rkey`` holds, and the server's clock when it was read."""
+        with self._guard():
+            if self.cluster:  # a cluster pipeline refuses TIME, which has no key to route by
+                return self._client.get(rkey), self._now()
+            pipe = self._client.pipeline(transaction=False)  # both in one round trip
+            pipe.get(rkey)
+            pipe.time()
+            raw, (seconds, micros) = pipe.execute()
+            return raw, server_time(seconds, micros)
+
     def _call(
         self,
         name: str,
         shared: Sequence[Any],
         items: Sequence[tuple[str, Sequence[Any]]],
         durable: bool = False,
+        named: Callable[[str], str] | None = None,
     ) -> list[Any]:
         """Run script ``name`` over ``items`` (key, per-key values): one reply per item.
-        A write (``durable``) is confirmed under durable=1 (see ScriptRunner.call)."""
-        keyed = [(self._rkey(key), values) for key, values in items]
+        A write (``durable``) is confirmed under durable=1 (see ScriptRunner.call). Keys
+        are records' (``_rkey``), or named by ``named`` (an entity's ``_ekey``)."""
+        named = named or self._rkey
+        keyed = [(named(key), values) for key, values in items]
         return self._scripts.call(name, shared, keyed, confirm=durable and self.durable)
 
     def _one(

@@ -19,7 +19,7 @@ from idemctl.stores.base import batched
 from idemctl.stores.machine import entity_locked
 from idemctl.stores.redis.client import Client
 from idemctl.stores.redis.core import RedisCore, glob_escape
-from idemctl.stores.redis.records import entity_fields_of, server_time, text, to_entity
+from idemctl.stores.redis.records import entity_fields_of, text, to_entity
 
 ENTITIES = "entity:"
 """What follows the store's prefix in an entity's Redis key, before its ``{name}``."""
@@ -34,23 +34,11 @@ class RedisEntities(RedisCore):
     def _entity_of(self, ekey: str) -> str:
         return ekey[len(self.prefix) + len(ENTITIES) + 1 : -1]
 
-    def _call_entities(
-        self,
-        name: str,
-        shared: Sequence[Any],
-        items: Sequence[tuple[str, Sequence[Any]]],
-        durable: bool = False,
-    ) -> list[Any]:
-        """``_call`` for entities: script ``name`` over (entity, per-entity values) items."""
-        keyed = [(self._ekey(entity), values) for entity, values in items]
-        return self._scripts.call(name, shared, keyed, confirm=durable and self.durable)
-
     def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
         shared = (self._ms(lease), self._ms(self.default_retention))
         items = [(g.entity, (g.sequence, g.key, g.fencing_token)) for g in guards]
         return [
-            _guard_reply(reply)
-            for reply in self._call_entities("guard", shared, items, durable=True)
+            _guard_reply(reply) for reply in self._call("guard", shared, items, True, self._ekey)
         ]
 
     def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
@@ -58,20 +46,11 @@ class RedisEntities(RedisCore):
             (s.entity, (s.sequence, s.key, s.fencing_token, "1" if s.applied else "0"))
             for s in settles
         ]
-        replies = self._call_entities("settle", (self._ms(retention),), items, durable=True)
+        replies = self._call("settle", (self._ms(retention),), items, True, self._ekey)
         return [int(reply) == 1 for reply in replies]
 
     def get_entity(self, entity: str) -> Entity | None:
-        ekey = self._ekey(entity)
-        with self._guard():
-            if self.cluster:  # a cluster pipeline refuses TIME, which has no key to route by
-                raw, now = self._client.get(ekey), self._now()
-            else:  # the entity and the server's clock in one round trip
-                pipe = self._client.pipeline(transaction=False)
-                pipe.get(ekey)
-                pipe.time()
-                raw, (seconds, micros) = pipe.execute()
-                now = server_time(seconds, micros)
+        raw, now = self._read(self._ekey(entity))
         fields = entity_fields_of(raw)
         if fields is None:
             return None
@@ -106,7 +85,9 @@ class RedisEntities(RedisCore):
 
     def forget_entity(self, entity: str, force: bool = False) -> Entity:
         validate_key(entity, "entity")
-        (reply,) = self._call_entities("forget_entity", ("1" if force else "0",), [(entity, ())])
+        (reply,) = self._call(
+            "forget_entity", ("1" if force else "0",), [(entity, ())], named=self._ekey
+        )
         code = text(reply[0])
         if code == "missing":
             raise EntityNotFound(entity)

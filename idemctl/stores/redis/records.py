@@ -40,13 +40,19 @@ def server_time(seconds: Any, micros: Any) -> datetime:
 def fields_of(raw: str | bytes | None) -> dict[str, str] | None:
     """A record's fields from its JSON text (see lua/_lib.lua), or None when there is none or
     the key holds something else: a key of another program under the prefix is not ours."""
+    fields = _json_object(raw)
+    return fields if fields is not None and fields.get("status") else None
+
+
+def _json_object(raw: str | bytes | None) -> dict[str, str] | None:
+    """The JSON object a key holds, or None (none, or not JSON, or not an object)."""
     if raw is None:
         return None
     try:
         fields = json.loads(raw)
     except ValueError:
         return None
-    return fields if isinstance(fields, dict) and fields.get("status") else None
+    return fields if isinstance(fields, dict) else None
 
 
 def parse_reply(reply: Sequence[Any]) -> tuple[str, dict[str, str] | None]:
@@ -80,13 +86,8 @@ def to_record(key: str, f: dict[str, str]) -> Record:
 def entity_fields_of(raw: str | bytes | None) -> dict[str, str] | None:
     """An entity's fields from its JSON text (see lua/_lib.lua), or None when there is none
     or the key holds something else (an idempotency record has a status; an entity never)."""
-    if raw is None:
-        return None
-    try:
-        fields = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(fields, dict) or "status" in fields or not fields.get("updated"):
+    fields = _json_object(raw)
+    if fields is None or "status" in fields or not fields.get("updated"):
         return None
     return fields
 
