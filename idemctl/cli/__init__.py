@@ -12,7 +12,15 @@ import sys
 import typer
 
 from idemctl import __version__
-from idemctl.cli import consume, look, outbox, provision, render, repair  # noqa: F401 - registers the commands
+from idemctl.cli import (  # noqa: F401 - registers the commands
+    consume,
+    look,
+    outbox,
+    provision,
+    render,
+    repair,
+    verify,
+)
 from idemctl.cli.common import (
     app,
     command,

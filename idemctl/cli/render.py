@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from idemctl.consume import Summary
     from idemctl.doctor import DoctorReport
     from idemctl.harness.demo import Report
+    from idemctl.harness.verify import Progress
+    from idemctl.harness.verify import Report as VerifyReport
     from idemctl.outbox.relay import RelaySummary
     from idemctl.outbox.table import OutboxRow, OutboxStatus
 
@@ -401,6 +403,77 @@ def demo_table(report: Report) -> Table:
         str(len(report.twice)),
         str(len(report.never)),
     )
+    return table
+
+
+def verify_fields(progress: Progress) -> dict[str, Any]:
+    """What ``verify``'s live status shows."""
+    return {
+        "phase": progress.phase,
+        "produced": progress.produced,
+        "handled": progress.handled,
+        "kills": progress.kills,
+        "rebalances": progress.rebalances or None,
+        "store_faults": progress.faults or None,
+    }
+
+
+def verify_json(where: dict[str, str], report: VerifyReport) -> dict[str, Any]:
+    return {**where, **report.to_json()}
+
+
+def verify_table(report: VerifyReport) -> Table:
+    """The proof, a row a figure; what broke the guarantee in red."""
+    ms = "-" if report.p50_ms is None else f"{report.p50_ms:,.0f} ms / {report.p99_ms:,.0f} ms"
+    bad = "bold red"
+    rows: list[tuple[str, str, str]] = [
+        ("store", report.store, ""),
+        ("topic", f"{report.topic} ({report.partitions} partitions)", ""),
+        ("mode", report.mode, ""),
+        ("guarantee", report.guarantee, ""),
+        ("messages", f"{report.messages:,} ({report.keys:,} keys, {report.poison_planted} "
+         "poison planted)", ""),
+        ("consumers", f"{report.consumers}, {report.kills} SIGKILLed and restarted "
+         f"({report.kills_mid_handler} mid-handler), {report.rebalances} joins and leaves, "
+         f"{report.consumer_exits} exits of their own", ""),
+    ]  # fmt: skip
+    for fault in report.faults:
+        rows.append(
+            (
+                "store fault",
+                f"{fault.kind} for {fault.seconds:g}s: {fault.effects_during} effect(s) "
+                "recorded meanwhile (handlers claimed before it)",
+                "",
+            )
+        )
+    rows += [
+        ("effects", f"{report.effects:,}", ""),
+        ("lost keys", str(len(report.lost)), bad if report.lost else "green"),
+        (
+            "duplicate effects",
+            f"{report.duplicate_effects} (the guarantee allows {report.duplicates_allowed})",
+            bad if report.duplicate_effects > report.duplicates_allowed else "green",
+        ),
+        (
+            "dead letters",
+            f"{report.dead_letters} for {report.poison_planted} poison key(s)"
+            + (f", {len(report.poison_missing)} missing" if report.poison_missing else "")
+            + (
+                f", {len(report.dead_letters_unexpected)} good key(s)"
+                if report.dead_letters_unexpected
+                else ""
+            ),
+            bad if report.poison_missing or report.dead_letters_unexpected else "green",
+        ),
+        ("lag left", str(report.lag_left), bad if report.lag_left else ""),
+        ("latency p50 / p99", ms, ""),
+        ("throughput", f"{report.throughput:,.0f} msg/s over {report.seconds:.1f}s", ""),
+    ]
+    table = Table(title=f"idemctl verify {report.run_id}", title_justify="left", show_header=False)
+    table.add_column(style="dim", no_wrap=True)
+    table.add_column(max_width=90)
+    for name, value, style in rows:
+        table.add_row(name, Text(value, style=style))
     return table
 
 

@@ -1,0 +1,204 @@
+"""The proof on the user's own infrastructure: verify."""
+
+from __future__ import annotations
+
+import signal
+from typing import Annotated
+
+import typer
+
+from idemctl.cli import render
+from idemctl.cli.common import (
+    BrokersOption,
+    KafkaConfigOption,
+    command,
+    duration,
+    emit_json,
+    kafka_settings,
+    settings,
+    store_fields,
+)
+from idemctl.urls import redact_url
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@command()
+def verify(
+    ctx: typer.Context,
+    brokers: BrokersOption = None,
+    kafka_config: KafkaConfigOption = None,
+    messages: Annotated[
+        int, typer.Option("--messages", min=10, help="Messages to produce, duplicates included")
+    ] = 20_000,
+    duplicates: Annotated[
+        float,
+        typer.Option(
+            "--duplicates",
+            min=0.0,
+            max=1.0,
+            help="Share of the messages that repeat an earlier key (half of them in another "
+            "partition)",
+        ),
+    ] = 0.3,
+    poison: Annotated[
+        int,
+        typer.Option("--poison", min=0, help="Poison keys planted: each must be dead-lettered"),
+    ] = 20,
+    partitions: Annotated[
+        int, typer.Option("--partitions", min=1, help="Partitions of the scratch topic")
+    ] = 6,
+    consumers: Annotated[
+        int, typer.Option("--consumers", min=1, help="idemctl consume processes in the group")
+    ] = 3,
+    kill_every: Annotated[
+        str,
+        typer.Option(
+            "--kill-every",
+            metavar="DUR",
+            help="SIGKILL a random consumer and restart it this often; 0: never",
+        ),
+    ] = "2s",
+    rebalance: Annotated[
+        bool,
+        typer.Option("--rebalance", help="A consumer joins, and leaves again, every 5 s"),
+    ] = False,
+    store_pause: Annotated[
+        str,
+        typer.Option(
+            "--store-pause",
+            metavar="DUR",
+            help="Take the store away for DUR, 3 s in: SIGSTOP of a server on this machine "
+            "(SQLite: an exclusive lock), or --store-fault-cmd; 0: no fault",
+        ),
+    ] = "0",
+    store_fault_cmd: Annotated[
+        str | None,
+        typer.Option(
+            "--store-fault-cmd",
+            metavar="COMMAND",
+            help="Shell command that stops and starts the store, {action} being 'stop' then "
+            "'start', e.g. 'systemctl {action} redis-server'",
+        ),
+    ] = None,
+    transactional: Annotated[
+        bool,
+        typer.Option(
+            "--transactional",
+            help="PostgreSQL: the ledger row commits in the key's transaction (no duplicate "
+            "effect allowed)",
+        ),
+    ] = False,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help="consume's --batch-size: a SIGKILL may repeat up to this many effects",
+        ),
+    ] = 1,
+    lease: Annotated[str, typer.Option("--lease", metavar="DUR", help="consume's --lease")] = "5s",
+    rate: Annotated[
+        float,
+        typer.Option("--rate", min=0.0, help="Messages produced a second; 0: all at once"),
+    ] = 0.0,
+    timeout: Annotated[
+        str,
+        typer.Option(
+            "--timeout",
+            metavar="DUR",
+            help="Give up (and report what is left) when not drained within DUR",
+        ),
+    ] = "10m",
+    keep: Annotated[
+        bool,
+        typer.Option("--keep", help="Leave the scratch topics, keys and logs for a look"),
+    ] = False,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id",
+            metavar="ID",
+            help="Names the scratch topic idemctl-verify-ID and the scratch keys [default: "
+            "random]; refused if they exist",
+        ),
+    ] = None,
+    sabotage: Annotated[
+        str | None,
+        typer.Option("--sabotage", hidden=True, help="Test only: no-claim or lose"),
+    ] = None,
+) -> None:
+    """Prove effectively-once on your own store and brokers, with numbers.
+
+    Makes a scratch topic and scratch keys, produces messages with duplicates and poison,
+    runs --consumers `idemctl consume` processes with a recording handler, SIGKILLs and
+    restarts them (--kill-every), and checks: no key lost, duplicate effects within the
+    mode's guarantee, every poison message dead-lettered. Exit 0 when all hold, 1 when one
+    does not; everything it made is removed, also on Ctrl-C, unless --keep.
+    """
+    from idemctl.harness.verify import Plan, run_verify
+
+    current = settings(ctx)
+    url, source = current.store_url()
+    current.used_source = source
+    brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
+    plan = Plan(
+        store=url,
+        brokers=brokers,
+        kafka_config=kafka,
+        default_store=source == "the default",
+        messages=messages,
+        duplicates=duplicates,
+        poison=poison,
+        partitions=partitions,
+        consumers=consumers,
+        kill_every=duration(kill_every, "--kill-every"),
+        rebalance=rebalance,
+        store_pause=duration(store_pause, "--store-pause"),
+        store_fault_cmd=store_fault_cmd,
+        transactional=transactional,
+        batch_size=batch_size,
+        lease=duration(lease, "--lease"),
+        rate=rate,
+        timeout=duration(timeout, "--timeout"),
+        keep=keep,
+        run_id=run_id,
+        sabotage=sabotage,
+    )
+    err = current.err
+    err.print(f"store: {redact_url(url)} (from {source})", markup=False, highlight=False)
+    live = err.is_terminal and not current.json
+    status = render.LiveStatus(
+        err,
+        "verify",
+        render.verify_fields,
+        lambda progress: progress.handled,
+        live=live,
+        every=5.0,
+        header={"brokers": brokers},
+    )
+
+    def step(text: str) -> None:
+        if live:
+            err.print(f"[dim]-[/] {text}", highlight=False)
+        else:
+            err.print(render.logfmt("info", text), markup=False, highlight=False, soft_wrap=True)
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # cleans up as Ctrl-C does
+    try:
+        with status:
+            report = run_verify(plan, on_step=step, on_progress=status.update)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if current.json:
+        emit_json(render.verify_json(store_fields(ctx, redact_url(url)), report))
+    else:
+        current.out.print(render.verify_table(report))
+        for problem in report.problems:
+            err.print(f"[bold red]FAILED:[/] {problem}", highlight=False)
+        if report.ok:
+            err.print(f"[green]ok:[/] {report.guarantee}; nothing lost", highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)

@@ -1,0 +1,273 @@
+"""``idemctl verify`` run as users run it (a process, real servers, consumers SIGKILLed every
+2 s): it passes on every store and mode, it fails with exact counts when the guarantee is
+broken on purpose, and it leaves nothing behind, also after Ctrl-C, and never touches a
+neighbour's keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idemctl import open_store
+from idemctl.harness.scratch import Scratch
+from idemctl.harness.verify import Plan, _Messages
+from tests.backends import unique_prefix, unique_schema
+from tests.cli.helpers import validate
+from tests.servers import KafkaBroker
+
+MESSAGES = int(os.environ.get("IDEMCTL_VERIFY_MESSAGES", "3000"))
+FAST_GROUPS = [
+    "--kafka-config", "session.timeout.ms=2000", "--kafka-config", "heartbeat.interval.ms=300",
+]  # fmt: skip
+"""tansu joins a group in about session.timeout.ms / 2: the chaos tests' settings."""
+
+
+@dataclass
+class Neighbour:
+    """Keys of someone else's beside verify's scratch keys: they must be there after."""
+
+    url: str
+    keys: list[str] = field(default_factory=lambda: ["theirs-1", "theirs-2"])
+
+    def plant(self) -> None:
+        with open_store(self.url) as store:
+            store.provision()
+            for key in self.keys:
+                store.claim(key, None, 600)
+
+    def intact(self) -> bool:
+        with open_store(self.url) as store:
+            return all(store.get(key) is not None for key in self.keys)
+
+
+@dataclass
+class Target:
+    url: str
+    options: list[str] = field(default_factory=list)
+    neighbour: Neighbour | None = None
+    messages: int = MESSAGES
+
+
+def target(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    if name == "sqlite":
+        return Target(f"sqlite:///{tmp_path}/keys.db")
+    if name in ("redis", "redis-rebalance"):
+        port = request.getfixturevalue("redis_server").port
+        base = f"redis://127.0.0.1:{port}/0"
+        extra = ["--rebalance"] if name == "redis-rebalance" else []
+        return Target(
+            f"{base}?prefix={unique_prefix()}", extra, Neighbour(f"{base}?prefix={unique_prefix()}")
+        )
+    if name == "redis-cluster":
+        port = request.getfixturevalue("redis_cluster").port
+        return Target(f"redis+cluster://127.0.0.1:{port}?prefix={unique_prefix()}")
+    if name in ("postgres", "postgres-transactional"):
+        server = request.getfixturevalue("postgres_server")
+        schema = unique_schema()
+        extra = ["--transactional"] if name == "postgres-transactional" else []
+        neighbour = Neighbour(server.url(schema=schema, prefix="theirs_"))
+        return Target(server.url(schema=schema), extra, neighbour)
+    if name == "dynamodb":
+        moto = request.getfixturevalue("moto_server")
+        # moto answers a few hundred requests a second here: fewer messages keep CI short
+        return Target(moto.url(f"keys-{uuid.uuid4().hex[:8]}"), messages=MESSAGES // 3)
+    raise AssertionError(name)
+
+
+def verify(
+    broker: KafkaBroker, url: str, *args: str, timeout: float = 400
+) -> tuple[int, dict[str, Any], str]:
+    """``idemctl --store URL --json verify ...``: exit code, JSON document, stderr."""
+    command = [sys.executable, "-m", "idemctl", "--store", url, "--json", "verify"]
+    command += ["--brokers", broker.bootstrap, *FAST_GROUPS, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    document = json.loads(done.stdout) if done.stdout.strip() else {}
+    return done.returncode, document, done.stderr
+
+
+def topics(broker: KafkaBroker) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics)
+
+
+def left_behind(broker: KafkaBroker, url: str, run: str) -> tuple[set[str], int]:
+    """The run's topics still on the broker, and its keys (files, tables) in the store."""
+    mine = {t for t in topics(broker) if t.startswith(f"idemctl-verify-{run}")}
+    return mine, Scratch(url, run).keys_left()
+
+
+STORES = ["sqlite", "redis", "redis-rebalance", "redis-cluster", "postgres",
+          "postgres-transactional", "dynamodb"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", STORES)
+def test_verify_passes_with_kills_every_2s_and_leaves_nothing(
+    kafka_broker: KafkaBroker, request: pytest.FixtureRequest, tmp_path: Path, name: str
+) -> None:
+    t = target(name, request, tmp_path)
+    if t.neighbour is not None:
+        t.neighbour.plant()
+    run = uuid.uuid4().hex[:8]
+    rc, doc, err = verify(
+        kafka_broker, t.url, "--messages", str(t.messages), "--kill-every", "2s",
+        "--run-id", run, *t.options,
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    validate("verify.schema.json", doc)
+    assert doc["ok"] is True and doc["problems"] == []
+    assert doc["messages"] == t.messages and doc["lost"] == 0 and doc["lag_left"] == 0
+    assert doc["effects"] == doc["keys"] + doc["duplicate_effects"]
+    assert doc["duplicate_effects"] <= doc["duplicates_allowed"]
+    assert doc["kills"] >= 1, err[-2000:]
+    assert doc["poison_missing"] == [] and doc["dead_letters"] >= doc["poison_planted"] == 20
+    if name == "postgres-transactional":
+        assert doc["mode"] == "transactional"
+        assert doc["duplicates_allowed"] == 0 == doc["duplicate_effects"]
+    else:
+        assert doc["mode"] == "at-least-once effects"
+        assert doc["duplicates_allowed"] <= doc["kills_mid_handler"] <= doc["kills"]
+    if name == "redis-rebalance":
+        assert doc["rebalances"] >= 1
+    assert left_behind(kafka_broker, t.url, run) == (set(), 0)
+    if t.neighbour is not None:
+        assert t.neighbour.intact()
+    assert list(tmp_path.glob("idemctl-verify-*")) == []
+
+
+def expected_messages(run: str, sabotage: str, messages: int = 1000) -> _Messages:
+    return _Messages.plan(Plan("sqlite:///x.db", "", messages=messages, sabotage=sabotage), run)
+
+
+def test_verify_fails_with_the_exact_duplicates_when_the_claim_is_skipped(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """--sabotage no-claim: each delivery its own key, so every duplicate of a good key runs
+    again: verify counts exactly those, allows none of them (no kill explains them), exit 1."""
+    run = uuid.uuid4().hex[:8]
+    planned = expected_messages(run, "no-claim")
+    copies = [k for k, _ in planned.order if k not in planned.poison]
+    expected = len(copies) - len(set(copies))
+    assert expected > 200  # the test means something
+    rc, doc, err = verify(
+        kafka_broker, f"sqlite:///{tmp_path}/keys.db", "--messages", "1000", "--kill-every", "0",
+        "--run-id", run, "--sabotage", "no-claim",
+    )  # fmt: skip
+    assert rc == 1, err[-2000:]
+    assert doc["duplicate_effects"] == expected
+    assert doc["duplicates_allowed"] == 0 and doc["duplicates_unexplained"] == expected
+    assert doc["lost"] == 0 and doc["ok"] is False
+    assert doc["problems"] == [f"{expected} duplicate effect(s), the guarantee allows 0"]
+    assert left_behind(kafka_broker, f"sqlite:///{tmp_path}/keys.db", run) == (set(), 0)
+
+
+def test_verify_fails_with_the_exact_keys_lost_when_work_is_skipped(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """--sabotage lose: some handlers return without their effect and their offsets are
+    committed: verify names exactly those keys as lost, exit 1."""
+    run = uuid.uuid4().hex[:8]
+    planned = expected_messages(run, "lose")
+    assert len(planned.dropped) >= 10
+    rc, doc, err = verify(
+        kafka_broker, f"sqlite:///{tmp_path}/keys.db", "--messages", "1000", "--kill-every", "0",
+        "--run-id", run, "--sabotage", "lose",
+    )  # fmt: skip
+    assert rc == 1, err[-2000:]
+    assert doc["lost"] == len(planned.dropped)
+    assert doc["lost_keys"] == sorted(planned.dropped)[:100]
+    assert doc["problems"] == [f"{len(planned.dropped)} key(s) lost"]
+
+
+def test_ctrl_c_mid_run_removes_everything(kafka_broker: KafkaBroker, redis_server: Any) -> None:
+    url = f"redis://127.0.0.1:{redis_server.port}/0?prefix={unique_prefix()}"
+    run = uuid.uuid4().hex[:8]
+    command = [sys.executable, "-m", "idemctl", "--store", url, "verify", "--brokers"]
+    command += [kafka_broker.bootstrap, *FAST_GROUPS, "--messages", "200000", "--run-id", run]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # logfmt lines: no terminal here
+            if "verify progress" in line and "kills=" in line and "handled=0 " not in line:
+                break
+        assert Scratch(url, run).keys_left() > 0  # it was mid-run: keys written
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, rest[-2000:]
+    assert left_behind(kafka_broker, url, run) == (set(), 0)
+    still = subprocess.run(
+        ["pgrep", "-f", f"idemctl-verify-{run}"], capture_output=True, check=False
+    )
+    assert still.stdout == b""  # no consume process left
+
+
+def test_it_refuses_a_topic_or_keys_it_did_not_make(
+    kafka_broker: KafkaBroker, redis_server: Any
+) -> None:
+    url = f"redis://127.0.0.1:{redis_server.port}/0?prefix={unique_prefix()}"
+    run = uuid.uuid4().hex[:8]
+    kafka_broker.create_topic(f"idemctl-verify-{run}", partitions=1)
+    rc, _, err = verify(kafka_broker, url, "--run-id", run)
+    assert rc == 6, err
+    assert f"idemctl-verify-{run} already exists" in err
+    assert f"idemctl-verify-{run}" in topics(kafka_broker)  # not ours: left alone
+    other = uuid.uuid4().hex[:8]
+    scratch = Scratch(url, other)
+    with open_store(scratch.url) as store:
+        store.claim("someone-else", None, 600)
+    rc, _, err = verify(kafka_broker, url, "--run-id", other)
+    assert rc == 6, err
+    assert "already exists" in err
+    assert scratch.keys_left() == 1  # not ours: left alone
+    assert f"idemctl-verify-{other}" not in topics(kafka_broker)
+
+
+@pytest.mark.parametrize("name", ["redis", "sqlite"])
+def test_a_store_outage_fails_closed(
+    kafka_broker: KafkaBroker, request: pytest.FixtureRequest, tmp_path: Path, name: str
+) -> None:
+    """--store-pause: Redis SIGSTOPped, or the SQLite file locked, for 3 s mid-run: the
+    consumers wait, and nothing is lost or doubled."""
+    t = target(name, request, tmp_path)
+    run = uuid.uuid4().hex[:8]
+    rc, doc, err = verify(
+        kafka_broker, t.url, "--messages", str(MESSAGES), "--kill-every", "0", "--rate", "300",
+        "--store-pause", "3s", "--run-id", run,
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    [fault] = doc["faults"]
+    assert fault["kind"] == ("pause" if name == "redis" else "lock")
+    assert fault["ended"] - fault["started"] >= 3.0
+    assert doc["lost"] == 0 and doc["duplicate_effects"] == 0
+    assert left_behind(kafka_broker, t.url, run) == (set(), 0)
+
+
+def test_a_profile_gives_verify_its_store_and_brokers(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    config = tmp_path / "idemctl.yaml"
+    config.write_text(
+        f"profiles:\n  proof:\n    store: sqlite:///{tmp_path}/keys.db\n"
+        f"    kafka:\n      bootstrap.servers: {kafka_broker.bootstrap}\n"
+    )
+    command = [sys.executable, "-m", "idemctl", "--config", str(config), "--profile", "proof"]
+    command += ["--json", "verify", *FAST_GROUPS, "--messages", "500", "--kill-every", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert doc["store_source"].startswith("--profile proof")
+    assert doc["store"].startswith(f"sqlite:///{tmp_path}/idemctl-verify-")
+    assert doc["ok"] is True
