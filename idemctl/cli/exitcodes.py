@@ -35,7 +35,8 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
     ExitCode.UNEXPECTED: (
         "unexpected error; for doctor, a problem found; for outbox relay and replay, events "
-        "not delivered"
+        "not delivered; for verify, a guarantee broken (a key lost, duplicate effects beyond "
+        "the guarantee, a poison message not dead-lettered)"
     ),
     ExitCode.USAGE: (
         "usage error or bad configuration (URL, scheme, missing driver, config file, "
@@ -45,7 +46,8 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.NOT_PROVISIONED: "store not provisioned: run 'idemctl init'",
     ExitCode.KEY_NOT_FOUND: "key not found",
     ExitCode.REFUSED: (
-        "refused: a live lease without --force, a conflicting state, or a declined confirmation"
+        "refused: a live lease without --force, a conflicting state, a declined confirmation, "
+        "or verify's scratch topic or keys already there"
     ),
     ExitCode.KAFKA_UNREACHABLE: (
         "Kafka unreachable: no partitions within --join-timeout, the brokers lost that long "

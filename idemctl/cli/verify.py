@@ -38,7 +38,7 @@ def verify(
         typer.Option(
             "--duplicates",
             min=0.0,
-            max=1.0,
+            max=0.9,
             help="Share of the messages that repeat an earlier key (half of them in another "
             "partition)",
         ),

@@ -30,7 +30,7 @@ def with_option(url: str, name: str, value: str) -> str:
     """``url`` with query option ``name`` set to ``value`` (replaced if it was there)."""
     parts = split_url(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name]
-    return parts._replace(query=urlencode([*query, (name, value)])).geturl()
+    return parts._replace(query=urlencode([*query, (name, value)], safe=":/")).geturl()
 
 
 def option(url: str, name: str) -> str | None:

@@ -90,8 +90,8 @@ class Plan:
     def check(self) -> None:
         if self.messages < 10:
             raise ConfigError("--messages must be at least 10")
-        if not 0 <= self.duplicates <= 1:
-            raise ConfigError("--duplicates is a fraction of --messages, between 0 and 1")
+        if not 0 <= self.duplicates <= 0.9:
+            raise ConfigError("--duplicates is a share of --messages, between 0 and 0.9")
         if self.poison < 0 or self.poison > self.messages // 10:
             raise ConfigError("--poison must be between 0 and a tenth of --messages")
         if self.transactional and split_url(self.store).scheme not in ("postgresql", "postgres"):

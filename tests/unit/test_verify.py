@@ -1,0 +1,122 @@
+"""verify's judgement and scratch names, without servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from idemctl.errors import ConfigError
+from idemctl.harness.scratch import Scratch, with_option
+from idemctl.harness.verify import Effect, Fault, Plan, Report, _Messages, judge, percentile
+
+PLAN = Plan("sqlite:///x.db", "127.0.0.1:9092", batch_size=2, lease=5.0)
+
+
+def effect(key: str, pid: int, at: float) -> Effect:
+    return Effect(key, pid, at - 0.1, at)
+
+
+def test_only_the_effects_a_kill_cut_off_are_allowed_and_at_most_a_batch_a_kill() -> None:
+    effects = [
+        effect("a", 10, 1.0), effect("a", 20, 5.0),  # 10 killed at 2.0: explained
+        effect("b", 10, 1.5), effect("b", 20, 6.0),  # the same kill: explained
+        effect("c", 10, 1.8), effect("c", 20, 7.0),  # a third for that kill: over the batch
+        effect("d", 30, 1.0), effect("d", 20, 8.0),  # 30 was never killed: unexplained
+        effect("e", 40, 9.0), effect("e", 20, 9.5),  # 40 killed before it wrote: unexplained
+        effect("f", 20, 3.0),  # once: no duplicate
+    ]  # fmt: skip
+    killed = {10: 2.0, 40: 4.0}
+    duplicates, allowed, unexplained, mid_handler = judge(effects, killed, [], PLAN)
+    assert (duplicates, allowed, unexplained, mid_handler) == (5, 2, 3, 1)
+
+
+def test_transactional_mode_allows_no_duplicate_even_after_a_kill() -> None:
+    plan = Plan("postgresql://h/db", "b", transactional=True)
+    effects = [effect("a", 10, 1.0), effect("a", 20, 5.0)]
+    assert judge(effects, {10: 2.0}, [], plan) == (1, 0, 1, 1)
+
+
+def test_a_store_fault_explains_effects_from_a_lease_before_it_to_its_end() -> None:
+    fault = Fault("pause", 3.0, started=100.0, ended=103.0)
+    effects = [
+        effect("a", 10, 96.0), effect("a", 20, 110.0),  # within the lease before: explained
+        effect("b", 10, 94.0), effect("b", 20, 111.0),  # longer before: unexplained
+        effect("c", 10, 104.0), effect("c", 20, 112.0),  # after it: unexplained
+    ]  # fmt: skip
+    assert judge(effects, {}, [fault], PLAN) == (3, 1, 2, 0)
+
+
+def test_the_report_names_each_broken_promise() -> None:
+    report = Report("r", "t", "s", "m", "g", 10, 5, 1, 1, 2)
+    assert report.ok and report.problems == []
+    report.lost = ["k1"]
+    report.duplicate_effects, report.duplicates_allowed = 3, 1
+    report.poison_missing = ["p"]
+    report.dead_letters_unexpected = ["g1", "g2"]
+    assert report.problems == [
+        "1 key(s) lost",
+        "3 duplicate effect(s), the guarantee allows 1",
+        "1 poison key(s) not dead-lettered",
+        "2 good key(s) dead-lettered",
+    ]
+    assert not report.ok
+    assert report.to_json()["lost"] == 1 and report.to_json()["lost_keys"] == ["k1"]
+
+
+def test_the_messages_hold_each_key_once_its_duplicates_and_the_poison() -> None:
+    plan = Plan("sqlite:///x.db", "b", messages=1000, duplicates=0.3, poison=20)
+    planned = _Messages.plan(plan, "run1")
+    assert len(planned.order) == 1000 and len(planned.keys) == 700
+    assert {k for k, _ in planned.order} == set(planned.keys)
+    assert len(planned.poison) == 20 and planned.poison <= set(planned.keys)
+    assert sum(1 for _, elsewhere in planned.order if elsewhere) == 150
+    assert planned == _Messages.plan(plan, "run1")  # the same run id plans the same messages
+    assert planned.dropped == set()
+
+
+@pytest.mark.parametrize(
+    ("url", "scratch"),
+    [
+        ("sqlite:////var/lib/keys.db", "sqlite:////var/lib/idemctl-verify-r1.db"),
+        ("sqlite:///./keys.db?synchronous=normal", "sqlite:///idemctl-verify-r1.db?synchronous=normal"),
+        ("redis://:pw@h:6379/0", "redis://:pw@h:6379/0?prefix=idem:verify-r1:"),
+        ("redis+cluster://h:7000?prefix=app:", "redis+cluster://h:7000?prefix=app:verify-r1:"),
+        ("postgresql://u@h/db?schema=s&prefix=p_", "postgresql://u@h/db?schema=s&prefix=p_verify_r1_"),
+        ("dynamodb://keys?region=eu-west-1", "dynamodb://keys-verify-r1?region=eu-west-1"),
+    ],
+)  # fmt: skip
+def test_the_scratch_namespace_sits_beside_the_users_and_is_new(url: str, scratch: str) -> None:
+    assert Scratch(url, "r1").url == scratch
+
+
+def test_a_memory_store_cannot_be_shared_with_consume_processes() -> None:
+    with pytest.raises(ConfigError, match="memory://"):
+        Scratch("memory://", "r1")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"messages": 5}, "--messages"),
+        ({"messages": 100, "poison": 20}, "--poison"),
+        ({"duplicates": 0.95}, "--duplicates"),
+        ({"transactional": True}, "--transactional needs a postgresql"),
+        ({"sabotage": "everything"}, "--sabotage"),
+        ({"run_id": "a b"}, "--run-id"),
+    ],
+)
+def test_a_bad_plan_is_a_usage_error(changes: dict[str, object], message: str) -> None:
+    plan = Plan("sqlite:///x.db", "b", **changes)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=message):
+        plan.check()
+
+
+def test_with_option_replaces_an_option_and_keeps_the_rest() -> None:
+    assert with_option("redis://h/0?prefix=a:&lease=5s", "prefix", "b:") == (
+        "redis://h/0?lease=5s&prefix=b:"
+    )
+
+
+def test_percentiles() -> None:
+    assert percentile([], 0.5) is None
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert percentile([float(i) for i in range(100)], 0.99) == 99.0
