@@ -441,9 +441,11 @@ def verify_table(report: VerifyReport) -> Table:
         rows.append(
             (
                 "store fault",
-                f"{fault.kind} for {fault.seconds:g}s: {fault.effects_during} effect(s) "
-                "recorded meanwhile (handlers claimed before it)",
-                "",
+                f"{fault.kind} for {fault.seconds:g}s: "
+                + ("failed closed" if fault.failed_closed else "did NOT fail closed")
+                + f"; {fault.effects_during} effect(s) recorded meanwhile (handlers claimed "
+                f"before it), {fault.consumer_exits} consumer exit(s)",
+                "green" if fault.failed_closed else bad,
             )
         )
     rows += [

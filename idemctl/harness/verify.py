@@ -123,6 +123,9 @@ class Fault:
     effects_during: int = 0
     """Effects recorded while the store was out: handlers claimed before it went."""
     consumer_exits: int = 0
+    failed_closed: bool = True
+    """Whether the outage cost nothing: no key lost, no effect repeated but those it and
+    the kills explain (the consumers waited instead of passing messages unfinished)."""
 
 
 @dataclass
@@ -838,6 +841,8 @@ class _Run:
         verdict = judge(effects, consumers.killed, self.faults, plan)
         report.duplicate_effects, report.duplicates_allowed = verdict[0], verdict[1]
         report.duplicates_unexplained, report.kills_mid_handler = verdict[2], verdict[3]
+        for f in self.faults:
+            f.failed_closed = not report.lost and report.duplicates_unexplained == 0
         first: dict[str, Effect] = {}
         for e in effects:
             first.setdefault(e.key, e)

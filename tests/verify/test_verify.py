@@ -235,21 +235,29 @@ def test_it_refuses_a_topic_or_keys_it_did_not_make(
     assert f"idemctl-verify-{other}" not in topics(kafka_broker)
 
 
-@pytest.mark.parametrize("name", ["redis", "sqlite"])
+@pytest.mark.parametrize("name", ["redis", "sqlite", "redis-command"])
 def test_a_store_outage_fails_closed(
     kafka_broker: KafkaBroker, request: pytest.FixtureRequest, tmp_path: Path, name: str
 ) -> None:
-    """--store-pause: Redis SIGSTOPped, or the SQLite file locked, for 3 s mid-run: the
-    consumers wait, and nothing is lost or doubled."""
-    t = target(name, request, tmp_path)
+    """--store-pause: Redis SIGSTOPped (by verify, or by the user's --store-fault-cmd), or
+    the SQLite file locked, for 3 s mid-run: the consumers wait, and nothing is lost or
+    doubled."""
+    t = target(name.removesuffix("-command"), request, tmp_path)
     run = uuid.uuid4().hex[:8]
+    flags: list[str] = []
+    if name == "redis-command":
+        pid = request.getfixturevalue("redis_server").pid
+        script = tmp_path / "fault.sh"
+        script.write_text(f'if [ "$1" = stop ]; then kill -STOP {pid}; else kill -CONT {pid}; fi\n')
+        flags = ["--store-fault-cmd", f"sh {script} {{action}}"]
     rc, doc, err = verify(
         kafka_broker, t.url, "--messages", str(MESSAGES), "--kill-every", "0", "--rate", "300",
-        "--store-pause", "3s", "--run-id", run,
+        "--store-pause", "3s", "--run-id", run, *flags,
     )  # fmt: skip
     assert rc == 0, err[-3000:]
     [fault] = doc["faults"]
-    assert fault["kind"] == ("pause" if name == "redis" else "lock")
+    kinds = {"redis": "pause", "sqlite": "lock", "redis-command": "command"}
+    assert fault["kind"] == kinds[name] and fault["failed_closed"] is True
     assert fault["ended"] - fault["started"] >= 3.0
     assert doc["lost"] == 0 and doc["duplicate_effects"] == 0
     assert left_behind(kafka_broker, t.url, run) == (set(), 0)
