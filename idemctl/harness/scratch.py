@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -91,10 +91,9 @@ class Scratch:
             prefix + LEDGER_TABLE
         )
 
-    @contextmanager
-    def store(self) -> Iterator[Store]:
-        with open_store(self.url) as store:
-            yield store
+    def store(self) -> Store:
+        """The scratch store, opened (a context manager: closed after the block)."""
+        return open_store(self.url)
 
     def refuse_if_used(self) -> None:
         """Refused when the namespace holds anything: verify never runs among keys it did

@@ -290,13 +290,11 @@ class _Ledger:
         self.table = scratch.ledger_table if transactional else None
         self.path = folder / "ledger.txt"
         self.path.touch()
-        self._store: Any = scratch.store() if self.table else None
+        self._store: Any = scratch.store() if self.table else None  # closed by __exit__
         self._read = 0
         self._effects: list[Effect] = []
 
     def __enter__(self) -> _Ledger:
-        if self._store is not None:
-            self._store = self._store.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,3 +280,28 @@ def test_a_profile_gives_verify_its_store_and_brokers(
     assert doc["store_source"].startswith("--profile proof")
     assert doc["store"].startswith(f"sqlite:///{tmp_path}/idemctl-verify-")
     assert doc["ok"] is True
+
+
+def test_the_password_shows_nowhere_not_even_in_the_consumers_command_lines(
+    kafka_broker: KafkaBroker, redis_with_password: Any
+) -> None:
+    """The store URL reaches the consume processes through their environment: `ps` (any
+    user's) shows no password, and neither does verify's output."""
+    password = redis_with_password.password
+    url = redis_with_password.url(query=f"prefix={unique_prefix()}")
+    assert password in url
+    command = [sys.executable, "-m", "idemctl", "--store", url, "verify", "--brokers"]
+    command += [kafka_broker.bootstrap, *FAST_GROUPS, "--messages", "2000", "--kill-every", "0"]
+    command += ["--rate", "400"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    while proc.poll() is None:
+        ps = subprocess.run(["ps", "-ewwo", "args"], capture_output=True, text=True, check=True)
+        seen += [line for line in ps.stdout.splitlines() if "idemctl" in line and "consume" in line]
+        time.sleep(0.5)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert seen, "never saw a consume process"
+    assert not [line for line in seen if password in line]
+    assert password not in out + err
+    assert ":***@" in err
