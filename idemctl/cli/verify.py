@@ -44,9 +44,15 @@ def verify(
         ),
     ] = 0.3,
     poison: Annotated[
-        int,
-        typer.Option("--poison", min=0, help="Poison keys planted: each must be dead-lettered"),
-    ] = 20,
+        int | None,
+        typer.Option(
+            "--poison",
+            min=0,
+            help="Poison keys planted, each to be dead-lettered  [default: 20, or a tenth of "
+            "--messages if fewer]",
+            show_default=False,
+        ),
+    ] = None,
     partitions: Annotated[
         int, typer.Option("--partitions", min=1, help="Partitions of the scratch topic")
     ] = 6,
@@ -151,7 +157,7 @@ def verify(
         default_store=source == "the default",
         messages=messages,
         duplicates=duplicates,
-        poison=poison,
+        poison=min(20, messages // 10) if poison is None else poison,
         partitions=partitions,
         consumers=consumers,
         kill_every=duration(kill_every, "--kill-every"),

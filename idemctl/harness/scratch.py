@@ -175,28 +175,31 @@ def _redis_keys(store: Any) -> Iterator[tuple[Any, str]]:
     from idemctl.stores.redis.core import glob_escape
 
     match = glob_escape(store.prefix) + "*"
-    for node in store._nodes():
-        # a cluster's primaries are scanned, and their keys deleted, through their own
-        # connections: the keys a node returns live there
-        client = store._client if node is None else node.redis_connection
-        cursor = 0
-        while True:
-            cursor, found = client.scan(cursor, match=match, count=1000)
-            for key in found:
-                yield client, key.decode() if isinstance(key, bytes) else key
-            if int(cursor) == 0:
-                break
+    with store._guard():  # the driver's errors as idemctl's (StoreUnavailable: exit 3)
+        for node in store._nodes():
+            # a cluster's primaries are scanned, and their keys deleted, through their own
+            # connections: the keys a node returns live there
+            client = store._client if node is None else node.redis_connection
+            cursor = 0
+            while True:
+                cursor, found = client.scan(cursor, match=match, count=1000)
+                for key in found:
+                    yield client, key.decode() if isinstance(key, bytes) else key
+                if int(cursor) == 0:
+                    break
 
 
 def _drop_redis_keys(store: Any) -> None:
     pipes: dict[int, Any] = {}
-    for client, key in list(_redis_keys(store)):
-        pipe = pipes.setdefault(id(client), client.pipeline(transaction=False))
-        pipe.delete(key)  # a key a command: a cluster node refuses DEL across slots
-        if len(pipe) >= 1000:
+    keys = list(_redis_keys(store))
+    with store._guard():
+        for client, key in keys:
+            pipe = pipes.setdefault(id(client), client.pipeline(transaction=False))
+            pipe.delete(key)  # a key a command: a cluster node refuses DEL across slots
+            if len(pipe) >= 1000:
+                pipe.execute()
+        for pipe in pipes.values():
             pipe.execute()
-    for pipe in pipes.values():
-        pipe.execute()
 
 
 def _postgres_tables(conn: Any, store: Any) -> list[str]:

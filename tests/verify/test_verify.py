@@ -305,3 +305,22 @@ def test_the_password_shows_nowhere_not_even_in_the_consumers_command_lines(
     assert not [line for line in seen if password in line]
     assert password not in out + err
     assert ":***@" in err
+
+
+def test_an_unreachable_store_or_broker_is_a_clear_error_and_makes_nothing(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    from tests.servers import free_port
+
+    dead = free_port()
+    before = topics(kafka_broker)
+    rc, _, err = verify(kafka_broker, f"redis://:pw@127.0.0.1:{dead}/0", "--messages", "300")
+    assert rc == 3, err
+    assert "unreachable" in err and ":pw@" not in err
+    assert topics(kafka_broker) == before  # nothing made on the broker either
+    command = [sys.executable, "-m", "idemctl", "--store", f"sqlite:///{tmp_path}/k.db"]
+    command += ["verify", "--brokers", f"127.0.0.1:{dead}", "--messages", "300"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 7, done.stderr
+    assert f"cannot reach the brokers at 127.0.0.1:{dead}" in done.stderr
+    assert list(tmp_path.iterdir()) == []
