@@ -69,7 +69,9 @@ def verify(
     ] = "2s",
     rebalance: Annotated[
         bool,
-        typer.Option("--rebalance", help="A consumer joins, and leaves again, every 5 s"),
+        typer.Option(
+            "--rebalance", help="One more consumer joins 1 s in, then leaves and joins every 5 s"
+        ),
     ] = False,
     store_pause: Annotated[
         str,

@@ -678,7 +678,8 @@ class _StoreFault:
 
 
 REBALANCE_EVERY = 5.0
-"""Seconds between a consumer joining and leaving, under --rebalance."""
+"""Seconds between a consumer joining and leaving, under --rebalance (the first joins 1 s
+into the run)."""
 
 
 def run_verify(
@@ -775,7 +776,7 @@ class _Run:
         producer.start()
         rng = random.Random(f"{self.id}-kills")
         next_kill = started + plan.kill_every if plan.kill_every > 0 else float("inf")
-        next_rebalance = started + REBALANCE_EVERY if plan.rebalance else float("inf")
+        next_rebalance = started + 1.0 if plan.rebalance else float("inf")  # a join, early
         fault_at = started + 3.0 if self.fault is not None else float("inf")
         with self.kafka.offsets_reader(self.topic) as lag:
             while producer.is_alive() or lag() > 0:
