@@ -1,4 +1,8 @@
-"""Shared fixtures. Backends for the contract suite live in tests/backends.py."""
+"""Shared fixtures. Backends for the contract suite live in tests/backends.py.
+
+The suite runs in parallel pytest-xdist workers (pyproject's addopts; serially: ``-n 0``).
+Each worker starts servers of its own, on ports of its own (tests/servers.py), with temp
+dirs under its own basetemp: tests share nothing across workers."""
 
 from __future__ import annotations
 

@@ -11,6 +11,11 @@ by name).
 Servers run in the foreground as children of the test process (no --daemonize), so the
 PID we hold is the server's. As a safety net they are also stopped when the test process
 exits normally, and on Linux they get SIGKILL if the thread that started them dies.
+
+Under pytest-xdist every worker starts servers of its own. Ports come from a range of the
+worker's own (``PYTEST_XDIST_WORKER``), below the kernel's ephemeral range, so workers never
+pick each other's ports and no outgoing connection takes one meanwhile; a server that still
+finds its port taken (by a process outside this run) is started again on another.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import http.client
 import importlib.util
 import os
@@ -30,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote, urlencode
@@ -40,6 +46,8 @@ CLUSTER_BUS_OFFSET = 10000
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
 MISSING = "redis-server is not installed (scripts/install-servers installs it)"
+PORT_TRIES = 5
+"""Starts on a newly picked port before giving up, when the picked one turns out taken."""
 
 _live: dict[int, RedisServer | PostgresServer | MotoServer] = {}
 """Servers started and not yet stopped, by PID: stopped at exit if a test forgot one."""
@@ -74,22 +82,55 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def xdist_worker() -> tuple[int, int]:
+    """(index, count) of this pytest-xdist worker (``gw3`` of 8: (3, 8)); (0, 1) outside
+    xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if name.startswith("gw") and name[2:].isdigit() and count.isdigit() and int(count) > 0:
+        return int(name[2:]) % int(count), int(count)  # a restarted worker gets gwN+count
+    return 0, 1
+
+
+def port_range() -> range:
+    """The ports this process picks servers' ports from: below the ephemeral range, so that
+    no outgoing connection takes one meanwhile, with room above for a cluster node's bus
+    port (port+10000); under xdist, a slice of the worker's own, whose bus ports are no
+    other worker's either."""
+    high = _ephemeral_low() - CLUSTER_BUS_OFFSET
+    if high > 11000:
+        # Ports in [10000, 20000), their buses in [20000, 30000): no bus is another's port.
+        low, high = 10000, min(high, 10000 + CLUSTER_BUS_OFFSET)
+    else:
+        low, high = 20000, 65535 - CLUSTER_BUS_OFFSET
+    index, count = xdist_worker()
+    size = (high - low) // count
+    if size >= 100:
+        low, high = low + index * size, low + (index + 1) * size
+    return range(low, high)
+
+
+_next_port: list[int] = []
+"""Where in ``port_range()`` the next pick looks first (random at first): picks go round the
+range, so two picks in a row never give the same port (a test may pick several before
+starting anything on them)."""
+_port_lock = threading.Lock()
+
+
 def free_port(cluster: bool = False) -> int:
     """A TCP port on 127.0.0.1 nobody listens on now; for a cluster node also port+10000
-    (its cluster bus). Cluster ports are picked below the ephemeral range, so that neither
-    port can be taken meanwhile by an outgoing connection."""
-    if not cluster:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            return int(s.getsockname()[1])
-    high = _ephemeral_low() - CLUSTER_BUS_OFFSET
-    low, high = (10000, high) if high > 11000 else (20000, 65535 - CLUSTER_BUS_OFFSET)
-    rng = random.Random()
-    for _ in range(500):
-        port = rng.randrange(low, high)
-        if _bindable(port) and _bindable(port + CLUSTER_BUS_OFFSET):
-            return port
-    raise RuntimeError("no free port pair (port, port+10000) for a cluster node")
+    (its cluster bus). Picked from ``port_range()``: below the ephemeral range, and under
+    xdist from this worker's slice of it."""
+    ports = port_range()
+    with _port_lock:
+        if not _next_port:
+            _next_port.append(random.randrange(len(ports)))
+        for _ in range(len(ports)):
+            port = ports[_next_port[0] % len(ports)]
+            _next_port[0] += 1
+            if _bindable(port) and (not cluster or _bindable(port + CLUSTER_BUS_OFFSET)):
+                return port
+    raise RuntimeError(f"no free port in {ports}" + (" with its +10000 free" if cluster else ""))
 
 
 def _die_with_parent() -> None:
@@ -135,6 +176,10 @@ def _readline(s: socket.socket) -> bytes:
     return buf
 
 
+class PortTaken(RuntimeError):
+    """A server exited at start because another process holds its port."""
+
+
 class ServerProcess:
     """A server run as our child, by PID: started, waited for, stopped, killed, paused.
     Subclasses give its command line and say when it is ready."""
@@ -142,10 +187,13 @@ class ServerProcess:
     name = "server"
     stop_signal = signal.SIGTERM
 
-    def __init__(self, port: int, log: Path) -> None:
+    def __init__(self, port: int, log: Path, *, pick_port: Callable[[], int] | None = None) -> None:
         self.port = port
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pick_port = pick_port
+        """How the port was picked, when it was not given: a first start that finds the port
+        taken (by a process outside this test run) picks another and starts again."""
 
     def command_line(self, die_with_parent: bool = False) -> list[str]:
         raise NotImplementedError
@@ -165,11 +213,35 @@ class ServerProcess:
     def _after_exit(self, timeout: float) -> None:
         """Runs once the server's own process has exited (PostgreSQL's backends)."""
 
+    def _port_changed(self) -> None:
+        """Runs when a first start moves to another port."""
+
+    def _follow_port(self, directory: Path, stem: str) -> Path:
+        """A server directory named after the new port, with the log in it."""
+        directory = directory.with_name(f"{stem}-{self.port}")
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log = directory / self.log.name
+        return directory
+
     def start(self, timeout: float = START_TIMEOUT) -> Self:
         if self.running:
             raise RuntimeError(f"{self.name} on port {self.port} is already running")
+        first = self.proc is None
+        for attempt in range(PORT_TRIES):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if not (first and self.pick_port is not None) or attempt == PORT_TRIES - 1:
+                    raise
+                self.port = self.pick_port()
+                self._port_changed()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> Self:
         self._before_start()
         in_main = threading.current_thread() is threading.main_thread()
+        self.log.touch()
+        log_start = self.log.stat().st_size
         with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
                 self.command_line(die_with_parent=in_main),
@@ -182,10 +254,11 @@ class ServerProcess:
         with _live_lock:
             _live[self.proc.pid] = self
         deadline = time.monotonic() + timeout
-        while not self.ready():
+        while not self.ready() or self.proc.poll() is not None:  # not another's answer
             if self.proc.poll() is not None:
                 self._forget()
-                raise RuntimeError(
+                error = PortTaken if self._port_taken(log_start) else RuntimeError
+                raise error(
                     f"{self.name} on port {self.port} exited with {self.proc.returncode}:\n"
                     + self.log_tail()
                 )
@@ -197,6 +270,16 @@ class ServerProcess:
                 )
             time.sleep(0.01)
         return self
+
+    def _port_taken(self, log_start: int) -> bool:
+        """Whether what this start wrote to the log says its port was taken."""
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(log_start)
+                text = log.read().decode(errors="replace").lower()
+        except OSError:
+            return False
+        return "address already in use" in text or "address in use" in text
 
     @property
     def pid(self) -> int | None:
@@ -288,10 +371,11 @@ class RedisServer(ServerProcess):
         cluster: bool = False,
     ) -> None:
         self.server_bin, self.cli_bin = redis_binaries()
+        pick = None if port is not None else functools.partial(free_port, cluster=cluster)
         port = port if port is not None else free_port(cluster=cluster)
         self.dir = Path(directory) / f"redis-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(port, self.dir / "redis.log")
+        super().__init__(port, self.dir / "redis.log", pick_port=pick)
         self.password = password
         self.cluster = cluster
         self.args = args
@@ -302,6 +386,9 @@ class RedisServer(ServerProcess):
 
     def ready(self) -> bool:
         return ping(self.port, self.password)
+
+    def _port_changed(self) -> None:
+        self.dir = self._follow_port(self.dir, "redis")
 
     def command_line(self, die_with_parent: bool = False) -> list[str]:
         cmd = [
@@ -514,10 +601,12 @@ class PostgresServer(ServerProcess):
 
     def __init__(self, directory: Path | str, *args: str, port: int | None = None) -> None:
         self.bins = postgres_binaries()
+        pick = None if port is not None else free_port
         port = port if port is not None else free_port()
         self.dir = Path(directory) / f"postgres-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(port, self.dir / "postgres.log")
+        # On another port the cluster (initdb'd already) and its directory stay as they are.
+        super().__init__(port, self.dir / "postgres.log", pick_port=pick)
         self.args = args
         self.as_root = _as_root()
         if self.as_root:
@@ -743,10 +832,11 @@ class MotoServer(ServerProcess):
 
         need(moto_available(), MOTO_MISSING)
         self.one_at_a_time = one_at_a_time
+        pick = None if port is not None else free_port
         port = port if port is not None else free_port()
         self.dir = Path(directory) / f"moto-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(port, self.dir / "moto.log")
+        super().__init__(port, self.dir / "moto.log", pick_port=pick)
 
     # Life cycle ---------------------------------------------------------------------------
 
@@ -754,6 +844,9 @@ class MotoServer(ServerProcess):
 
     def ready(self) -> bool:
         return http_answers(self.port)
+
+    def _port_changed(self) -> None:
+        self.dir = self._follow_port(self.dir, "moto")
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in AWS_ENV_CLEARED}
@@ -875,10 +968,14 @@ class KafkaBroker(ServerProcess):
         need(binary is not None, TANSU_MISSING)
         assert binary is not None
         self.binary = binary
+        pick = None if port is not None else free_port
         port = port if port is not None else free_port()
         self.dir = Path(directory) / f"tansu-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(port, self.dir / "tansu.log")
+        super().__init__(port, self.dir / "tansu.log", pick_port=pick)
+
+    def _port_changed(self) -> None:
+        self.dir = self._follow_port(self.dir, "tansu")
 
     @property
     def bootstrap(self) -> str:

@@ -121,9 +121,18 @@ def test_dlq_oversize_truncate_cuts_the_payload_and_says_where_the_original_is(
     # The dead-letter producer may write at most 1 MB: the 3 MB dead letter is refused.
     limit = ("--kafka-config", "message.max.bytes=1000000")
     held = consume(kafka_broker, tmp_path, topic, group, *limit)
-    time.sleep(12)  # refused, held; tried again with back-off
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(held.stderr or ()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while sum("neither handled nor dead-lettered" in line for line in lines) < 3:
+        assert held.poll() is None, "".join(lines)  # refused, held; tried again with back-off
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.1)
     held.terminate()
-    _, err = held.communicate(timeout=60)
+    held.wait(timeout=60)
+    reader.join(10)
+    err = "".join(lines)
     assert held.returncode == 0, err
     assert "neither handled nor dead-lettered" in err and "--dlq-oversize truncate" in err, err
     assert "Traceback" not in err, err
@@ -216,7 +225,7 @@ def gated_broker(tmp_path: Path) -> Any:
         broker.start()
         yield broker, gate
     finally:
-        broker.stop()
+        broker.kill()  # memory storage, the test done: SIGTERM would wait 5 s on its clients
         gate.close()
 
 
@@ -228,7 +237,8 @@ def test_a_dead_letter_topic_refusing_writes_holds_the_partition_until_it_takes_
     broker.create_topic(topic, partitions=1)
     produce_around(broker, topic, b"BAD")
     gate.shut.set()
-    proc = consume(broker, tmp_path, topic, group, "--dlq-timeout", "1s")
+    commit_every = ("--kafka-config", "auto.commit.interval.ms=1000")  # librdkafka's: 5 s
+    proc = consume(broker, tmp_path, topic, group, "--dlq-timeout", "1s", *commit_every)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
     reader.start()
@@ -243,7 +253,7 @@ def test_a_dead_letter_topic_refusing_writes_holds_the_partition_until_it_takes_
     waits = [float(line.split("trying again in ")[1].split("s")[0]) for line in held[:3]]
     assert waits == sorted(waits) and waits[2] > waits[0]  # back-off grows
     assert gate.cut > 0
-    time.sleep(6)  # past an auto-commit: what is committed now is what it stored
+    time.sleep(2)  # past an auto-commit: what is committed now is what it stored
     assert committed(broker, topic, group, 1) == {0: 2}  # nothing past the bad message
     assert ledger(tmp_path) == Counter({"good-0": 1, "good-1": 1})
 

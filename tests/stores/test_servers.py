@@ -3,17 +3,21 @@ behind, whichever way they are stopped."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from tests.servers import (
     CLUSTER_BUS_OFFSET,
+    HOST,
     RedisCluster,
     RedisServer,
+    _ephemeral_low,
     free_port,
     pid_alive,
     ping,
+    port_range,
 )
 
 
@@ -23,6 +27,29 @@ def test_free_ports_are_bindable_and_cluster_ports_leave_room_for_the_bus() -> N
     for _ in range(5):
         p = free_port(cluster=True)
         assert p + CLUSTER_BUS_OFFSET < 65536
+
+
+def test_ports_come_from_this_workers_range_below_the_ephemeral_ones() -> None:
+    ports = port_range()
+    picked = [free_port() for _ in range(3)]
+    assert all(p in ports for p in picked) and len(set(picked)) == 3  # none given twice
+    if _ephemeral_low() >= 30000:  # the usual 32768 (Linux): below it, bus ports included
+        assert ports.stop + CLUSTER_BUS_OFFSET <= _ephemeral_low()
+
+
+def test_a_port_taken_meanwhile_by_another_process_moves_the_server(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    picked = server.port
+    with socket.socket() as other:  # another process takes the port before the server starts
+        other.bind((HOST, picked))
+        other.listen()
+        try:
+            server.start()
+            assert server.port != picked and ping(server.port)
+            assert server.log.parent.name == f"redis-{server.port}"
+        finally:
+            server.stop()
+    assert server.pid is not None and not pid_alive(server.pid)
 
 
 def test_server_starts_answers_restarts_and_stops_by_pid(tmp_path: Path) -> None:
