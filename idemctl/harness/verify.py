@@ -366,11 +366,17 @@ class _Consumers:
         """PID -> the number of its log file."""
 
     def start(self) -> subprocess.Popen[bytes]:
+        """A consume process. It is started from verify's main thread, and on Linux gets
+        SIGTERM (drain, exit) when that thread dies: a verify killed outright leaves no
+        consumer running for ever behind it."""
         self._started += 1
         with (self.folder / f"consumer-{self._started}.log").open("wb") as log:
+            # preexec_fn only calls prctl, looked up beforehand: no import, lock or log in
+            # the child that another thread of ours could hold at the fork
             proc = subprocess.Popen(  # noqa: S603 - our own argv
                 self.command, cwd=self.folder, env=self.env, stdout=log, stderr=log,
                 stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_term_with_parent,  # noqa: PLW1509
             )  # fmt: skip
         self.logs[proc.pid] = self._started
         return proc
@@ -434,6 +440,21 @@ class _Consumers:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+_PRCTL = None
+if sys.platform == "linux":
+    import ctypes
+
+    with suppress(OSError, AttributeError):
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+
+
+def _term_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it dies (Linux's
+    PR_SET_PDEATHSIG; a no-op elsewhere)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)
 
 
 class _Kafka:

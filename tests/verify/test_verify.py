@@ -90,7 +90,9 @@ def verify(
 ) -> tuple[int, dict[str, Any], str]:
     """``idemctl --store URL --json verify ...``: exit code, JSON document, stderr."""
     command = [sys.executable, "-m", "idemctl", "--store", url, "--json", "verify"]
-    command += ["--brokers", broker.bootstrap, *FAST_GROUPS, *args]
+    # verify gives up (cleaning up, reporting what is left) before the test would kill it
+    command += ["--brokers", broker.bootstrap, *FAST_GROUPS, "--timeout", f"{timeout - 60:g}s"]
+    command += args
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     document = json.loads(done.stdout) if done.stdout.strip() else {}
     return done.returncode, document, done.stderr
@@ -325,3 +327,48 @@ def test_an_unreachable_store_or_broker_is_a_clear_error_and_makes_nothing(
     assert done.returncode == 7, done.stderr
     assert f"cannot reach the brokers at 127.0.0.1:{dead}" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_consumers_stop_when_verify_is_killed_outright(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """SIGKILL gives verify no chance to clean up: its consume processes still go (Linux's
+    parent-death signal), instead of running on for ever."""
+    from confluent_kafka.admin import AdminClient
+
+    url = f"sqlite:///{tmp_path}/keys.db"
+    run = uuid.uuid4().hex[:8]
+    command = [sys.executable, "-m", "idemctl", "--store", url, "verify", "--brokers"]
+    command += [kafka_broker.bootstrap, *FAST_GROUPS, "--messages", "100000", "--run-id", run]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def consumers() -> list[str]:
+        found = subprocess.run(
+            ["pgrep", "-f", "--", f"--topic idemctl-verify-{run}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return found.stdout.split()
+
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "consume processes" in line:
+                break
+        assert consumers(), "no consume process seen"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while consumers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert consumers() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in consumers():
+            os.kill(int(pid), signal.SIGKILL)
+        Scratch(url, run).remove()
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+        admin.delete_topics([f"idemctl-verify-{run}", f"idemctl-verify-{run}.dlq"])
