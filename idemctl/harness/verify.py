@@ -37,11 +37,11 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from idemctl.errors import ConfigError, KafkaUnavailable, Refused
 from idemctl.harness.recorder import LEDGER
-from idemctl.harness.scratch import Scratch
+from idemctl.harness.scratch import Scratch, option
 from idemctl.urls import split_url
 
 HANDLER = "idemctl.harness.recorder:record"
@@ -212,14 +212,21 @@ def guarantee_of(plan: Plan) -> tuple[str, str]:
     )
 
 
+class Verdict(NamedTuple):
+    duplicate_effects: int
+    duplicates_allowed: int
+    duplicates_unexplained: int
+    kills_mid_handler: int
+
+
 def judge(
     effects: list[Effect],
     killed: dict[int, float],
     faults: list[Fault],
     plan: Plan,
-) -> tuple[int, int, int, int]:
-    """(duplicate effects, duplicates the guarantee allows, unexplained ones, kills that
-    landed mid-handler) for the ledger's ``effects`` in the order written, ``killed`` PID ->
+) -> Verdict:
+    """The duplicate effects, those the guarantee allows, the unexplained ones and the kills
+    that landed mid-handler, for the ledger's ``effects`` in the order written, ``killed`` PID ->
     when it was SIGKILLed (wall clock). Every effect of a key but its last was repeated: it is
     explained when its process was killed after it (at most ``batch_size`` a kill), or, out
     of transactional mode, when it was recorded while a store fault could keep its key from
@@ -239,10 +246,10 @@ def judge(
             else:
                 unexplained += 1
     if plan.transactional:
-        return duplicates, 0, duplicates, len(cut_off)
+        return Verdict(duplicates, 0, duplicates, len(cut_off))
     over = sum(max(0, n - plan.batch_size) for n in cut_off.values())
     allowed = sum(min(n, plan.batch_size) for n in cut_off.values()) + by_fault
-    return duplicates, allowed, unexplained + over, len(cut_off)
+    return Verdict(duplicates, allowed, unexplained + over, len(cut_off))
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -633,8 +640,6 @@ class _StoreFault:
             host = parts.hostname
             port = parts.port
             if scratch.scheme == "dynamodb":
-                from idemctl.harness.scratch import option
-
                 endpoint = option(scratch.url, "endpoint_url")
                 parts = split_url(endpoint) if endpoint else parts
                 host, port = parts.hostname, parts.port
@@ -810,7 +815,7 @@ class _Run:
                 consumers.watch()
                 if now >= next_kill:
                     consumers.kill_one(rng)
-                    self.progress.kills += 1
+                    self.progress.kills = len(consumers.killed)
                     next_kill = now + plan.kill_every
                 if now >= next_rebalance:
                     consumers.rebalance()
@@ -858,9 +863,12 @@ class _Run:
             f.effects_during = sum(1 for e in effects if f.started <= e.handled <= f.ended)
         report.effects = len(effects)
         report.lost = sorted(messages.expected - {e.key for e in effects})
-        verdict = judge(effects, consumers.killed, self.faults, plan)
-        report.duplicate_effects, report.duplicates_allowed = verdict[0], verdict[1]
-        report.duplicates_unexplained, report.kills_mid_handler = verdict[2], verdict[3]
+        (
+            report.duplicate_effects,
+            report.duplicates_allowed,
+            report.duplicates_unexplained,
+            report.kills_mid_handler,
+        ) = judge(effects, consumers.killed, self.faults, plan)
         for f in self.faults:
             f.failed_closed = not report.lost and report.duplicates_unexplained == 0
         first: dict[str, Effect] = {}
