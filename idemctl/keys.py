@@ -12,14 +12,20 @@ A strategy that finds no key raises MissingKey; the consumer applies ``--on-miss
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from idemctl.errors import ConfigError, InvalidKey, InvalidPayload
-from idemctl.model import Order, fingerprint, parsed_fingerprint, sequence_of, validate_key
+from idemctl.model import (
+    Order,
+    fingerprint,
+    parse_json,
+    parsed_fingerprint,
+    sequence_of,
+    validate_key,
+)
 
 DEFAULT_KEY_STRATEGY = "header:idempotency-key"
 _FIELD = re.compile(r"\{([^{}]+)\}")
@@ -51,7 +57,7 @@ class Message:
         if self.value is None:
             raise MissingKey("the message has no payload")
         try:
-            return json.loads(self.value)
+            return parse_json(self.value)
         except (UnicodeDecodeError, ValueError) as exc:
             raise InvalidPayload(f"the payload is not JSON: {exc}") from None
 

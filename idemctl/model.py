@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json.scanner
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -428,17 +429,56 @@ def validate_key(key: str, what: str = "idempotency key") -> str:
     return key
 
 
+def _not_json(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 _CANONICAL = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
+_encode = (
+    # json's C encoder built once, as JSONEncoder.encode would build it for every value;
+    # without its check for circular values (one recurses into RecursionError instead).
+    json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+    if json.encoder.c_make_encoder is not None  # type: ignore[attr-defined]
+    else None
+)
+_decoder = json.JSONDecoder()
+_scan = json.scanner.make_scanner(_decoder)  # type: ignore[arg-type]
+
+
+def _decode(text: str) -> Any:
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:  # leading whitespace, or not JSON: json's own way, which says
+        return _decoder.decode(text)
+    return value if end == len(text) else _decoder.decode(text)
 
 
 def canonical_json(value: JSON) -> bytes:
     """One byte form per JSON value: sorted keys, no whitespace, UTF-8, no NaN."""
+    if value is None:
+        return b"null"
     try:
-        return _CANONICAL.encode(value).encode("utf-8")
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        if _encode is None:  # pragma: no cover - CPython has the C encoder
+            return _CANONICAL.encode(value).encode("utf-8")
+        return "".join(_encode(value, 0)).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError: ValueError
         raise InvalidPayload(f"value is not JSON-serializable: {exc}") from exc
+
+
+def parse_json(raw: bytes) -> Any:
+    """``json.loads(raw)`` for bytes, quicker for the common case of UTF-8 without a BOM
+    (json.loads first guesses the encoding of bytes)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return json.loads(raw)  # UTF-16 or UTF-32, or not text: json.loads says which
+    if text.startswith("\ufeff"):
+        return json.loads(raw)
+    return _decode(text)
 
 
 def fingerprint(payload: JSON | bytes | str, *, fields: Sequence[str] | None = None) -> str:
@@ -450,10 +490,10 @@ def fingerprint(payload: JSON | bytes | str, *, fields: Sequence[str] | None = N
     for payloads that carry volatile parts like timestamps.
     """
     value: Any = payload
-    if isinstance(payload, bytes | bytearray | memoryview | str):
+    if type(payload) is bytes or isinstance(payload, bytes | bytearray | memoryview | str):
         raw = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         try:
-            value = json.loads(raw)
+            value = parse_json(raw)
         except (UnicodeDecodeError, ValueError):
             if fields:
                 raise InvalidPayload("fields were given but the payload is not JSON") from None
