@@ -67,6 +67,10 @@ class Store(Protocol):
     """The store's URL with any password redacted: safe to print."""
     default_lease: float
     default_retention: float
+    claim_chunk: ClassVar[int | None]
+    """Keys ``consume`` claims in one round trip while the handlers of the keys before them
+    run, so the store answers meanwhile; None for a store in this process (nothing to
+    overlap, and fewer transactions are cheaper)."""
 
     def claim(
         self, key: str, fingerprint: str | None = None, lease: float | None = None
@@ -235,6 +239,13 @@ def new_owner() -> str:
     return secrets.token_hex(16)
 
 
+def new_owners(n: int) -> list[str]:
+    """``n`` distinct owner tokens, one for each attempt of a batch: 12 random bytes shared
+    and a number, in the shape of ``new_owner``'s (one read of the system's randomness)."""
+    shared = secrets.token_hex(12)
+    return [f"{shared}{i:08x}" for i in range(n)]
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -243,6 +254,7 @@ class BaseStore(ABC):
     """What every backend shares: defaults, batch fallbacks, context management."""
 
     scheme: ClassVar[str]
+    claim_chunk: ClassVar[int | None] = 128
 
     def __init__(
         self, url: str, *, lease: float = DEFAULT_LEASE, retention: float = DEFAULT_RETENTION

@@ -74,6 +74,8 @@ class RowTx(Protocol):
 class RowStore(BaseStore):
     """Every store operation, written once over ``_transaction()``."""
 
+    claim_chunk = None  # in this process: nothing to overlap
+
     def __init__(self, url: str, *, clock: Callable[[], datetime] = utcnow, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self._clock = clock

@@ -62,7 +62,7 @@ from idemctl.stores.base import (
     BaseStore,
     Progress,
     Scan,
-    new_owner,
+    new_owners,
     server_clock_finding,
 )
 from idemctl.stores.machine import (
@@ -243,7 +243,7 @@ class PostgresStore(BaseStore):
         self, conn: psycopg.Connection[Any], requests: Sequence[ClaimRequest], lease: float | None
     ) -> list[ClaimOutcome]:
         """One claim statement over keys that are all different."""
-        owners = [new_owner() for _ in requests]
+        owners = new_owners(len(requests))
         params = {
             "keys": [r.key for r in requests],
             "fps": [r.fingerprint for r in requests],

@@ -24,7 +24,7 @@ from idemctl.model import (
 
 
 def text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    return value.decode("utf-8") if type(value) is bytes else str(value)
 
 
 def from_ms(value: str | int, _at: Any = datetime.fromtimestamp) -> datetime | None:
@@ -115,15 +115,13 @@ def claim_outcome(request: ClaimRequest, owner: str, reply: Sequence[Any]) -> Cl
     code = text(reply[0])
     if code in ("acquired", "takeover"):
         token, attempts, lease = reply[1:]
-        lease_expires_at = from_ms(text(lease))
-        assert lease_expires_at is not None
         return Acquired(
             request.key,
             owner,
             int(token),
             int(attempts),
-            lease_expires_at,
-            takeover=code == "takeover",
+            datetime.fromtimestamp(int(lease) / 1000, UTC),
+            code == "takeover",
         )
     fields = parse_reply(reply)[1]
     assert fields is not None

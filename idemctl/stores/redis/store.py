@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -16,8 +15,9 @@ from idemctl.model import (
     Settle,
     Status,
     canonical_json,
+    parse_json,
 )
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, new_owner
+from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, new_owners
 from idemctl.stores.machine import lease_lost
 from idemctl.stores.redis.admin import RedisAdmin
 from idemctl.stores.redis.connect import connect
@@ -45,7 +45,7 @@ class RedisStore(RedisAdmin, RedisEntities, RedisProvisioning):
         return cls(connect(url, options), url=url, **settings)
 
     def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
-        owners = [new_owner() for _ in requests]
+        owners = new_owners(len(requests))
         shared = (self._ms(self._lease(lease)), self._ms(self.default_retention))
         items = [(r.key, (r.fingerprint or "", o)) for r, o in zip(requests, owners, strict=True)]
         replies = self._call("claim", shared, items, durable=True)
@@ -73,7 +73,7 @@ class RedisStore(RedisAdmin, RedisEntities, RedisProvisioning):
             updated_at=at,
             completed_at=at,
             expires_at=from_ms(int(now) + keep),
-            result=json.loads(data),
+            result=parse_json(data),
         )
 
     def complete_many(
