@@ -45,6 +45,7 @@ from idemctl.errors import (
 from idemctl.keys import Message, MissingField, MissingKey, key_strategy, order_strategy
 from idemctl.model import ClaimRequest, Order
 from idemctl.runner import Batch, Context, Outcome, RunResult
+from idemctl.runner.batch import Ahead
 from idemctl.runner.ordering import missing_predecessor
 
 if TYPE_CHECKING:
@@ -57,9 +58,11 @@ Hold = tuple[float, str]
 """Hold a partition at a message: seconds to wait, and why (the summary's count)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     msg: Any  # confluent_kafka.Message
+    tp: tuple[str, int]
+    offset: int
     key: str | None = None
     fingerprint: str | None = None
     bad: tuple[str, str] | None = None
@@ -69,6 +72,10 @@ class _Item:
     blocked: bool = False
     order: Order | None = None
     """With --order-key: the entity and sequence the guard orders this event by."""
+
+
+_Stop = tuple[_Item, Hold] | None
+"""Where a partition's run stopped, and why: None when it went through."""
 
 
 class Consumer(Watch):
@@ -120,9 +127,11 @@ class Consumer(Watch):
         completed, the batch's other claims released, offsets stored and committed."""
         self._stop.set()
 
-    def _count(self, outcome: str) -> None:
+    def _count(self, outcome: str, n: int = 1) -> None:
+        if not n:
+            return
         with self._counting:
-            self.summary.counts[outcome] += 1
+            self.summary.counts[outcome] += n
             if outcome in ("executed", "replayed"):
                 self._storm_reason, self._storm = None, 0
 
@@ -189,7 +198,7 @@ class Consumer(Watch):
                 fetched = self._kafka.consume(num_messages=want, timeout=o.poll_timeout)
                 if fetched:
                     self._down_since = None  # the brokers answer
-                messages = [m for m in fetched if not self._error(m)]
+                messages = [m for m in fetched if m.error() is None or not self._error(m)]
                 if messages:
                     self._idle_since = time.monotonic()
                     self._batch(messages)
@@ -266,7 +275,7 @@ class Consumer(Watch):
                 if m.offset() != self._resume_at[tp]:
                     continue
                 del self._resume_at[tp]
-            by_partition[tp].append(self._keyed(m))
+            by_partition[tp].append(self._keyed(m, tp))
         # A key twice in one batch: the later copy waits for the next round, after the
         # first is finished (then it replays). So does the rest of its partition, and so
         # does an entity's second event: the first must settle before the guard can judge it.
@@ -293,25 +302,21 @@ class Consumer(Watch):
             if self._stop.is_set():
                 break  # draining: later rounds were never claimed
             # A partition that stopped in this round skips the rest of the batch.
-            stopped = {self._tp(i) for i in round_items if i.blocked}
-            pending = [items for items in later if self._tp(items[0]) not in stopped]
+            stopped = {i.tp for i in round_items if i.blocked}
+            pending = [items for items in later if items[0].tp not in stopped]
         self._store_offsets(list(by_partition.values()))
 
-    @staticmethod
-    def _tp(item: _Item) -> tuple[str, int]:
-        return item.msg.topic(), item.msg.partition()
-
-    def _keyed(self, m: Any) -> _Item:
+    def _keyed(self, m: Any, tp: tuple[str, int]) -> _Item:
         """The message with its key and fingerprint, or why it has none usable: a bad
         message goes to the dead-letter topic (or ``on_missing_key``); a key template the
         very first message cannot fill stops the consumer."""
-        message = Message(m.topic(), m.partition(), m.offset(), m.value(), m.headers() or ())
+        message = Message(tp[0], tp[1], m.offset(), m.value(), m.headers() or ())
         first, self._first_keyed = not self._first_keyed, True
         o = self.options
         try:
             key = self._strategy(message)
             order = None if self._order is None else self._order(message)
-            return _Item(m, key=key, fingerprint=message.fingerprint(), order=order)
+            return _Item(m, tp, message.offset, key, message.fingerprint(), order=order)
         except (InvalidKey, InvalidPayload) as exc:
             if first and isinstance(exc, MissingField) and o.on_missing_key == "dlq":
                 raise ConfigError(
@@ -331,45 +336,34 @@ class Consumer(Watch):
                     fp = message.fingerprint()
                 except InvalidPayload:
                     fp = None  # the offset is the key: nothing to compare it with
-                return _Item(m, key=self._offset_strategy(message), fingerprint=fp)
+                return _Item(m, tp, message.offset, self._offset_strategy(message), fp)
             if o.on_missing_key in ("stop", "fail"):
                 raise ConsumeAborted(
                     f"message {m.topic()}[{m.partition()}]@{m.offset()}: {reason} ({exc}); "
                     f"stopping (--on-missing-key {o.on_missing_key})"
                 ) from None
-            return _Item(m, bad=(reason, str(exc)))
+            return _Item(m, tp, message.offset, bad=(reason, str(exc)))
 
     def _round(self, items: list[_Item]) -> None:
         """Claim, run and complete ``items`` (distinct keys), partitions in order, side by
-        side with ``concurrency``."""
+        side with ``concurrency``. The claims go in chunks of the store's ``claim_chunk``
+        keys, each answered while the handlers of the chunk before it run."""
         o = self.options
         blocked: dict[tuple[str, int], int] = {}
         """Each held partition's offset: it goes on from there after the back-off."""
 
         def usable(item: _Item) -> bool:
             """Not behind a message its partition is held at."""
-            at = blocked.get(self._tp(item))
-            return at is None or item.msg.offset() < at
+            at = blocked.get(item.tp)
+            return at is None or item.offset < at
 
         def block(item: _Item, wait: Hold) -> None:
             item.blocked = True
-            blocked[self._tp(item)] = item.msg.offset()
+            blocked[item.tp] = item.offset
             self._count(wait[1])
             self._hold(item, wait[0])
 
-        keyed = {i.key: i for i in items if i.key is not None}
-        try:
-            claims = self._work.claim(
-                [ClaimRequest(k, i.fingerprint) for k, i in keyed.items()],
-                [i.order for i in keyed.values()] if self._order is not None else (),
-            )
-        except StoreUnavailable as exc:
-            log.warning("store unavailable, holding every partition: %s", exc)
-            for item in items:
-                if usable(item):
-                    block(item, (o.backoff, "store_unavailable"))
-            return
-        claimed = {r.key: r for r in claims}
+        claimed: dict[str, RunResult] = {}
 
         def release(part: list[_Item]) -> None:
             """Give back the claims of messages that will not run now."""
@@ -377,7 +371,7 @@ class Consumer(Watch):
                 if item.key is not None and claimed[item.key].outcome is HELD:
                     self._work.give_back(item.key)
 
-        def work(part: list[_Item]) -> tuple[_Item, Hold] | None:
+        def work(part: list[_Item]) -> _Stop:
             """One partition's messages in order; stops at the first that must wait, on
             stop() (SIGTERM: the handler in hand finishes, no more) or a tripped breaker."""
             for i, item in enumerate(part):
@@ -390,25 +384,77 @@ class Consumer(Watch):
                     return item, wait
             return None
 
+        chunks = _chunks(items, self.store.claim_chunk or len(items))
+        asks = self._claim_ahead(chunks)
+        taken = 0
+        try:
+            for chunk, ask in zip(chunks, asks, strict=True):
+                if self._stop.is_set() or self._storm_tripped is not None:
+                    break
+                taken += 1
+                try:
+                    claimed.update((r.key, r) for r in ask.take())
+                except StoreUnavailable as exc:
+                    log.warning("store unavailable, holding every partition: %s", exc)
+                    for item in (i for later in chunks[taken - 1 :] for i in later):
+                        if usable(item):
+                            block(item, (o.backoff, "store_unavailable"))
+                    break
+                release([i for i in chunk if not usable(i)])
+                for stop in self._side_by_side(work, [i for i in chunk if usable(i)]):
+                    if stop is not None:
+                        block(*stop)
+        finally:
+            for ask in asks[taken:]:  # sent but not run now: given back
+                ask.drop()
+            completed = self._work.complete_all()  # every completion sent and answered
+        self._completed(items, completed, usable, block)
+
+    def _side_by_side(
+        self, work: Callable[[list[_Item]], _Stop], items: list[_Item]
+    ) -> list[_Stop]:
+        """``work`` on each partition's items, partitions side by side with ``concurrency``."""
         partitions: dict[tuple[str, int], list[_Item]] = defaultdict(list)
         for item in items:
-            partitions[self._tp(item)].append(item)
+            partitions[item.tp].append(item)
         parts = list(partitions.values())
-        try:
-            if self._pool is not None and len(parts) > 1:  # partitions side by side
-                stops = list(self._pool.map(work, parts))
+        if self._pool is not None and len(parts) > 1:
+            return list(self._pool.map(work, parts))
+        return [work(part) for part in parts]
+
+    def _claim_ahead(self, chunks: list[list[_Item]]) -> list[Ahead]:
+        """Each chunk's keys claimed, one round trip after another (``Batch.claim_ahead``)."""
+        return self._work.claim_ahead(
+            [
+                (
+                    [ClaimRequest(i.key, i.fingerprint) for i in chunk if i.key is not None],
+                    [i.order for i in chunk if i.key is not None] if self._order else (),
+                )
+                for chunk in chunks
+            ]
+        )
+
+    def _completed(
+        self,
+        items: list[_Item],
+        completed: list[RunResult],
+        usable: Callable[[_Item], bool],
+        block: Callable[[_Item, Hold], None],
+    ) -> None:
+        """The round's completions answered: executed ones are finished; one that failed
+        holds its partition at its message, even where a later message of it stopped the
+        partition already: nothing past it may be stored."""
+        keyed = {i.key: i for i in items if i.key is not None}
+        failed = []
+        for result in completed:
+            if result.outcome is EXECUTED:
+                keyed[result.key].done = True
             else:
-                stops = [work(part) for part in parts]
-        finally:
-            completed = self._work.complete_all()  # every completion sent and answered
-        for stop in stops:
-            if stop is not None:
-                block(*stop)
-        # A completion that failed holds its partition at that message, even where a later
-        # message of it stopped the partition already: nothing past it may be stored.
-        for result in sorted(completed, key=lambda r: keyed[r.key].msg.offset()):
+                failed.append(result)
+        self._count(EXECUTED.value, len(completed) - len(failed))
+        for result in sorted(failed, key=lambda r: keyed[r.key].offset):
             item = keyed[result.key]
-            if result.outcome is EXECUTED or usable(item):
+            if usable(item):
                 wait = self._act(item, result)
                 if wait is not None:
                     block(item, wait)
@@ -590,7 +636,7 @@ class Consumer(Watch):
         if self._storm_tripped is not None:
             return None  # left unfinished: the consumer stops before storing its offset
         assert self._dlq is not None
-        m, tp = item.msg, self._tp(item)
+        m, tp = item.msg, item.tp
         refused = self._dlq.send(m, reason, detail, exc)
         if refused is not None:
             n = self._refusals[tp] = self._refusals.get(tp, 0) + 1
@@ -654,6 +700,20 @@ class Consumer(Watch):
                 self._kafka.store_offsets(offsets=offsets)
             except KafkaException as exc:  # revoked meanwhile: the new owner goes on
                 log.debug("store offsets: %s", kafka_text(exc))
+
+
+def _chunks(items: list[_Item], size: int) -> list[list[_Item]]:
+    """``items`` in order, cut where the keys reach ``size``."""
+    chunks: list[list[_Item]] = [[]]
+    keys = 0
+    for item in items:
+        if item.key is not None:
+            if keys == size:
+                chunks.append([])
+                keys = 0
+            keys += 1
+        chunks[-1].append(item)
+    return chunks
 
 
 def _while_done(items: list[_Item]) -> list[_Item]:

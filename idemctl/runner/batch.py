@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, IdemctlError, StoreUnavailable
@@ -65,28 +66,47 @@ class Batch:
         self._held: dict[str, Acquired] = {}
         self._fingerprints: dict[str, str | None] = {}
         self._orders: dict[str, Order] = {}
+        self._claimer: ThreadPoolExecutor | None = None
 
     def claim(
         self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None] = ()
     ) -> list[RunResult]:
-        """Start a round: claim every key (all different) in one round trip. StoreUnavailable
-        propagates: nothing was claimed.
+        """Claim every key (all different, and none this round holds) in one round trip:
+        each answer HELD, or how a key not acquired settles. StoreUnavailable propagates:
+        nothing was claimed. The round ends with ``complete_all``.
 
         ``orders`` (one per request, or none) adds the sequence guard, asked for every held
         key with an order in one more round trip: STALE or BUSY keys do not stay held, and
         a HELD one carries the entity's last applied sequence in ``last``."""
-        self._held = {}
-        self._orders = {
-            r.key: order for r, order in zip(requests, orders, strict=False) if order is not None
-        }
+        return self._accept(requests, orders, self._ask(requests, orders))
+
+    def claim_ahead(
+        self, chunks: Sequence[tuple[Sequence[ClaimRequest], Sequence[Order | None]]]
+    ) -> list[Ahead]:
+        """Claim ``chunks`` (requests, and their orders or none) one round trip after another
+        from the batch's claimer thread, while the caller runs the handlers of the chunks
+        before: the store answers the next chunk's claims while this one's handlers run.
+        Take each chunk's answers, in order, as ``claim`` gives them, or drop the chunk."""
+        if self.transactional or len(chunks) < 2:  # nothing to overlap
+            return [Ahead(self, requests, orders, None) for requests, orders in chunks]
+        if self._claimer is None:
+            self._claimer = ThreadPoolExecutor(1, thread_name_prefix="idemctl-claimer")
+        return [
+            Ahead(self, requests, orders, self._claimer.submit(self._ask, requests, orders))
+            for requests, orders in chunks
+        ]
+
+    def _ask(self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None]) -> _Asked:
+        """The round trips of a claim, which touch nothing of the round: any thread."""
         if self.transactional:
-            self._fingerprints = {r.key: r.fingerprint for r in requests}
-            return [RunResult(Outcome.HELD, r.key) for r in requests]
+            return {r.key: RunResult(Outcome.HELD, r.key) for r in requests}, {}
+        by_key = {r.key: o for r, o in zip(requests, orders, strict=False) if o is not None}
         outcomes = self.store.claim_many(requests, self._lease)
         results: dict[str, RunResult] = {}
+        held: dict[str, Acquired] = {}
         for r, outcome in zip(requests, outcomes, strict=True):
             if isinstance(outcome, Acquired):
-                self._held[r.key] = outcome
+                held[r.key] = outcome
                 results[r.key] = RunResult(
                     Outcome.HELD,
                     r.key,
@@ -95,34 +115,48 @@ class Batch:
                 )
             else:
                 results[r.key] = settled(r.key, outcome)
-        guards = [guard_of(a, self._orders[k]) for k, a in self._held.items() if k in self._orders]
+        guards = [guard_of(a, by_key[k]) for k, a in held.items() if k in by_key]
         if guards:
-            self._guard(guards, results)
-        self._heartbeat.hold(self._held.values(), [g for g in guards if g.key in self._held])
+            self._guard(guards, results, held)
+        self._heartbeat.hold(held.values(), [g for g in guards if g.key in held])
+        return results, held
+
+    def _accept(
+        self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None], asked: _Asked
+    ) -> list[RunResult]:
+        """Add what a claim holds to the round."""
+        results, held = asked
+        self._held.update(held)
+        self._orders.update(
+            (r.key, order) for r, order in zip(requests, orders, strict=False) if order is not None
+        )
+        if self.transactional:
+            self._fingerprints.update((r.key, r.fingerprint) for r in requests)
         return [results[r.key] for r in requests]
 
-    def _guard(self, guards: list[Guard], results: dict[str, RunResult]) -> None:
+    def _guard(
+        self, guards: list[Guard], results: dict[str, RunResult], held: dict[str, Acquired]
+    ) -> None:
         """Ask the guard for the held keys with an order; settle those it does not let run."""
         try:
             replies = self.store.guard_many(guards, self._lease)
         except BaseException:
             # Nothing was decided: the keys go back for the next delivery, while the store
             # answers (those it does not take back wait out their leases).
-            for key in list(self._held):
-                a = self._held.pop(key)
+            for a in held.values():
                 try:
                     self.store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
                 except IdemctlError as exc:
-                    self.logger.debug("release %s: %s", key, exc)
+                    self.logger.debug("release %s: %s", a.key, exc)
                     break
-            self._held.clear()
+            held.clear()
             raise
         stopped = []
         for g, reply in zip(guards, replies, strict=True):
             if reply.verdict is Verdict.GO:
                 results[g.key] = results[g.key]._replace(last=reply.last)
             else:
-                stopped.append((self._held.pop(g.key), reply))
+                stopped.append((held.pop(g.key), reply))
         for r in not_run(self.store, stopped, self._retention, self.logger):
             results[r.key] = r
 
@@ -197,16 +231,57 @@ class Batch:
             return self._completer.drain()
         finally:
             self._heartbeat.clear()
+            self._held, self._orders, self._fingerprints = {}, {}, {}
 
     def close(self) -> None:
         self._heartbeat.stop()
         self._completer.stop()
+        if self._claimer is not None:
+            self._claimer.shutdown()
 
     def __enter__(self) -> Batch:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_Asked = tuple[dict[str, RunResult], dict[str, Acquired]]
+"""A claim's answers by key, and the keys it holds."""
+
+
+class Ahead:
+    """One chunk's claims, on their way (``Batch.claim_ahead``)."""
+
+    def __init__(
+        self,
+        batch: Batch,
+        requests: Sequence[ClaimRequest],
+        orders: Sequence[Order | None],
+        future: Future[_Asked] | None,
+    ) -> None:
+        self._batch, self.requests, self._orders, self._future = batch, requests, orders, future
+
+    def take(self) -> list[RunResult]:
+        """Wait for the answers and add what they hold to the round, as ``Batch.claim``
+        does (StoreUnavailable: nothing of this chunk was claimed)."""
+        b = self._batch
+        if self._future is None:
+            return b.claim(self.requests, self._orders)
+        return b._accept(self.requests, self._orders, self._future.result())
+
+    def drop(self) -> None:
+        """Not wanted now: not claimed if it was not sent yet, else given back."""
+        if self._future is None or self._future.cancel():
+            return
+        try:
+            taken = self.take()
+        except IdemctlError as exc:
+            self._batch.logger.debug("claims dropped: %s", exc)
+            return
+        for r in taken:
+            if r.outcome is Outcome.HELD:
+                self._batch.give_back(r.key)
 
 
 class _Completer:
@@ -248,7 +323,7 @@ class _Completer:
             if not self._queue:
                 self._since = time.monotonic()
             self._queue.append(completion)
-            if len(self._queue) == 1 or len(self._queue) >= self.batch:
+            if len(self._queue) in (1, self.batch):
                 self._cond.notify_all()  # the first starts the wait for company
 
     def drain(self) -> list[RunResult]:

@@ -114,3 +114,49 @@ def test_a_guard_the_store_does_not_answer_gives_every_claim_back() -> None:
         batch.claim([ClaimRequest("a"), ClaimRequest("b")], [Order("e", 1), None])
     for key in ("a", "b"):  # nothing decided: claimable again at once
         assert isinstance(store.claim(key), Acquired)
+
+
+def test_claims_ahead_are_taken_in_order_and_dropped_ones_leave_nothing_held() -> None:
+    store = MemoryStore()
+    chunks = [([ClaimRequest(f"{c}-{i}") for i in range(5)], ()) for c in "abcd"]
+    with Batch(store) as batch:
+        ahead = batch.claim_ahead(chunks)
+        assert [r.key for r in ahead[0].take()] == [f"a-{i}" for i in range(5)]
+        taken = ahead[1].take()
+        assert all(r.outcome is Outcome.HELD for r in taken)
+        assert batch.run("b-0", lambda ctx: ctx.key).outcome is Outcome.RAN
+        for rest in ahead[2:]:  # sent or not yet: either way nothing stays claimed
+            rest.drop()
+        for key in [f"a-{i}" for i in range(5)] + [f"b-{i}" for i in range(1, 5)]:
+            batch.give_back(key)
+        assert [(r.outcome, r.key) for r in batch.complete_all()] == [(Outcome.EXECUTED, "b-0")]
+    for c in "acd":
+        for i in range(5):
+            assert isinstance(store.claim(f"{c}-{i}"), Acquired), f"{c}-{i}"
+    done = store.get("b-0")
+    assert done is not None and done.status is Status.COMPLETED
+
+
+def test_a_chunk_the_store_does_not_answer_raises_when_taken_and_claims_nothing() -> None:
+    from idemctl.errors import StoreUnavailable
+
+    class DownOnSecond(MemoryStore):
+        calls = 0
+
+        def _claim_many(self, requests, lease):  # type: ignore[no-untyped-def]
+            self.calls += 1
+            if self.calls == 2:
+                raise StoreUnavailable("down")
+            return super()._claim_many(requests, lease)
+
+    store = DownOnSecond()
+    chunks = [([ClaimRequest(f"{c}-{i}") for i in range(3)], ()) for c in "abc"]
+    with Batch(store) as batch:
+        first, second, third = batch.claim_ahead(chunks)
+        assert len(first.take()) == 3
+        with pytest.raises(StoreUnavailable):
+            second.take()
+        third.drop()
+        batch.complete_all()
+    for i in range(3):
+        assert store.get(f"b-{i}") is None  # nothing of the chunk was claimed
