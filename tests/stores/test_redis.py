@@ -577,6 +577,95 @@ def test_scripts_survive_script_flush_in_single_and_batch_calls(store: Store, ra
     assert store.forget("one").result == 1
 
 
+def test_cluster_calls_go_to_each_node_over_connections_of_the_stores_own(
+    redis_cluster: RedisCluster, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(cluster_url(redis_cluster, prefix))
+    try:
+
+        def no_pipeline(*args: Any) -> Any:
+            raise AssertionError("the cluster call went through redis-py's pipeline")
+
+        monkeypatch.setattr(store._scripts, "_pipelined", no_pipeline)  # type: ignore[attr-defined]
+        keys = [f"own-{i}" for i in range(120)]
+        claimed = store.claim_many([ClaimRequest(k, fingerprint(k)) for k in keys], lease=LONG)
+        assert all(isinstance(o, Acquired) for o in claimed)
+        done = store.complete_many(
+            [Completion(o.key, o.owner, o.fencing_token, i) for i, o in enumerate(claimed)]
+        )
+        assert done == [True] * 120
+        again = store.claim_many([ClaimRequest(k, fingerprint(k)) for k in keys])
+        assert [o.record.result for o in again if isinstance(o, Completed)] == list(range(120))
+        nodes = store._scripts._nodes  # type: ignore[attr-defined]
+        assert len(nodes) == len(redis_cluster.nodes)  # every primary, each its own connection
+    finally:
+        store.close()
+
+
+def test_a_slot_moved_to_another_node_is_followed(
+    redis_cluster: RedisCluster, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node answers MOVED for a slot it no longer serves: the call goes again through
+    redis-py's pipeline, which follows it and refreshes the map; nothing is claimed twice."""
+    store = open_store(cluster_url(redis_cluster, prefix))
+    scripts: Any = store._scripts  # type: ignore[attr-defined]
+    piped: list[str] = []
+    pipelined = scripts._pipelined
+
+    def counted(sha: str, *args: Any) -> Any:
+        piped.append(sha)
+        return pipelined(sha, *args)
+
+    monkeypatch.setattr(scripts, "_pipelined", counted)
+    clients = [n.client(decode_responses=True) for n in redis_cluster.nodes]
+    ids = [c.execute_command("CLUSTER MYID") for c in clients]
+    key = next(  # a key alone in its slot, so moving the slot moves nothing else
+        k
+        for k in (f"moved-{i}" for i in range(10_000))
+        if not clients[0].execute_command(
+            "CLUSTER COUNTKEYSINSLOT", key_slot(f"{prefix}{{{k}}}".encode())
+        )
+    )
+    slot = key_slot(f"{prefix}{{{key}}}".encode())
+
+    def owner() -> int:
+        ranges = clients[0].execute_command("CLUSTER SLOTS")
+        port = next(r[2][1] for r in ranges if int(r[0]) <= slot <= int(r[1]))
+        return [n.port for n in redis_cluster.nodes].index(port)
+
+    def move_to(target: int) -> None:
+        for c in [clients[target], *clients]:
+            c.execute_command("CLUSTER SETSLOT", slot, "NODE", ids[target])
+
+    first = owner()
+    try:
+        # The store has its map of the cluster, and the scripts are loaded (an earlier test
+        # may have flushed them: NOSCRIPT goes the pipeline's way too).
+        store.claim_many([ClaimRequest("warm-up")])
+        store.claim_many([ClaimRequest("warm-up-2")])
+        piped.clear()
+        store.claim_many([ClaimRequest("warm-up-3")])
+        assert not piped
+        move_to((first + 1) % len(clients))
+        claimed = store.claim_many([ClaimRequest(key, "fp"), ClaimRequest("other", "fp")])
+        assert all(isinstance(o, Acquired) for o in claimed)
+        assert len(piped) == 1  # MOVED: the whole call again, the pipeline's way
+        a = claimed[0]
+        assert isinstance(a, Acquired)
+        assert store.complete_many([Completion(key, a.owner, a.fencing_token, "done")]) == [True]
+        holder = clients[(first + 1) % len(clients)]
+        assert json.loads(holder.get(f"{prefix}{{{key}}}"))["status"] == "completed"
+        replay = store.claim(key, "fp")
+        assert isinstance(replay, Completed) and replay.record.result == "done"
+        assert len(piped) == 1  # the map was refreshed: straight to the new node since
+    finally:
+        for c in clients:  # the slot emptied, so it can go back
+            for rkey in c.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+                c.delete(rkey)
+        move_to(first)
+        store.close()
+
+
 def test_scripts_survive_script_flush_on_every_cluster_node(
     redis_cluster: RedisCluster, prefix: str
 ) -> None:

@@ -34,14 +34,51 @@ class Connections:
         self._free: list[Connection] = []
         self._all: list[Connection] = []
 
-    def execute(self, args: tuple[Any, ...]) -> Any:
+    def _take(self) -> Connection:
         if self._pid != os.getpid():  # a forked child must not share its parent's sockets
             self._pid, self._free, self._all = os.getpid(), [], []
         try:
-            conn = self._free.pop()
+            return self._free.pop()
         except IndexError:
-            conn = self._pool.make_connection()
+            conn: Connection = self._pool.make_connection()
             self._all.append(conn)
+            return conn
+
+    def send(self, commands: list[tuple[Any, ...]]) -> Connection:
+        """Send ``commands`` in one write, on a connection taken for their replies: hand it
+        to ``receive``, or to ``discard`` when they are not wanted. No retry: the caller
+        has another way."""
+        conn = self._take()
+        try:
+            conn.send_packed_command([b"".join(b"".join(_packed(conn, c)) for c in commands)])
+        except BaseException:
+            self.discard(conn)
+            raise
+        return conn
+
+    def receive(self, conn: Connection, n: int) -> list[Any]:
+        """The ``n`` replies of what ``send`` sent; an error reply is returned, not raised."""
+        replies: list[Any] = []
+        try:
+            for _ in range(n):
+                try:
+                    replies.append(conn.read_response())
+                except ResponseError as exc:  # a whole error reply was read
+                    replies.append(exc)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self._free.append(conn)
+        return replies
+
+    def discard(self, conn: Connection) -> None:
+        """A connection whose replies will not be read: closed (it reconnects on next use)."""
+        conn.disconnect()
+        self._free.append(conn)
+
+    def execute(self, args: tuple[Any, ...]) -> Any:
+        conn = self._take()
         try:
             return conn.retry.call_with_retry(
                 lambda: _send(conn, args), lambda _error: conn.disconnect()
@@ -61,8 +98,12 @@ class Connections:
         self._all.clear()
 
 
-def _send(conn: Connection, args: tuple[Any, ...]) -> Any:
+def _packed(conn: Connection, args: tuple[Any, ...]) -> list[bytes]:
     # hiredis packs str, bytes and numbers as they are; redis-py's packer first copies
     # every argument through a generator.
-    conn.send_packed_command([_pack(args)] if _pack is not None else conn.pack_command(*args))
+    return [_pack(args)] if _pack is not None else conn.pack_command(*args)
+
+
+def _send(conn: Connection, args: tuple[Any, ...]) -> Any:
+    conn.send_packed_command(_packed(conn, args))
     return conn.read_response()
