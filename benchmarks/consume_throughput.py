@@ -1,7 +1,9 @@
 """Consume throughput: `idemctl consume`'s loop with a no-op handler on each store, one
 message at a time and batched, against a bare confluent-kafka at-least-once loop (poll, read
 the key header, store_offsets) on the same broker, the same messages, in the same run; and
-batched with the sequence guard on (--order-key/--sequence), every message its own entity.
+batched with the sequence guard on (--order-key/--sequence), every message its own entity;
+and, as ceilings, idemctl's store alone (and on Redis its scripts alone) with no Kafka, the
+server's own time per message, and on Redis the server time per key of each store call.
 
     .venv/bin/python benchmarks/consume_throughput.py [--messages 20000] [--batch 500]
         [--single-messages 2000] [--stores redis,sqlite,postgres,dynamodb] [--json]
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -23,6 +26,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import HOST, BenchError, free_port, stdout_console, stop_on_sigterm, stop_process
 
 STORES = ("redis", "sqlite", "postgres", "dynamodb")
+NAMES = {"redis": "Redis", "sqlite": "SQLite", "postgres": "PostgreSQL", "dynamodb": "DynamoDB"}
+CEILINGS = {"redis": ("scripts alone", "store alone"), "sqlite": ("store alone",),
+            "postgres": ("store alone",)}  # fmt: skip
+TARGETS = (("redis", "scripts alone", 0.7), ("redis", "store alone", None),
+           ("sqlite", "store alone", 0.7), ("postgres", "store alone", 0.7))  # fmt: skip
+"""Consume batched over a ceiling of the same store in the same run, and its target."""
+FINGERPRINT = "e28f09810bc0e2768ccdcba95602b66b56c6ad437ed1d7d345a7f6252f38ba23"
+"""One fingerprint for every key of the ceilings (idemctl's of {"order": 0}): none computed."""
+WINDOW = (
+    "server µs/msg: Redis: INFO commandstats µs of the commands clients sent (the GET, SET, "
+    "TIME a script runs count inside its EVALSHA), PostgreSQL: CPU of the postmaster and its "
+    "children (/proc); read at both ends of the window msg/s is counted over (consume runs: "
+    "from the first progress report with work done to the first with all of it; ceilings: "
+    "the timed loop, after one warm-up batch)."
+)
+Meter = Callable[[], float]
+"""The server's own time so far, in µs."""
 GUARD = {"order_key": "acct:{order}", "sequence": "seq"}
 CONSUMER = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
             "auto.offset.reset": "earliest"}  # fmt: skip
@@ -108,56 +129,177 @@ def bare(bootstrap: str, topic: str, n: int, batch: int) -> float:
     return (seen - first) / elapsed
 
 
-def idemctl_loop(bootstrap: str, topic: str, n: int, batch: int, url: str, **more: Any) -> float:
-    """Messages per second of the consume loop with a no-op handler, after its first batch;
-    every message must come out processed once. ``more``: further ConsumeOptions."""
+@contextlib.contextmanager
+def provisioned(url: str) -> Iterator[Any]:
     from idemctl import open_store
-    from idemctl.consume import ConsumeOptions, Consumer, adapt
 
-    marks: list[tuple[int, float]] = []
-    options = ConsumeOptions(bootstrap, [topic], f"idem-{uuid.uuid4().hex}", batch_size=batch,
-                             max_messages=n, kafka_config=CONSUMER, **more)  # fmt: skip
     with open_store(url) as store:
         store.provision()
+        yield store
 
-        def mark(summary: Any) -> None:
-            marks.append((summary.finished, time.perf_counter()))
 
+def idemctl_loop(
+    bootstrap: str, topic: str, n: int, batch: int, url: str, meter: Meter | None, **more: Any
+) -> tuple[float, float | None]:
+    """Messages per second of the consume loop with a no-op handler, after its first batch,
+    and the server's µs per message over the same window; every message must come out
+    processed once. ``more``: further ConsumeOptions."""
+    from idemctl.consume import ConsumeOptions, Consumer, adapt
+
+    ends: list[tuple[int, float, float]] = []  # (finished, time, server µs) at both ends
+    read = meter or (lambda: 0.0)
+    options = ConsumeOptions(bootstrap, [topic], f"idem-{uuid.uuid4().hex}", batch_size=batch,
+                             max_messages=n, kafka_config=CONSUMER, **more)  # fmt: skip
+
+    # From the first progress report with work done (after the group join and the first
+    # batch) to the first with all of it (before the consumer closed); the server is read
+    # outside the timed span.
+    def mark(summary: Any) -> None:
+        if not ends and summary.finished > 0:
+            server = read()
+            ends.append((summary.finished, time.perf_counter(), server))
+        elif len(ends) == 1 and summary.finished >= n:
+            now = time.perf_counter()
+            ends.append((summary.finished, now, read()))
+
+    with provisioned(url) as store:
         summary = Consumer(store, adapt(lambda event: None), options, on_progress=mark).run()
     if summary.counts["executed"] != n:  # every key is new: each handler runs once
         raise BenchError(f"{url.partition('?')[0]}: {summary.counts} for {n} new messages")
-    # From the first progress report with work done (after the group join and the first
-    # batch) to the first with all of it (before the consumer closed).
-    (first, t0) = next(m for m in marks if m[0] > 0)
-    (last, t1) = next(m for m in marks if m[0] >= n)
-    if last == first:
+    if len(ends) < 2 or ends[1][0] == ends[0][0]:
         raise BenchError(f"{url.partition('?')[0]}: too few messages to time (raise --messages)")
-    return (last - first) / (t1 - t0)
+    ((first, t0, s0), (last, t1, s1)) = ends
+    return (last - first) / (t1 - t0), (s1 - s0) / (last - first) if meter else None
 
 
-def redis_scripts_alone(url: str, n: int, batch: int) -> float:
-    """Messages per second of idemctl's Redis claim and complete scripts alone, batched over a
-    bare socket (redis_claims.ScriptsAlone), with no Kafka, no handler and no client library:
-    the ceiling of any consume loop that claims and completes each message on this server."""
-    from redis_claims import ScriptsAlone
+def claim(store: Any, keys: list[str], want: type, single: bool = False) -> list[Any]:
+    """Claims of ``keys`` (claim_many, or one claim each), each of which must come out ``want``."""
+    from idemctl import ClaimRequest
 
-    scripts = ScriptsAlone(url, f"b{uuid.uuid4().hex[:8]}:", batch)
-    try:
-        scripts.batched()  # warm-up: connect, scripts loaded
-        done, t0 = 0, time.perf_counter()
-        while done < n:
-            done += scripts.batched()
-        return done / (time.perf_counter() - t0)
-    finally:
-        scripts.close()
+    if single:
+        outcomes = [store.claim(key, FINGERPRINT) for key in keys]
+    else:
+        outcomes = store.claim_many([ClaimRequest(key, FINGERPRINT) for key in keys])
+    if len(outcomes) != len(keys) or not all(isinstance(o, want) for o in outcomes):
+        raise BenchError(f"a claim of {len(keys)} keys did not give {want.__name__} for each")
+    return outcomes
+
+
+def complete(store: Any, acquired: list[Any], single: bool = False) -> None:
+    """Completions of what ``claim`` acquired, with no result (complete_many, or one each)."""
+    from idemctl import Completion
+
+    if single:
+        for a in acquired:
+            store.complete(a.key, a.owner, a.fencing_token, None)
+    elif not all(store.complete_many([Completion(a.key, a.owner, a.fencing_token, None)
+                                      for a in acquired])):  # fmt: skip
+        raise BenchError(f"complete_many of {len(acquired)} claimed keys did not complete them")
+
+
+def timed(step: Callable[[], int], n: int, meter: Meter | None) -> tuple[float, float | None]:
+    """Messages per second of ``step`` (handles some messages, says how many) until ``n``
+    messages, after one untimed warm-up step; and the server's µs per message meanwhile."""
+    read = meter or (lambda: 0.0)
+    step()
+    server, done, t0 = read(), 0, time.perf_counter()
+    while done < n:
+        done += step()
+    rate = done / (time.perf_counter() - t0)
+    return rate, (read() - server) / done if meter else None
+
+
+def ceiling(run: str, server: Server, url: str, n: int, batch: int) -> tuple[float, float | None]:
+    """Batches of new keys claimed and completed with no Kafka, no handler and one constant
+    fingerprint: by idemctl's store ("store alone"), or on Redis by its claim and complete
+    scripts over a bare socket ("scripts alone", redis_claims.ScriptsAlone: no client
+    library). No consume loop on that store and server can beat the scripts alone."""
+    from idemctl import Acquired
+
+    if run == "scripts alone":
+        from redis_claims import ScriptsAlone
+
+        prefix = f"b{uuid.uuid4().hex[:8]}:"
+        with contextlib.closing(ScriptsAlone(server.base, prefix, batch)) as scripts:
+            return timed(scripts.batched, n, server.meter)
+    numbers = itertools.count()
+    with provisioned(url) as store:
+
+        def new_batch() -> int:
+            first = next(numbers) * batch
+            complete(store, claim(store, [f"k-{i}" for i in range(first, first + batch)], Acquired))
+            return batch
+
+        return timed(new_batch, n, server.meter)
+
+
+def sent(stats: Counter[str], inner: frozenset[str]) -> float:
+    """INFO commandstats' count of the commands clients sent: not those run inside scripts,
+    whose calls and time are also inside the EVALSHA that ran them."""
+    return float(sum(v for k, v in stats.items() if k not in inner))
+
+
+def redis_key_costs(server: Server, n: int, batch: int) -> list[dict[str, Any]]:
+    """The Redis server's time per key of idemctl's store calls, from INFO commandstats
+    deltas around ``n`` keys each: claims of new keys, their completions and claims of them
+    again (duplicates), batched and one call per key."""
+    from redis_claims import command_stats, script_commands
+
+    from idemctl import Acquired, Completed
+
+    inner, costs = script_commands(), []
+
+    @contextlib.contextmanager
+    def cost(operation: str) -> Iterator[None]:
+        usec, calls = command_stats(server.admin, "usec"), command_stats(server.admin)
+        yield
+        usec = command_stats(server.admin, "usec") - usec
+        calls = command_stats(server.admin) - calls
+        costs.append({
+            "operation": operation,
+            "keys": n,
+            "keys_per_call": n / sent(calls, inner),
+            "server_us_per_key": sent(usec, inner) / n,
+            "in_script_commands_us_per_key": sum(usec[k] for k in inner) / n,
+            "script_commands_per_key": {k: calls[k] / n for k in sorted(inner) if calls[k]},
+        })  # fmt: skip
+
+    with provisioned(_store_url("redis", server.base, "")) as store:
+        for single in (False, True):  # warm-up: connections opened, scripts loaded
+            complete(store, claim(store, [f"warm-up-{single}"], Acquired, single), single)
+        for single, how in ((False, f"batched x{batch}"), (True, "one at a time")):
+            keys = [f"{how[0]}-{i}" for i in range(n)]
+            chunks = [keys] if single else [keys[i : i + batch] for i in range(0, n, batch)]
+            with cost(f"claim, new keys, {how}"):
+                done = [claim(store, chunk, Acquired, single) for chunk in chunks]
+            with cost(f"complete, new keys, {how}"):
+                for acquired in done:
+                    complete(store, acquired, single)
+            with cost(f"claim, duplicates, {how}"):
+                for chunk in chunks:
+                    claim(store, chunk, Completed, single)
+    return costs
+
+
+@dataclass
+class Server:
+    """What a store's URLs are made from (a server's address; nothing for SQLite), and where
+    it can be read, the server's own time (``meter``) and a client of it (Redis: for INFO)."""
+
+    base: str
+    meter: Meter | None = None
+    admin: Any = None
 
 
 @dataclass
 class Row:
+    store: str | None
+    run: str
     contender: str
     messages: int
     batch: int
     rate: float
+    server_us_per_msg: float | None = None
 
 
 def main() -> int:
@@ -176,16 +318,17 @@ def main() -> int:
     from idemctl.harness.broker import local_broker  # tansu on a free port, stopped by its PID
 
     rows: list[Row] = []
+    key_costs: list[dict[str, Any]] = []
     notes: list[str] = []
     with contextlib.ExitStack() as servers, tempfile.TemporaryDirectory() as tmp:
         bootstrap = servers.enter_context(local_broker())
         topic = f"bench-{uuid.uuid4().hex[:8]}"
         produce(bootstrap, topic, args.messages)
-        rows.append(Row("bare confluent-kafka loop", args.messages, args.batch,
-                        bare(bootstrap, topic, args.messages, args.batch)))  # fmt: skip
+        rows.append(Row(None, "bare loop", "bare confluent-kafka loop", args.messages,
+                        args.batch, bare(bootstrap, topic, args.messages, args.batch)))  # fmt: skip
         for store in stores:
             try:
-                base = servers.enter_context(_server_for(store))
+                server = servers.enter_context(_server_for(store))
             except (BenchError, ImportError, OSError) as exc:
                 notes.append(f"{store} left out: {exc}")
                 continue
@@ -200,38 +343,44 @@ def main() -> int:
                 ("single", single, 1, {}),
             )  # fmt: skip
             for label, n, batch, more in runs:
-                url = _store_url(store, base, tmp)
-                rate = idemctl_loop(bootstrap, topic, n, batch, url, **more)
-                rows.append(Row(f"idemctl, {store}, {label}", n, batch, rate))
+                url = _store_url(store, server.base, tmp)
+                rate, us = idemctl_loop(bootstrap, topic, n, batch, url, server.meter, **more)
+                rows.append(Row(store, label, f"idemctl, {store}, {label}", n, batch, rate, us))
+            for run in CEILINGS.get(store, ()):
+                url = _store_url(store, server.base, tmp)
+                rate, us = ceiling(run, server, url, args.messages, args.batch)
+                rows.append(Row(store, run, f"ceiling: {NAMES[store]} {run}, no Kafka",
+                                args.messages, args.batch, rate, us))  # fmt: skip
             if store == "redis":
-                rate = redis_scripts_alone(base, args.messages, args.batch)
-                rows.append(Row("ceiling: Redis scripts alone, no Kafka", args.messages,
-                                args.batch, rate))  # fmt: skip
-    _print(rows, notes, args.json)
+                key_costs = redis_key_costs(server, args.messages, args.batch)
+    _print(rows, key_costs, notes, args.json)
     return 0
 
 
 @contextlib.contextmanager
-def _server_for(store: str) -> Iterator[str]:
-    """What a store's URLs are made from: a server's address, or nothing for SQLite."""
+def _server_for(store: str) -> Iterator[Server]:
+    """A store's server, started here, with what can be read of its own time."""
     if store == "redis":
-        from redis_claims import own_redis_server
+        import redis
+        from redis_claims import command_stats, own_redis_server, script_commands
 
-        with own_redis_server() as url:
-            yield url
+        inner = script_commands()
+        with own_redis_server() as url, redis.Redis.from_url(url, decode_responses=True) as admin:
+            yield Server(url, lambda: sent(command_stats(admin, "usec"), inner), admin)
     elif store == "postgres":
-        from postgres_claims import own_postgres_server
+        from postgres_claims import ServerCpu, own_postgres_server
 
-        with own_postgres_server(fsync=True) as (url, _pid):
-            yield url
+        with own_postgres_server(fsync=True) as (url, pid):
+            cpu = ServerCpu(pid)
+            yield Server(url, lambda: cpu() * 1e6)
     elif store == "dynamodb":
         import moto  # noqa: F401 - the server below is moto's
 
         os.environ.update(FAKE_AWS)  # boto3 signs every request, and moto accepts any key
         with moto_server() as endpoint:
-            yield endpoint
+            yield Server(endpoint)
     else:
-        yield ""
+        yield Server("")
 
 
 def _store_url(store: str, base: str, tmp: str) -> str:
@@ -246,39 +395,89 @@ def _store_url(store: str, base: str, tmp: str) -> str:
     return f"sqlite:///{tmp}/{name}.db"
 
 
-def _print(rows: list[Row], notes: list[str], as_json: bool) -> None:
+def _targets(rows: list[Row]) -> list[dict[str, Any]]:
+    """Consume batched over each ceiling of its store that ran, with its target if any."""
+    rates = {(row.store, row.run): row.rate for row in rows}
+    found = []
+    for store, run, target in TARGETS:
+        now, top = rates.get((store, "batched")), rates.get((store, run))
+        if now and top:
+            value = now / top
+            met = None if target is None else value >= target
+            found.append({"store": store, "ratio": f"consume batched / {run}", "value": value,
+                          "target": target, "met": met})  # fmt: skip
+    return found
+
+
+def _print(
+    rows: list[Row], key_costs: list[dict[str, Any]], notes: list[str], as_json: bool
+) -> None:
     from rich.table import Table
+
+    def number(value: float | None, digits: int = 1) -> str:
+        return "" if value is None else f"{value:,.{digits}f}"
 
     base = rows[0].rate
     table = Table(title="Consume throughput, no-op handler, 3 partitions")
-    for column in ("contender", "messages", "batch", "msg/s", "x bare loop"):
+    for column in ("contender", "messages", "batch", "msg/s", "x bare loop", "server µs/msg"):
         table.add_column(column, justify="left" if column == "contender" else "right")
     for row in rows:
         table.add_row(row.contender, f"{row.messages:,}", str(row.batch), f"{row.rate:,.0f}",
-                      f"{row.rate / base:.3f}")  # fmt: skip
+                      f"{row.rate / base:.3f}", number(row.server_us_per_msg))  # fmt: skip
     console = stdout_console()
     console.print(table)
-    rates = {row.contender: row.rate for row in rows}
+    console.print(WINDOW, markup=False)
+    rates = {(row.store, row.run): row.rate for row in rows}
     for store in STORES:
-        now = rates.get(f"idemctl, {store}, batched")
-        before = rates.get(f"idemctl, {store}, batched, completed at the batch's end")
+        now = rates.get((store, "batched"))
+        before = rates.get((store, "batched, completed at the batch's end"))
         if now and before:
             console.print(
                 f"{store}: each key completed as its handler returns / at the batch's end: "
                 f"{now / before:.2f}x",
                 markup=False,
             )
-        guarded = rates.get(f"idemctl, {store}, batched, sequence guard")
+        guarded = rates.get((store, "batched, sequence guard"))
         if now and guarded:
             console.print(
                 f"{store}: cost per message with the sequence guard / without: "
                 f"{now / guarded:.2f}x",
                 markup=False,
             )
+    targets = _targets(rows)
+    for t in targets:
+        verdict = "met" if t["met"] else "NOT met"
+        goal = "" if t["target"] is None else f" (target >= {t['target']:g}x: {verdict})"
+        console.print(f"{t['store']}: {t['ratio']}: {t['value']:.2f}x{goal}", markup=False)
+    if key_costs:
+        costs = Table(title="Redis server time per key (INFO commandstats)")
+        for column in ("operation", "keys", "keys/call", "server µs/key",
+                       "of it in GET, SET... µs/key", "commands in the scripts/key"):  # fmt: skip
+            costs.add_column(
+                column, justify="left" if column.startswith(("op", "com")) else "right"
+            )
+        for c in key_costs:
+            commands = ", ".join(f"{k} {v:.3g}" for k, v in c["script_commands_per_key"].items())
+            costs.add_row(c["operation"], f"{c['keys']:,}", number(c["keys_per_call"]),
+                          number(c["server_us_per_key"], 2),
+                          number(c["in_script_commands_us_per_key"], 2), commands)  # fmt: skip
+        console.print(costs)
+        console.print(
+            "server µs/key: INFO commandstats µs of the EVALSHA calls (the commands a script "
+            "runs are inside its time, and also shown on their own), over the keys.",
+            markup=False,
+        )
     for note in notes:
         console.print(note, markup=False)
     if as_json:
-        print(json.dumps([{**vars(r), "ratio": r.rate / base} for r in rows], indent=2))
+        data = {
+            "rows": [{**vars(r), "ratio": r.rate / base} for r in rows],
+            "server_time": WINDOW,
+            "targets": targets,
+            "redis_server_time_per_key": key_costs,
+            "notes": notes,
+        }
+        print(json.dumps(data, indent=2))
 
 
 if __name__ == "__main__":
