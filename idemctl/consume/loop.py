@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from idemctl.stores.base import Store
 
 MAX_BACKOFF = 60.0
-HELD, EXECUTED = Outcome.HELD, Outcome.EXECUTED
+HELD, RAN, EXECUTED = Outcome.HELD, Outcome.RAN, Outcome.EXECUTED
 Hold = tuple[float, str]
 """Hold a partition at a message: seconds to wait, and why (the summary's count)."""
 
@@ -474,7 +474,8 @@ class Consumer(Watch):
         def call(ctx: Context) -> Any:
             return self.handler(event, ctx)
 
-        return self._act(item, self._work.run(claimed.key, call))
+        ran = self._work.run(claimed.key, call)
+        return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
 
     def _gap(self, item: _Item, claimed: RunResult) -> Hold | None:
         """--contiguous: hold an event whose predecessor is not applied yet, the busy
