@@ -152,9 +152,9 @@ class ScriptRunner:
         plan: dict[str, tuple[Connections, list[list[int]], list[tuple[Any, ...]]]] = {}
         for group in self._groups([key for key, _ in items]):
             node = nodes.get_node_from_slot(self._cluster.keyslot(_keys(items[group[0]][0])[0]))
-            conns = self._nodes.get(node.name)
-            if conns is None:
-                conns = self._nodes[node.name] = Connections(node.redis_connection.connection_pool)
+            conns = self._nodes.get(node.name) or self._nodes.setdefault(
+                node.name, Connections(node.redis_connection.connection_pool)
+            )  # one per node, whichever thread (claimer, completer, heartbeat) comes first
             _, groups, commands = plan.setdefault(node.name, (conns, [], []))
             groups.append(group)
             commands.append(("EVALSHA", *self._evalsha_args(sha, shared, items, group)))
