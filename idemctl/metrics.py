@@ -1,44 +1,92 @@
-"""``--metrics-port``: a long-running command's counters in Prometheus' text format at
-``/metrics``, served from a daemon thread."""
+"""``--metrics-port``: a long-running command's metrics for Prometheus at ``/metrics``, in
+prometheus_client's exposition, liveness at ``/healthz`` and readiness at ``/readyz``, all
+served from a daemon thread. prometheus_client is imported when a port is given, never by
+``import idemctl``.
+
+Each command registers its own collectors in a registry of the run's own (``Register``) and
+says what makes it ready."""
 
 from __future__ import annotations
 
+import platform
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from idemctl.stores.base import Store
+
+Ready = Callable[[], str | None]
+"""Why the command is not ready to do its work now; None when it is."""
+Register = Callable[["CollectorRegistry"], Ready]
+"""Registers a command's collectors in the run's registry; returns its readiness."""
+
+PROBE_KEY = "idemctl-readyz-probe"
+"""The key ``/readyz`` reads to see that the store answers (it need not exist)."""
+SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Histogram buckets for handler and store-call durations: sub-millisecond to 10 s."""
 
 
-def family(name: str, kind: str, help_text: str, samples: dict[str, int]) -> list[str]:
-    """One metric family's lines; ``samples`` maps label text (``outcome="x"``, or "" for
-    none) to the value."""
-    return [
-        f"# HELP {name} {help_text}",
-        f"# TYPE {name} {kind}",
-        *(
-            f"{name}{{{labels}}} {value}" if labels else f"{name} {value}"
-            for labels, value in samples.items()
-        ),
-    ]
+def build_info(registry: CollectorRegistry, store: Store) -> None:
+    """``idemctl_build_info``: idemctl's version, Python's and the store's kind."""
+    from prometheus_client import Info
+
+    from idemctl import __version__
+
+    Info("idemctl_build", "idemctl's version, Python's and the store's.", registry=registry).info(
+        {
+            "version": __version__,
+            "python": platform.python_version(),
+            "store": store.url.partition(":")[0],
+        }
+    )
 
 
-def serve(text: Callable[[], str], host: str, port: int) -> ThreadingHTTPServer:
-    """Start serving ``text()`` at /metrics; ``shutdown()`` the server returned to stop."""
+def store_answers(store: Store) -> str | None:
+    """None when the store answers a read now, else why not (for ``/readyz``)."""
+    from idemctl.errors import IdemctlError
+
+    try:
+        store.get(PROBE_KEY)
+    except IdemctlError as exc:
+        return f"store unreachable: {exc}"
+    return None
+
+
+def serve(registry: CollectorRegistry, ready: Ready, host: str, port: int) -> ThreadingHTTPServer:
+    """Serve ``registry`` at /metrics, 200 at /healthz, and at /readyz 200 or 503 with the
+    reason ``ready()`` gives; ``shutdown()`` the server returned to stop."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
+            path = self.path.split("?")[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":  # the process serves: alive
+                self._send(200, b"ok\n")
+            elif path == "/readyz":
+                try:
+                    why = ready()
+                except Exception as exc:  # a probe that fails is an answer: not ready
+                    why = f"{type(exc).__name__}: {exc}"
+                self._send(503 if why else 200, f"{why or 'ready'}\n".encode())
+            else:
                 self.send_error(404)
-                return
-            body = text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+
+        def _send(self, code: int, body: bytes, kind: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
-            pass  # scrapes are not news
+            pass  # scrapes and probes are not news
 
     server = ThreadingHTTPServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="idemctl-metrics", daemon=True).start()
@@ -46,14 +94,18 @@ def serve(text: Callable[[], str], host: str, port: int) -> ThreadingHTTPServer:
 
 
 @contextmanager
-def serving(text: Callable[[], str], host: str, port: int | None) -> Iterator[None]:
-    """``serve`` for the block when a port is given; nothing otherwise."""
+def serving(register: Register, host: str, port: int | None) -> Iterator[Any]:
+    """``serve`` for the block, with what ``register`` puts in a registry of its own, when a
+    port is given; nothing otherwise."""
     if port is None:
-        yield
+        yield None
         return
-    server = serve(text, host, port)
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=True)
+    server = serve(registry, register(registry), host, port)
     try:
-        yield
+        yield registry
     finally:
         server.shutdown()
         server.server_close()

@@ -18,6 +18,10 @@ from tests.fixtures_redis import redis_cluster, redis_server, redis_with_passwor
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
+# The tests' idemctl processes inherit this environment: their log lines take the default
+# form (--log-format auto), whatever the developer's shell exports.
+os.environ.pop("IDEMCTL_LOG_FORMAT", None)
+
 __all__ = [
     "IN_CI",
     "aws_credentials",

@@ -13,11 +13,13 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
+import click
 import typer
 import typer.main
 from rich.markup import escape
@@ -25,7 +27,7 @@ from typer.core import TyperCommand
 
 from idemctl import __version__
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
-from idemctl.cli.render import LiveStatus, logfmt
+from idemctl.cli.render import CLI_LOGGER, LiveStatus, log_line, print_line
 from idemctl.config import Config, find_config, load_config
 from idemctl.durations import parse_duration
 from idemctl.errors import ConfigError, IdemctlError, Refused
@@ -34,8 +36,10 @@ from idemctl.stores.base import SelfProvisioning
 from idemctl.urls import redact_text, secrets_in
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
     from rich.console import Console
 
+    from idemctl.metrics import Ready
     from idemctl.stores.base import Store
 
 app = typer.Typer(
@@ -77,6 +81,8 @@ class Settings:
     """Who gave ``profile``: the flag, or IDEMCTL_PROFILE."""
     used_source: str | None = None
     """Where the store a command opened came from (``cli_store`` sets it)."""
+    log_format: str = "auto"
+    """``--log-format`` of consume, outbox relay and verify: auto, json, logfmt or text."""
     _config: Config | None = field(default=None, repr=False)
     _consoles: dict[bool, Console] = field(default_factory=dict, repr=False)
 
@@ -138,6 +144,25 @@ class Settings:
     @property
     def err(self) -> Console:
         return self.console(stderr=True)
+
+    @property
+    def live(self) -> bool:
+        """A live view on stderr: on a terminal, without --json, and with text log lines."""
+        return self.err.is_terminal and not self.json and self.log_format in ("auto", "text")
+
+    @property
+    def progress_format(self) -> str:
+        """How progress and step lines look without a live view: logfmt unless
+        ``--log-format`` says otherwise."""
+        return "logfmt" if self.log_format == "auto" else self.log_format
+
+    @property
+    def records_format(self) -> str:
+        """How log records look on stderr: ``--log-format``; auto is text on a terminal,
+        logfmt elsewhere."""
+        if self.log_format != "auto":
+            return self.log_format
+        return "text" if self.err.is_terminal else "logfmt"
 
 
 def settings(ctx: typer.Context) -> Settings:
@@ -276,10 +301,13 @@ def command(
             try:
                 return func(ctx, **params)
             except (KeyboardInterrupt, typer.Abort):
-                current.err.print("interrupted", style="bold red")
+                note(current, "interrupted", level="error", markup="[bold red]interrupted[/]")
                 raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
             except IdemctlError as exc:
-                report_error(exc, current.err)
+                if current.log_format in ("json", "logfmt"):
+                    note(current, str(exc), level="error")
+                else:
+                    report_error(exc, current.err)
                 raise typer.Exit(int(exit_code_for(exc))) from None
 
         group.command(name, cls=GlobalOptionsCommand, **kwargs)(wrapper)
@@ -291,6 +319,27 @@ def command(
 def report_error(exc: IdemctlError, err: Console) -> None:
     """One line on stderr; messages name stores by their redacted URLs."""
     err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+
+
+def note(
+    current: Settings,
+    text: str,
+    *,
+    level: str = "info",
+    markup: str | None = None,
+    fields: Mapping[str, Any] | None = None,
+) -> None:
+    """A line of the command's own on stderr (the store it uses, a summary, a signal
+    heard): with ``--log-format json`` or ``logfmt`` a log line of that form, ``fields``
+    beside the message, so that every line on stderr is one; otherwise the line as it
+    always was: ``markup`` (rich markup) when given, else ``text`` as it is."""
+    if current.log_format in ("json", "logfmt"):
+        line = log_line(current.log_format, level, text, fields, logger=CLI_LOGGER)
+        print_line(current.err, line)
+    elif markup is not None:
+        current.err.print(markup, highlight=False, soft_wrap=True)
+    else:
+        current.err.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 # Store -------------------------------------------------------------------------------
@@ -306,7 +355,8 @@ def cli_store(ctx: typer.Context, *, auto_provision: bool = False) -> Iterator[S
     store = open_store(url)
     current.used_source = source
     # Always, also with --json (stdout stays one document): which store, and why that one.
-    current.err.print(f"store: {store.url} (from {source})", markup=False, highlight=False)
+    shown = f"store: {store.url} (from {source})"
+    note(current, shown, fields={"store": store.url, "store_source": source})
     if isinstance(store, SelfProvisioning):
         store.auto_provision = auto_provision
     with store:
@@ -387,6 +437,34 @@ MetricsHostOption = Annotated[
 METRICS_HOST = "0.0.0.0"  # noqa: S104 - Prometheus scrapes from elsewhere
 
 
+class LogFormat(StrEnum):
+    """``--log-format``: how log lines (and progress lines) look on stderr."""
+
+    AUTO = "auto"
+    JSON = "json"
+    LOGFMT = "logfmt"
+    TEXT = "text"
+
+
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        envvar="IDEMCTL_LOG_FORMAT",
+        case_sensitive=False,
+        help="Log lines on stderr: json (an object a line), logfmt, text, or auto: text on a "
+        "terminal, logfmt elsewhere",
+    ),
+]
+
+
+def use_log_format(ctx: typer.Context, log_format: LogFormat) -> Settings:
+    """The command's settings, its log lines in ``log_format`` from now on."""
+    current = settings(ctx)
+    current.log_format = log_format.value
+    return current
+
+
 def kafka_settings(
     ctx: typer.Context, brokers: str | None, flags: list[str] | None
 ) -> tuple[str, dict[str, str]]:
@@ -401,10 +479,17 @@ def kafka_settings(
 @contextmanager
 def stop_on_signals(err: Console, stop: Callable[[], None]) -> Iterator[None]:
     """SIGTERM and Ctrl-C call ``stop`` (finish the work in hand, then return) inside the
-    block, instead of interrupting it; the previous handlers come back after it."""
+    block, instead of interrupting it; the previous handlers come back after it. The line
+    that says so follows the command's ``--log-format``."""
+    ctx = click.get_current_context(silent=True)
+    current = None if ctx is None else ctx.find_object(Settings)
 
     def handle(signum: int, frame: object) -> None:
-        err.print(f"{signal.Signals(signum).name}: finishing the batch in hand")
+        text = f"{signal.Signals(signum).name}: finishing the batch in hand"
+        if current is not None:
+            note(current, text, fields={"signal": signal.Signals(signum).name})
+        else:
+            err.print(text)
         stop()
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -433,17 +518,17 @@ def run_to_end(
     current: Settings,
     work: LongRun[S],
     status: LiveStatus,
-    metrics: Callable[[S], str],
+    metrics: Callable[[Any, CollectorRegistry], Ready],
     metrics_host: str,
     metrics_port: int | None,
 ) -> S:
-    """Run ``work`` and return its summary: its progress on ``status``, ``metrics`` (the
-    summary's Prometheus text) served at ``metrics_host:metrics_port`` when a port is given,
-    and SIGTERM or Ctrl-C stopping it once the work in hand is done."""
+    """Run ``work`` and return its summary: its progress on ``status``, the metrics and
+    readiness ``metrics`` registers for it served at ``metrics_host:metrics_port`` when a
+    port is given, and SIGTERM or Ctrl-C stopping it once the work in hand is done."""
     from idemctl.metrics import serving  # http.server and ssl: not at every start-up
 
     with (
-        serving(lambda: metrics(work.summary), metrics_host, metrics_port),
+        serving(lambda registry: metrics(work, registry), metrics_host, metrics_port),
         stop_on_signals(current.err, work.stop),
         status,
     ):
@@ -459,7 +544,7 @@ def show_warnings(current: Settings, logger: str) -> None:
     own = logging.getLogger(logger)
     for old in [h for h in own.handlers if getattr(h, "idemctl_warnings", False)]:
         own.removeHandler(old)  # one per logger, on this run's stderr
-    handler = ConsoleHandler(current.err)
+    handler = ConsoleHandler(current.err, _secrets(current), lambda: current.records_format)
     handler.idemctl_warnings = True  # type: ignore[attr-defined]
     handler.setLevel(logging.WARNING)
     own.addHandler(handler)
@@ -471,17 +556,31 @@ def show_warnings(current: Settings, logger: str) -> None:
 
 class ConsoleHandler(logging.Handler):
     """Log lines through the command's rich console, so they land above a live view
-    instead of through it; logfmt (``ts= level= msg=``) when stderr is not a terminal."""
+    instead of through it, in the form ``log_format()`` names: ``text`` (a styled line on a
+    terminal), ``logfmt`` (``ts= level= msg= logger=`` and the record's fields) or ``json``
+    (an object a line, the same keys); ``auto``: text on a terminal, logfmt elsewhere.
 
-    def __init__(self, console: Console, secrets: list[str] | None = None) -> None:
+    A record's fields are what the library passed as ``extra={"idemctl": {...}}`` (key,
+    topic, partition, offset, outcome, reason...). ``secrets`` are hidden (``***``) in the
+    message and in every field, whatever the form."""
+
+    def __init__(
+        self,
+        console: Console,
+        secrets: list[str] | None = None,
+        log_format: Callable[[], str] = lambda: "auto",
+    ) -> None:
         super().__init__()
-        self.console, self.secrets = console, secrets or []
+        self.console, self.secrets, self.log_format = console, secrets or [], log_format
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             message = redact_text(record.getMessage(), self.secrets)
             level = record.levelname.lower()
-            if self.console.is_terminal:
+            form = self.log_format()
+            if form == "auto":
+                form = "text" if self.console.is_terminal else "logfmt"
+            if form == "text":
                 style = {"warning": "yellow", "error": "bold red"}.get(level, "dim")
                 source = f"[dim]{record.name}:[/] " if level in ("debug", "info") else ""
                 self.console.print(
@@ -489,13 +588,21 @@ class ConsoleHandler(logging.Handler):
                     soft_wrap=True,
                     highlight=False,
                 )
-            else:
-                fields = {"logger": record.name} if level in ("debug", "info") else {}
-                self.console.print(
-                    logfmt(level, message, **fields), markup=False, highlight=False, soft_wrap=True
-                )
+                return
+            fields = {k: self._redact(v) for k, v in record_fields(record).items()}
+            line = log_line(form, level, message, fields, logger=record.name, at=record.created)
+            print_line(self.console, line)
         except Exception:
             self.handleError(record)
+
+    def _redact(self, value: Any) -> Any:
+        return redact_text(value, self.secrets) if isinstance(value, str) else value
+
+
+def record_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields a library log call passed as ``extra={"idemctl": {...}}``."""
+    found = getattr(record, "idemctl", None)
+    return dict(found) if isinstance(found, dict) else {}
 
 
 def _pairs(items: list[str]) -> dict[str, str]:
@@ -517,14 +624,18 @@ def _configure_logging(current: Settings) -> None:
         root.removeHandler(handler)
     if not current.verbose:
         return
-    try:
-        secrets = secrets_in(current.store_url()[0])
-    except ConfigError:
-        secrets = []  # the command reports it
-    handler = ConsoleHandler(current.err, secrets)
+    handler = ConsoleHandler(current.err, _secrets(current), lambda: current.records_format)
     handler.idemctl = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.INFO if current.verbose == 1 else logging.DEBUG)
+
+
+def _secrets(current: Settings) -> list[str]:
+    """What log lines must hide: the store URL's password and secret options."""
+    try:
+        return secrets_in(current.store_url()[0])
+    except ConfigError:
+        return []  # the command reports it
 
 
 def one_of(ctx: typer.Context, key: str | None, entity: str | None) -> None:

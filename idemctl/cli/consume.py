@@ -13,6 +13,8 @@ from idemctl.cli.common import (
     METRICS_HOST,
     BrokersOption,
     KafkaConfigOption,
+    LogFormat,
+    LogFormatOption,
     MetricsHostOption,
     MetricsPortOption,
     cli_store,
@@ -20,10 +22,12 @@ from idemctl.cli.common import (
     duration,
     emit_json,
     kafka_settings,
+    note,
     run_to_end,
     settings,
     show_warnings,
     store_fields,
+    use_log_format,
 )
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
@@ -186,6 +190,7 @@ def consume(
     kafka_config: KafkaConfigOption = None,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = METRICS_HOST,
+    log_format: LogFormatOption = LogFormat.AUTO,
     transactional: Annotated[
         bool,
         typer.Option(
@@ -207,9 +212,9 @@ def consume(
     """
     # asyncio, and http.server with ssl: loaded for a consume run, not at every start-up
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
-    from idemctl.consume.metrics import render as consume_metrics
+    from idemctl.consume.metrics import register as consume_metrics
 
-    current = settings(ctx)
+    current = use_log_format(ctx, log_format)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     options = ConsumeOptions(
         brokers=brokers,
@@ -249,8 +254,9 @@ def consume(
             "consume",
             render.consume_fields,
             lambda summary: summary.finished,
-            live=current.err.is_terminal and not current.json,
+            live=current.live,
             header={"topics": ", ".join(topic), "group": group, "store": store.url},
+            log_format=current.progress_format,
         )
         consumer = Consumer(store, run, options, on_progress=status.update)
         consumer.open()  # a Kafka setting librdkafka refuses fails here, before the store
@@ -261,7 +267,11 @@ def consume(
     else:
         counts = sorted(summary.counts.items())
         shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts) or "nothing"
-        current.err.print(f"consumed {summary.finished} message(s): {shown}", markup=False)
+        note(
+            current,
+            f"consumed {summary.finished} message(s): {shown}",
+            fields={"finished": summary.finished, **dict(counts)},
+        )
 
 
 def _exception(path: str) -> type[BaseException]:

@@ -8,12 +8,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from idemctl.cli import render
 from idemctl.cli.common import (
     METRICS_HOST,
     BrokersOption,
     KafkaConfigOption,
+    LogFormat,
+    LogFormatOption,
     MetricsHostOption,
     MetricsPortOption,
     app,
@@ -22,11 +25,13 @@ from idemctl.cli.common import (
     duration,
     emit_json,
     kafka_settings,
+    note,
     run_to_end,
     settings,
     show_warnings,
     store_fields,
     usage_error,
+    use_log_format,
 )
 from idemctl.cli.repair import DryRunOption, YesOption, changing
 from idemctl.durations import parse_duration
@@ -85,6 +90,7 @@ def relay(
     kafka_config: KafkaConfigOption = None,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = METRICS_HOST,
+    log_format: LogFormatOption = LogFormat.AUTO,
 ) -> None:
     """Publish committed outbox rows to Kafka, marking each published once acknowledged.
 
@@ -96,9 +102,9 @@ def relay(
     """
     # The relay serves metrics: http.server and ssl, loaded for a relay or replay run only.
     from idemctl.outbox.relay import Relay, RelayOptions
-    from idemctl.outbox.relay import metrics_text as relay_metrics
+    from idemctl.outbox.relay import register_metrics as relay_metrics
 
-    current = settings(ctx)
+    current = use_log_format(ctx, log_format)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     options = RelayOptions(
         brokers=brokers,
@@ -116,7 +122,8 @@ def relay(
         "outbox relay",
         render.relay_fields,
         lambda summary: summary.published,
-        live=current.err.is_terminal and not current.json,
+        live=current.live,
+        log_format=current.progress_format,
     )
     with cli_store(ctx) as store:
         the_relay = Relay(store, options, on_progress=status.update)
@@ -125,18 +132,19 @@ def relay(
     if current.json:
         emit_json(render.relay_json(store_fields(ctx, store.url), brokers, summary))
     else:
-        current.err.print(
+        note(
+            current,
             f"relayed {summary.published} event(s) in {summary.batches} batch(es); "
             f"{summary.failed} delivery failure(s)",
-            markup=False,
+            fields={**render.relay_fields(summary), "batches": summary.batches},
         )
     if summary.undelivered:
-        current.err.print(
-            f"error: {summary.undelivered} outbox row(s) not delivered to the brokers at "
+        problem = (
+            f"{summary.undelivered} outbox row(s) not delivered to the brokers at "
             f"{brokers}: {summary.delivery_error}; they stay unpublished and are retried by the "
-            "next relay run ('idemctl outbox status' shows them)",
-            markup=False,
+            "next relay run ('idemctl outbox status' shows them)"
         )
+        note(current, problem, level="error", markup=f"error: {escape(problem)}")
         raise typer.Exit(1)
 
 

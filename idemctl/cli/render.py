@@ -584,11 +584,12 @@ def key_list(keys: list[str], shown: int = 20) -> str:
 
 
 class LiveStatus:
-    """Progress of a long-running command: a live table on a terminal; otherwise a logfmt
-    line on stderr every ``every`` seconds, for log collectors. ``header`` names what it
-    works on (topic, group, store); ``fields`` gives what to show from the summary it is
-    updated with (counts, a state), ``done`` what the rate counts. The rate is over the last
-    ``window`` seconds, not the run's average."""
+    """Progress of a long-running command: a live table on a terminal; otherwise a log line
+    on stderr every ``every`` seconds, for log collectors, in ``log_format`` (``logfmt``,
+    ``json`` or ``text``: ``log_line``). ``header`` names what it works on (topic, group,
+    store); ``fields`` gives what to show from the summary it is updated with (counts, a
+    state), ``done`` what the rate counts. The rate is over the last ``window`` seconds, not
+    the run's average."""
 
     def __init__(
         self,
@@ -601,9 +602,11 @@ class LiveStatus:
         every: float = 10.0,
         header: dict[str, str] | None = None,
         window: float = 10.0,
+        log_format: str = "logfmt",
     ) -> None:
         self.err, self.name, self.fields, self.done = err, name, fields, done
         self.live, self.every, self.header, self.window = live, every, header or {}, window
+        self.log_format = log_format
         self.started = self.last = time.monotonic()
         self._seen: deque[tuple[float, int]] = deque([(self.started, 0)])
         self._live: Any = None
@@ -645,25 +648,70 @@ class LiveStatus:
             self._live.update(table)
         elif now - self.last >= self.every:
             self.last = now
-            self.err.print(
-                logfmt(
+            # JSON keeps numbers numbers: the rate a second, the elapsed time in seconds.
+            timing = (
+                {"done": done, "rate": round(rate, 1), "elapsed": round(now - self.started, 1)}
+                if self.log_format == "json"
+                else {"done": done, "rate": f"{rate:.0f}/s", "elapsed": elapsed}
+            )
+            print_line(
+                self.err,
+                log_line(
+                    self.log_format,
                     "info",
                     f"{self.name} progress",
-                    **self.header,
-                    done=done,
-                    rate=f"{rate:.0f}/s",
-                    elapsed=elapsed,
-                    **fields,
+                    {**self.header, **timing, **fields},
+                    logger=CLI_LOGGER,
                 ),
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
             )
+
+
+LOG_FORMATS = ("auto", "json", "logfmt", "text")
+"""``--log-format``: auto is text on a terminal and logfmt elsewhere."""
+CLI_LOGGER = "idemctl.cli"
+"""The ``logger`` of the lines the CLI writes itself (progress, steps, the store it uses)."""
+CORE_FIELDS = ("ts", "level", "logger", "msg")
+
+
+def log_line(
+    log_format: str,
+    level: str,
+    msg: str,
+    fields: Mapping[str, Any] | None = None,
+    *,
+    logger: str | None = None,
+    at: float | None = None,
+) -> str:
+    """One log line, as ``log_format`` says: ``json`` (one object: ``ts``, ``level``,
+    ``logger``, ``msg``, then ``fields``), ``logfmt`` (the same as ``key=value`` pairs) or
+    ``text`` (``level msg``, then ``key=value`` pairs). ``ts`` is ``at`` (a ``time.time()``),
+    else now, in UTC to the millisecond; None fields are left out, and no field takes the
+    place of the four the line starts with."""
+    extra = {k: v for k, v in (fields or {}).items() if v is not None and k not in CORE_FIELDS}
+    if log_format == "text":
+        pairs = " ".join(f"{k.replace(' ', '_')}={_logfmt_value(v)}" for k, v in extra.items())
+        return f"{level} {msg}" + (f": {pairs}" if pairs else "")
+    moment = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
+    ts = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if log_format == "json":
+        head = {"ts": ts, "level": level, **({"logger": logger} if logger else {}), "msg": msg}
+        return json.dumps({**head, **extra}, ensure_ascii=False, default=str)
+    return _logfmt_line(ts, level, msg, {**({"logger": logger} if logger else {}), **extra})
+
+
+def print_line(console: Any, line: str) -> None:
+    """A finished log line on ``console`` as it is: no markup, highlighting, emoji codes or
+    wrapping (above a live view when there is one)."""
+    console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
 def logfmt(level: str, msg: str, **fields: Any) -> str:
     """One logfmt line: ``ts=... level=... msg="..." key=value ...``, quoted where needed."""
     ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return _logfmt_line(ts, level, msg, fields)
+
+
+def _logfmt_line(ts: str, level: str, msg: str, fields: Mapping[str, Any]) -> str:
     pairs = {"ts": ts, "level": level, "msg": msg, **fields}
     return " ".join(f"{k.replace(' ', '_')}={_logfmt_value(v)}" for k, v in pairs.items())
 

@@ -6,17 +6,21 @@ import signal
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from idemctl.cli import render
 from idemctl.cli.common import (
     BrokersOption,
     KafkaConfigOption,
+    LogFormat,
+    LogFormatOption,
     command,
     duration,
     emit_json,
     kafka_settings,
-    settings,
+    note,
     store_fields,
+    use_log_format,
 )
 from idemctl.urls import redact_url
 
@@ -133,6 +137,7 @@ def verify(
             "random]; refused if they exist",
         ),
     ] = None,
+    log_format: LogFormatOption = LogFormat.AUTO,
     sabotage: Annotated[
         str | None,
         typer.Option("--sabotage", hidden=True, help="Test only: no-claim or lose"),
@@ -148,7 +153,7 @@ def verify(
     """
     from idemctl.harness.verify import Plan, run_verify
 
-    current = settings(ctx)
+    current = use_log_format(ctx, log_format)
     url, source = current.store_url()
     current.used_source = source
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
@@ -176,8 +181,13 @@ def verify(
         sabotage=sabotage,
     )
     err = current.err
-    err.print(f"store: {redact_url(url)} (from {source})", markup=False, highlight=False)
-    live = err.is_terminal and not current.json
+    shown = redact_url(url)
+    note(
+        current,
+        f"store: {shown} (from {source})",
+        fields={"store": shown, "store_source": source},
+    )
+    live = current.live
     status = render.LiveStatus(
         err,
         "verify",
@@ -186,13 +196,16 @@ def verify(
         live=live,
         every=5.0,
         header={"brokers": brokers},
+        log_format=current.progress_format,
     )
 
     def step(text: str) -> None:
-        if live:
-            err.print(f"[dim]-[/] {text}", highlight=False)
+        form = current.progress_format
+        if live or form == "text":
+            err.print(f"[dim]-[/] {escape(text)}", highlight=False)
         else:
-            err.print(render.logfmt("info", text), markup=False, highlight=False, soft_wrap=True)
+            line = render.log_line(form, "info", text, logger=render.CLI_LOGGER)
+            render.print_line(err, line)
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cleans up as Ctrl-C does
     try:
@@ -205,8 +218,14 @@ def verify(
     else:
         current.out.print(render.verify_table(report))
         for problem in report.problems:
-            err.print(f"[bold red]FAILED:[/] {problem}", highlight=False)
+            note(
+                current,
+                f"FAILED: {problem}",
+                level="error",
+                markup=f"[bold red]FAILED:[/] {problem}",
+            )
         if report.ok:
-            err.print(f"[green]ok:[/] {report.guarantee}; nothing lost", highlight=False)
+            ok = f"{report.guarantee}; nothing lost"
+            note(current, f"ok: {ok}", markup=f"[green]ok:[/] {ok}")
     if not report.ok:
         raise typer.Exit(1)

@@ -104,6 +104,15 @@ class DeadLetters:
                 len(value),
                 TRUNCATE_TO,
                 refused[1],
+                extra={
+                    "idemctl": {
+                        "topic": msg.topic(),
+                        "partition": msg.partition(),
+                        "offset": msg.offset(),
+                        "dlq_topic": topic,
+                        "truncated_from": len(value),
+                    }
+                },
             )
             return None
         return again[1]

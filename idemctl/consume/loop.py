@@ -121,6 +121,28 @@ class Consumer(Watch):
         self._storm_tripped: str | None = None
         self._first_keyed = False
         self._actions = self._table()
+        self._work = Batch(
+            store,
+            lease=options.lease,
+            permanent=options.permanent_errors,
+            max_attempts=options.max_attempts,
+            transactional=options.transactional,
+            complete_batch=options.complete_batch,
+            complete_wait=options.complete_wait,
+            logger=log,
+        )
+        self._handler_timed: Callable[[float], None] | None = None
+
+    def timed(self, handler: Callable[[float], None], store: Callable[[str, float], None]) -> None:
+        """Tell ``handler`` each handler run's seconds, and ``store`` each claim and
+        completion round trip's (``"claim"`` or ``"complete"``, and the seconds)."""
+        self._handler_timed = handler
+        self._work.timed = store
+
+    @property
+    def in_flight(self) -> int:
+        """Keys this consumer holds now (claimed, not yet completed or given back)."""
+        return self._work.in_flight
 
     def stop(self) -> None:
         """Drain and return (signal-safe): the running handlers finish, their keys are
@@ -169,16 +191,6 @@ class Consumer(Watch):
         from confluent_kafka import KafkaException
 
         o = self.options
-        self._work = Batch(
-            self.store,
-            lease=o.lease,
-            permanent=o.permanent_errors,
-            max_attempts=o.max_attempts,
-            transactional=o.transactional,
-            complete_batch=o.complete_batch,
-            complete_wait=o.complete_wait,
-            logger=log,
-        )
         self.open()
         started = self._unassigned_since = self._idle_since = time.monotonic()
         try:
@@ -395,7 +407,11 @@ class Consumer(Watch):
                 try:
                     claimed.update((r.key, r) for r in ask.take())
                 except StoreUnavailable as exc:
-                    log.warning("store unavailable, holding every partition: %s", exc)
+                    log.warning(
+                        "store unavailable, holding every partition: %s",
+                        exc,
+                        extra=_fields(outcome="store_unavailable"),
+                    )
                     for item in (i for later in chunks[taken - 1 :] for i in later):
                         if usable(item):
                             block(item, (o.backoff, "store_unavailable"))
@@ -470,9 +486,16 @@ class Consumer(Watch):
             if wait is not None:
                 return wait
         event = self._event(item)
+        timed = self._handler_timed
 
         def call(ctx: Context) -> Any:
-            return self.handler(event, ctx)
+            if timed is None:
+                return self.handler(event, ctx)
+            started = time.perf_counter()
+            try:
+                return self.handler(event, ctx)
+            finally:
+                timed(time.perf_counter() - started)
 
         ran = self._work.run(claimed.key, call)
         return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
@@ -510,6 +533,7 @@ class Consumer(Watch):
             item.order.sequence - 1,
             item.order.sequence,
             now - since,
+            extra=_about(item, "gaps", entity=item.order.entity, sequence=item.order.sequence),
         )
         return None
 
@@ -530,10 +554,24 @@ class Consumer(Watch):
             """Completed (or not) by the batch: its answer comes back to this table."""
 
         def wait(item: _Item, result: RunResult) -> Hold:
-            return backoff, result.outcome.value
+            outcome = result.outcome.value
+            log.debug(
+                "%s %s[%d]@%d: key %r; holding its partition %.1fs",
+                outcome,
+                *item.tp,
+                item.offset,
+                item.key,
+                backoff,
+                extra=_about(item, outcome),
+            )
+            return backoff, outcome
 
         def unavailable(item: _Item, result: RunResult) -> Hold:
-            log.warning("store unavailable, will retry: %s", result.error)
+            log.warning(
+                "store unavailable, will retry: %s",
+                result.error,
+                extra=_about(item, "store_unavailable"),
+            )
             return backoff, "store_unavailable"
 
         def mismatch(item: _Item, result: RunResult) -> Hold | None:
@@ -558,7 +596,14 @@ class Consumer(Watch):
                 return wait
             item.done = True
             self._count("stale")
-            log.info("stale %s[%d]@%d: %s: skipped", m.topic(), m.partition(), m.offset(), detail)
+            log.info(
+                "stale %s[%d]@%d: %s: skipped",
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                detail,
+                extra=_about(item, "stale", entity=None if o is None else o.entity),
+            )
             return None
 
         return {
@@ -587,7 +632,13 @@ class Consumer(Watch):
             return self._dead_letter(item, f"failed {most} times", error, exc)
         if not result.retriable:
             return self._dead_letter(item, "permanent failure", error, exc)
-        log.info("%s failed (attempt %d), retrying: %s", item.key, attempt, error)
+        log.info(
+            "%s failed (attempt %d), retrying: %s",
+            item.key,
+            attempt,
+            error,
+            extra=_about(item, "retried", attempt=attempt),
+        )
         return float(self.options.backoff * 2 ** (attempt - 1)), "retried"
 
     def _unusable(self, item: _Item) -> Hold | None:
@@ -606,6 +657,7 @@ class Consumer(Watch):
             m.offset(),
             reason,
             detail,
+            extra=_about(item, "skipped", reason=reason),
         )
         return None
 
@@ -651,6 +703,7 @@ class Consumer(Watch):
                 reason,
                 refused,
                 wait,
+                extra=_about(item, "dead_letter_refused", reason=reason),
             )
             return wait, "dead_letter_refused"
         self._refusals.pop(tp, None)
@@ -667,6 +720,7 @@ class Consumer(Watch):
             topic,
             reason,
             detail,
+            extra=_about(item, "dead_lettered", reason=reason, dlq_topic=topic),
         )
         self._storm_count(reason, detail, topic)
         return None
@@ -701,6 +755,21 @@ class Consumer(Watch):
                 self._kafka.store_offsets(offsets=offsets)
             except KafkaException as exc:  # revoked meanwhile: the new owner goes on
                 log.debug("store offsets: %s", kafka_text(exc))
+
+
+def _about(item: _Item, outcome: str, **more: Any) -> dict[str, Any]:
+    """A log call's ``extra`` about ``item``: its key, topic, partition and offset, and
+    ``outcome``, the name ``Summary.counts`` counts it under (the CLI's JSON and logfmt
+    lines carry them as fields)."""
+    topic, partition = item.tp
+    return _fields(
+        key=item.key, topic=topic, partition=partition, offset=item.offset, outcome=outcome, **more
+    )
+
+
+def _fields(**fields: Any) -> dict[str, Any]:
+    """A log call's ``extra``: structured fields, under one attribute of the record."""
+    return {"idemctl": fields}
 
 
 def _chunks(items: list[_Item], size: int) -> list[list[_Item]]:

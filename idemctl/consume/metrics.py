@@ -1,9 +1,29 @@
-"""The consumer's counters for ``--metrics-port`` (``idemctl.metrics`` serves them)."""
+"""The consumer's metrics for ``--metrics-port`` (``idemctl.metrics`` serves them):
+
+- ``idemctl_messages_total{outcome}``: messages by what became of them (the summary's
+  counts: executed, replayed, dead_lettered, stale, retried, busy, ...);
+- ``idemctl_dead_letters_total{reason}`` and ``idemctl_stale_events_total``;
+- ``idemctl_handler_duration_seconds``: each handler run;
+- ``idemctl_store_call_duration_seconds{store,op}``: each claim (``claim_many``) and
+  completion (``complete_many``) round trip;
+- gauges: ``idemctl_in_flight_leases`` (keys held now), ``idemctl_assigned_partitions``,
+  ``idemctl_paused_partitions``, ``idemctl_lag_messages`` (where the broker reports it);
+- ``idemctl_build_info``.
+
+``/readyz`` is ready while partitions are assigned and the store answers a read.
+"""
 
 from __future__ import annotations
 
-from idemctl.consume.options import Summary
-from idemctl.metrics import family
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from idemctl.metrics import SECONDS, Ready, build_info, store_answers
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from idemctl.consume.loop import Consumer
 
 OUTCOMES = (
     "executed",
@@ -21,46 +41,71 @@ OUTCOMES = (
 )
 
 
-def render(summary: Summary) -> str:
-    lines = [
-        *family(
-            "idemctl_messages_total",
-            "counter",
-            "Messages by what became of them.",
-            {f'outcome="{o}"': summary.counts[o] for o in OUTCOMES},
-        ),
-        *family(
-            "idemctl_dead_letters_total",
-            "counter",
-            "Dead letters by reason.",
-            {f'reason="{_label(r)}"': n for r, n in sorted(summary.dead_letters.items())},
-        ),
-        *family(
-            "idemctl_paused_partitions",
-            "gauge",
-            "Partitions held now (busy keys, retries, outages).",
-            {"": summary.paused},
-        ),
-        *family(
-            "idemctl_assigned_partitions",
-            "gauge",
-            "Partitions assigned to this consumer now.",
-            {"": summary.partitions},
-        ),
-        *(
-            family(
-                "idemctl_lag_messages",
-                "gauge",
-                "Messages behind the end of the assigned partitions.",
-                {"": summary.lag},
-            )
-            if summary.lag is not None
-            else ()
-        ),
-    ]
-    return "\n".join(lines) + "\n"
+def register(consumer: Consumer, registry: CollectorRegistry) -> Ready:
+    """The consumer's collectors in ``registry``, its handler and store calls timed from
+    now on; returns its readiness."""
+    from prometheus_client import Histogram
+
+    build_info(registry, consumer.store)
+    registry.register(_Counts(consumer))
+    handler = Histogram(
+        "idemctl_handler_duration_seconds",
+        "Seconds each handler run took.",
+        registry=registry,
+        buckets=SECONDS,
+    )
+    calls = Histogram(
+        "idemctl_store_call_duration_seconds",
+        "Seconds each claim and completion round trip to the store took.",
+        ["store", "op"],
+        registry=registry,
+        buckets=SECONDS,
+    )
+    scheme = consumer.store.url.partition(":")[0]
+    by_op = {op: calls.labels(scheme, op) for op in ("claim", "complete")}
+    consumer.timed(handler.observe, lambda op, seconds: by_op[op].observe(seconds))
+
+    def ready() -> str | None:
+        if not consumer.summary.partitions:
+            return f"no partitions assigned ({consumer.summary.state})"
+        return store_answers(consumer.store)
+
+    return ready
 
 
-def _label(value: str) -> str:
-    """A Prometheus label value: backslash, double quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Counts:
+    """The summary's counts and gauges, read at each scrape."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.consumer.summary
+        messages = CounterMetricFamily(
+            "idemctl_messages", "Messages by what became of them.", labels=["outcome"]
+        )
+        for outcome in OUTCOMES:
+            messages.add_metric([outcome], s.counts[outcome])
+        yield messages
+        dead = CounterMetricFamily(
+            "idemctl_dead_letters", "Dead letters by reason.", labels=["reason"]
+        )
+        for reason, n in sorted(s.dead_letters.items()):
+            dead.add_metric([reason], n)
+        yield dead
+        yield CounterMetricFamily(
+            "idemctl_stale_events",
+            "Events the sequence guard found stale (not run: a later one was applied).",
+            value=s.counts["stale"],
+        )
+        gauges = (
+            ("idemctl_in_flight_leases", "Keys this consumer holds now.", self.consumer.in_flight),
+            ("idemctl_assigned_partitions", "Partitions assigned now.", s.partitions),
+            ("idemctl_paused_partitions", "Partitions held now (busy, retries).", s.paused),
+            ("idemctl_lag_messages", "Messages behind the partitions' ends.", s.lag),
+        )
+        for name, text, value in gauges:
+            if value is not None:
+                yield GaugeMetricFamily(name, text, value=value)

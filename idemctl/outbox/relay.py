@@ -22,16 +22,18 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, StoreUnavailable
-from idemctl.metrics import family
+from idemctl.metrics import Ready, build_info, store_answers
 from idemctl.model import canonical_json
 from idemctl.outbox.table import OutboxRow, OutboxTable
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from idemctl.stores.base import Store
 
 log = logging.getLogger("idemctl.outbox")
@@ -109,16 +111,18 @@ def publish(
 
     results: dict[uuid.UUID, str | None] = {}
 
-    def reported(row_id: uuid.UUID) -> Callable[[Any, Any], None]:
+    def reported(row: OutboxRow) -> Callable[[Any, Any], None]:
         def done(err: Any, msg: Any) -> None:
-            results[row_id] = None if err is None else err.str()
+            results[row.id] = None if err is None else err.str()
+            if log.isEnabledFor(logging.DEBUG):
+                _log_delivery(row, err, msg)
 
         return done
 
     for row in rows:
         for _ in range(2):
             try:
-                producer.produce(topic_of(row), on_delivery=reported(row.id), **message(row))
+                producer.produce(topic_of(row), on_delivery=reported(row), **message(row))
                 break
             except BufferError:
                 producer.poll(1.0)  # the local queue is full: let deliveries drain it
@@ -133,6 +137,41 @@ def publish(
     for row in rows:
         results.setdefault(row.id, f"no acknowledgement within {timeout:g}s")
     return results
+
+
+def _log_delivery(row: OutboxRow, err: Any, msg: Any) -> None:
+    """A debug line for each event the broker answered for: where it went (topic,
+    partition, offset), or why it was not taken; keyed by its aggregate id, as on Kafka."""
+    fields = {"key": row.aggregateid, "event_id": str(row.id), "type": row.type}
+    if err is None and msg is not None:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        log.debug(
+            "published %s (%s %s) to %s[%d]@%d",
+            row.id,
+            row.aggregatetype,
+            row.type,
+            topic,
+            partition,
+            offset,
+            extra={
+                "idemctl": {
+                    **fields,
+                    "topic": topic,
+                    "partition": partition,
+                    "offset": offset,
+                    "outcome": "published",
+                }
+            },
+        )
+    elif err is not None:
+        log.debug(
+            "not delivered: %s (%s %s): %s",
+            row.id,
+            row.aggregatetype,
+            row.type,
+            err.str(),
+            extra={"idemctl": {**fields, "outcome": "failed"}},
+        )
 
 
 def publish_in_order(
@@ -207,29 +246,38 @@ class RelaySummary:
     """Why the last failed delivery failed."""
 
 
-def metrics_text(summary: RelaySummary) -> str:
-    """The relay's counters for ``--metrics-port``."""
-    lines = [
-        *family(
-            "idemctl_outbox_events_total",
-            "counter",
+def register_metrics(relay: Relay, registry: CollectorRegistry) -> Ready:
+    """The relay's counters for ``--metrics-port``, read from its summary at each scrape
+    (``idemctl_outbox_events_total{outcome}``, ``idemctl_outbox_batches_total``,
+    ``idemctl_outbox_store_unavailable_total``, ``idemctl_build_info``); ready while the
+    database answers."""
+    build_info(registry, relay.table.store)
+    registry.register(_RelayCounts(relay))
+    return lambda: store_answers(relay.table.store)
+
+
+class _RelayCounts:
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        s = self.relay.summary
+        events = CounterMetricFamily(
+            "idemctl_outbox_events",
             "Outbox rows the relay published, and deliveries that failed (retried later).",
-            {'outcome="published"': summary.published, 'outcome="failed"': summary.failed},
-        ),
-        *family(
-            "idemctl_outbox_batches_total",
-            "counter",
-            "Batches committed.",
-            {"": summary.batches},
-        ),
-        *family(
-            "idemctl_outbox_store_unavailable_total",
-            "counter",
+            labels=["outcome"],
+        )
+        events.add_metric(["published"], s.published)
+        events.add_metric(["failed"], s.failed)
+        yield events
+        yield CounterMetricFamily("idemctl_outbox_batches", "Batches committed.", value=s.batches)
+        yield CounterMetricFamily(
+            "idemctl_outbox_store_unavailable",
             "Rounds that found the database unreachable.",
-            {"": summary.store_unavailable},
-        ),
-    ]
-    return "\n".join(lines) + "\n"
+            value=s.store_unavailable,
+        )
 
 
 class Relay:
@@ -271,7 +319,11 @@ class Relay:
                 store_failures += 1
                 self.summary.store_unavailable += 1
                 self.summary.last_error = str(exc)
-                log.warning("store unavailable, will retry: %s", exc)
+                log.warning(
+                    "store unavailable, will retry: %s",
+                    exc,
+                    extra={"idemctl": {"outcome": "store_unavailable"}},
+                )
                 self._progress()
                 self._stop.wait(min(o.poll_interval * 2**store_failures, MAX_STORE_BACKOFF))
                 continue
@@ -331,6 +383,16 @@ class Relay:
                 o.topic_of(row),
                 row.attempts + 1,
                 error,
+                extra={
+                    "idemctl": {
+                        "key": row.aggregateid,
+                        "topic": o.topic_of(row),
+                        "outcome": "failed",
+                        "event_id": str(row.id),
+                        "attempt": row.attempts + 1,
+                        "failed_rows": len(failed),
+                    }
+                },
             )
         return len(rows)
 

@@ -39,6 +39,11 @@ class Heartbeat:
             if not self._thread.is_alive() and not self._wake.is_set():
                 self._thread.start()
 
+    @property
+    def holding(self) -> int:
+        """Keys whose leases it keeps alive now."""
+        return len(self._held)
+
     def done(self, keys: Iterable[str]) -> None:
         """Finished (completed, failed or released): their leases need no more extending."""
         with self._lock:

@@ -271,7 +271,12 @@ def invoke(
         try:
             store.release(key, owner, token)
         except StoreError as exc:
-            logger.warning("could not release %r after an interrupt: %s", key, exc)
+            logger.warning(
+                "could not release %r after an interrupt: %s",
+                key,
+                exc,
+                extra={"idemctl": {"key": key}},
+            )
         raise
     else:
         try:
@@ -343,7 +348,7 @@ def _execute(
         return failed
     if order is not None and not store.settle_many([settle_of(acquired, order)], retention)[0]:
         lost = out_of_order(acquired, order)
-        logger.warning("%s", lost)
+        logger.warning("%s", lost, extra={"idemctl": {"key": key, "outcome": "lease_lost"}})
         return RunResult(Outcome.LEASE_LOST, key, error=lost, **done)
     try:
         record = store.complete(key, owner, token, did.value, retention)
@@ -353,6 +358,6 @@ def _execute(
             "raise the lease or keep the heartbeat on)",
             lost.record,
         )
-        logger.warning("%s", discarded)
+        logger.warning("%s", discarded, extra={"idemctl": {"key": key, "outcome": "lease_lost"}})
         return RunResult(Outcome.LEASE_LOST, key, error=discarded, record=lost.record, **done)
     return RunResult(Outcome.EXECUTED, key, did.value, record, **done)

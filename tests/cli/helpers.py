@@ -39,6 +39,7 @@ _ENV: dict[str, str | None] = {
     "IDEMCTL_STORE": None,
     "IDEMCTL_CONFIG": None,
     "IDEMCTL_PROFILE": None,
+    "IDEMCTL_LOG_FORMAT": None,
     "COLUMNS": "250",
     "LINES": "50",
     "NO_COLOR": "1",

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -23,6 +21,7 @@ import pytest
 from idemctl import Acquired, Permanent, open_store
 from idemctl.consume import ConsumeOptions, Consumer, Event, adapt
 from idemctl.runner import Context
+from tests.scrape import probe, scrape
 from tests.servers import KafkaBroker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,11 +246,11 @@ def test_cli_consume_runs_a_handler_module_and_sigterm_drains(
                 proc.stderr.read() if proc.poll() is not None else "no progress"
             )  # type: ignore[union-attr]
             time.sleep(0.1)
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
-            metrics = r.read().decode()
-        executed = re.search(r'^idemctl_messages_total\{outcome="executed"\} (\d+)$', metrics, re.M)
-        assert executed is not None and int(executed.group(1)) >= 2, metrics
-        assert "# TYPE idemctl_paused_partitions gauge" in metrics
+        samples, types = scrape(metrics_port)
+        assert samples[("idemctl_messages_total", (("outcome", "executed"),))] >= 2
+        assert types["idemctl_paused_partitions"] == "gauge"
+        assert probe(metrics_port, "/healthz")[0] == 200
+        assert probe(metrics_port, "/readyz") == (200, "ready\n")
         proc.send_signal(signal.SIGTERM)  # mid-handler
         out, err = proc.communicate(timeout=60)
     finally:

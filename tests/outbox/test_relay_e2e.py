@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -31,6 +29,7 @@ from idemctl import open_store
 from idemctl.outbox.table import TAKE_MARK
 from tests.backends import unique_schema
 from tests.consume.test_consume import produce
+from tests.scrape import dashboard_metrics, probe, scrape
 from tests.servers import KafkaBroker, PostgresServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -579,15 +578,14 @@ def test_sigterm_finishes_the_batch_in_hand_and_marks_only_what_is_on_the_topic(
         "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
     )  # fmt: skip
     wait_for("the relay published some rows", lambda: len(world.published()) > 0, 30, 0.01)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        metrics = response.read().decode()
-    counted = re.search(
-        r'^idemctl_outbox_events_total\{outcome="published"\} (\d+)$', metrics, re.M
-    )
-    assert counted is not None, metrics
-    assert 0 < int(counted.group(1)) <= len(world.published())  # counted once committed
-    assert int(counted.group(1)) % 100 == 0
-    assert "# TYPE idemctl_outbox_batches_total counter" in metrics
+    samples, types = scrape(port)
+    counted = samples[("idemctl_outbox_events_total", (("outcome", "published"),))]
+    assert 0 < counted <= len(world.published())  # counted once committed
+    assert counted % 100 == 0
+    assert types["idemctl_outbox_batches"] == "counter"
+    assert probe(port, "/readyz") == (200, "ready\n")
+    exposed = {name for name, _ in samples}
+    assert {m for m in dashboard_metrics() if m.startswith("idemctl_outbox_")} <= exposed
     relay.popen.send_signal(signal.SIGTERM)
     started = time.monotonic()
     try:

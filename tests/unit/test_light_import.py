@@ -1,4 +1,5 @@
-"""``import idemctl`` stays light: no store driver, Kafka client or CLI framework loads."""
+"""``import idemctl`` stays light: no store driver, Kafka client, CLI framework, metrics or
+tracing library loads."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ HEAVY = [
     "confluent_kafka",
     "typer",
     "rich",
+    "prometheus_client",
+    "opentelemetry",
 ]
 
 
