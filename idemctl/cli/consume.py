@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -31,6 +32,14 @@ from idemctl.cli.common import (
 )
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
+
+
+class TraceKeys(StrEnum):
+    """``--trace-keys``: the idempotency key on spans."""
+
+    HASH = "hash"
+    RAW = "raw"
+    NONE = "none"
 
 
 @command()
@@ -95,6 +104,14 @@ def consume(
         str,
         typer.Option("--gap-timeout", metavar="DURATION", help="How long --contiguous waits"),
     ] = "30s",
+    trace_keys: Annotated[
+        TraceKeys,
+        typer.Option(
+            "--trace-keys",
+            help="With OpenTelemetry (idemctl[otel] and a tracer provider): the idempotency "
+            "key on spans as its SHA-256's first 16 hex digits, as it is, or not at all",
+        ),
+    ] = TraceKeys.HASH,
     dlq_breaker: Annotated[
         int,
         typer.Option(
@@ -239,6 +256,7 @@ def consume(
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
         join_timeout=duration(join_timeout, "--join-timeout"),
         dlq_breaker=dlq_breaker,
+        trace_keys=trace_keys.value,
         dlq_oversize=dlq_oversize,
         dlq_timeout=duration(dlq_timeout, "--dlq-timeout"),
         kafka_config=kafka,

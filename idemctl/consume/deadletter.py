@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from idemctl import tracing
 from idemctl.consume.options import ConsumeOptions
 from idemctl.errors import ConfigError
 
@@ -68,13 +69,17 @@ class DeadLetters:
     def topic(self, msg: Any) -> str:
         return self.options.dlq_topic or f"{msg.topic()}.dlq"
 
-    def send(self, msg: Any, reason: str, detail: str, exc: BaseException | None) -> str | None:
+    def send(
+        self, msg: Any, reason: str, detail: str, exc: BaseException | None, span: Any = None
+    ) -> str | None:
         """Write ``msg`` to its dead-letter topic and wait for the broker: None once it is
         acknowledged, else why it is not (one line). A record refused as too large is
-        written again with its payload cut under ``--dlq-oversize truncate``."""
+        written again with its payload cut under ``--dlq-oversize truncate``. With a
+        tracing ``span``, its trace context replaces the message's ``traceparent``."""
         topic = self.topic(msg)
+        original = msg.headers() or ()
         headers = [
-            *(msg.headers() or ()),
+            *(original if span is None else tracing.inject(span, original)),
             ("kafka_dlt-original-topic", msg.topic().encode()),
             ("kafka_dlt-original-partition", msg.partition().to_bytes(4, "big", signed=True)),
             ("kafka_dlt-original-offset", msg.offset().to_bytes(8, "big", signed=True)),

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from idemctl.consume.deadletter import DeadLetters, kafka_text
 from idemctl.consume.event import Event
 from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.traced import Tracing, now_ns
 from idemctl.consume.watch import Watch, kafka_log, log
 from idemctl.errors import (
     AttemptsExhausted,
@@ -72,6 +73,12 @@ class _Item:
     blocked: bool = False
     order: Order | None = None
     """With --order-key: the entity and sequence the guard orders this event by."""
+    outcome: str | None = None
+    """What it came to, once done (the summary's count it went to)."""
+    claim_ns: tuple[int, int] | None = None
+    span: Any = None
+    """With tracing: its claim's time, and its process span while it is open."""
+    ran_ns: int = 0
 
 
 _Stop = tuple[_Item, Hold] | None
@@ -132,6 +139,7 @@ class Consumer(Watch):
             logger=log,
         )
         self._handler_timed: Callable[[float], None] | None = None
+        self._trace = Tracing.start(store.url, options.trace_keys)
 
     def timed(self, handler: Callable[[float], None], store: Callable[[str, float], None]) -> None:
         """Tell ``handler`` each handler run's seconds, and ``store`` each claim and
@@ -406,6 +414,9 @@ class Consumer(Watch):
                 taken += 1
                 try:
                     claimed.update((r.key, r) for r in ask.take())
+                    if self._trace is not None:
+                        for item in chunk:
+                            item.claim_ns = ask.sent
                 except StoreUnavailable as exc:
                     log.warning(
                         "store unavailable, holding every partition: %s",
@@ -464,7 +475,8 @@ class Consumer(Watch):
         failed = []
         for result in completed:
             if result.outcome is EXECUTED:
-                keyed[result.key].done = True
+                item = keyed[result.key]
+                item.done, item.outcome = True, EXECUTED.value
             else:
                 failed.append(result)
         self._count(EXECUTED.value, len(completed) - len(failed))
@@ -474,9 +486,33 @@ class Consumer(Watch):
                 wait = self._act(item, result)
                 if wait is not None:
                     block(item, wait)
+        if self._trace is not None:
+            for result in completed:
+                item = keyed[result.key]
+                if item.span is not None:
+                    self._trace.completed(item.span, item.ran_ns, result)
+                    self._trace.end(item.span, item.outcome or result.outcome.value)
+                    item.span = None
 
     def _settle(self, item: _Item, claimed: RunResult | None) -> Hold | None:
-        """Run a held key's handler; then what its result comes to."""
+        """Run a held key's handler; then what its result comes to. With tracing, inside
+        the message's process span, which ends here unless a completion is on its way."""
+        trace = self._trace
+        if trace is None:
+            return self._settled(item, claimed)
+        item.span = trace.begin(item.msg, item.key, claimed, item.claim_ns)
+        try:
+            wait = self._settled(item, claimed)
+        except BaseException as exc:
+            item.span.record_exception(exc)
+            trace.end(item.span, None)
+            raise
+        if item.done or wait is not None:
+            trace.end(item.span, item.outcome if wait is None else wait[1])
+            item.span = None
+        return wait
+
+    def _settled(self, item: _Item, claimed: RunResult | None) -> Hold | None:
         if claimed is None:
             return self._unusable(item)
         if claimed.outcome is not HELD:
@@ -497,7 +533,13 @@ class Consumer(Watch):
             finally:
                 timed(time.perf_counter() - started)
 
-        ran = self._work.run(claimed.key, call)
+        if self._trace is None:
+            ran = self._work.run(claimed.key, call)
+        else:
+            with self._trace.run(item.span) as span:
+                ran = self._work.run(claimed.key, call)
+                self._trace.ran(span, ran)
+            item.ran_ns = now_ns()
         return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
 
     def _gap(self, item: _Item, claimed: RunResult) -> Hold | None:
@@ -547,7 +589,7 @@ class Consumer(Watch):
         backoff = self.options.backoff
 
         def finished(item: _Item, result: RunResult) -> None:
-            item.done = True
+            item.done, item.outcome = True, result.outcome.value
             self._count(result.outcome.value)
 
         def on_its_way(item: _Item, result: RunResult) -> None:
@@ -594,7 +636,7 @@ class Consumer(Watch):
                 if wait is None:
                     self._count("stale")
                 return wait
-            item.done = True
+            item.done, item.outcome = True, "stale"
             self._count("stale")
             log.info(
                 "stale %s[%d]@%d: %s: skipped",
@@ -647,7 +689,7 @@ class Consumer(Watch):
         reason, detail = item.bad
         if self.options.on_missing_key != "skip":
             return self._dead_letter(item, reason, detail)
-        item.done = True
+        item.done, item.outcome = True, "skipped"
         self._count("skipped")
         m = item.msg
         log.warning(
@@ -690,7 +732,11 @@ class Consumer(Watch):
             return None  # left unfinished: the consumer stops before storing its offset
         assert self._dlq is not None
         m, tp = item.msg, item.tp
-        refused = self._dlq.send(m, reason, detail, exc)
+        if self._trace is None or item.span is None:
+            refused = self._dlq.send(m, reason, detail, exc)
+        else:  # the dead letter carries the trace on
+            with self._trace.dead_letter(item.span, reason, self._dlq.topic(m)) as span:
+                refused = self._dlq.send(m, reason, detail, exc, span)
         if refused is not None:
             n = self._refusals[tp] = self._refusals.get(tp, 0) + 1
             wait = min(self.options.backoff * 2 ** (n - 1), MAX_BACKOFF)
@@ -707,7 +753,7 @@ class Consumer(Watch):
             )
             return wait, "dead_letter_refused"
         self._refusals.pop(tp, None)
-        item.done = True
+        item.done, item.outcome = True, "dead_lettered"
         self._count("dead_lettered")
         with self._counting:
             self.summary.dead_letters[reason] += 1

@@ -67,6 +67,9 @@ class ConsumeOptions:
     """Hold an event whose predecessor (sequence - 1) is not applied yet, up to
     ``gap_timeout`` seconds, then apply it and count a gap."""
     gap_timeout: float = 30.0
+    trace_keys: str = "hash"
+    """With tracing (the ``otel`` extra): ``idemctl.key`` on the spans as its SHA-256's
+    first 16 hex digits (hash), as it is (raw), or not at all (none)."""
     dlq_breaker: int = 20
     """Stop (ConsumeStopped) when this many messages in a row are dead-lettered for the same
     reason: a storm says the consumer is misconfigured, not that the messages are bad.
@@ -99,6 +102,8 @@ class ConsumeOptions:
             raise ConfigError("--contiguous needs --order-key and --sequence")
         if self.on_stale not in ("skip", "dlq"):
             raise ConfigError(f"--on-stale {self.on_stale!r}: use skip or dlq")
+        if self.trace_keys not in ("hash", "raw", "none"):
+            raise ConfigError(f"--trace-keys {self.trace_keys!r}: use hash, raw or none")
         if self.gap_timeout < 0:
             raise ConfigError("--gap-timeout cannot be negative")
 

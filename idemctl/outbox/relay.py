@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from idemctl import tracing
 from idemctl.errors import ConfigError, StoreUnavailable
 from idemctl.metrics import Ready, build_info, store_answers
 from idemctl.model import canonical_json
@@ -110,19 +111,29 @@ def publish(
     from confluent_kafka import KafkaException
 
     results: dict[uuid.UUID, str | None] = {}
+    tracer = tracing.tracer()
+    spans: dict[uuid.UUID, Any] = {}
 
     def reported(row: OutboxRow) -> Callable[[Any, Any], None]:
         def done(err: Any, msg: Any) -> None:
             results[row.id] = None if err is None else err.str()
             if log.isEnabledFor(logging.DEBUG):
                 _log_delivery(row, err, msg)
+            span = spans.pop(row.id, None)
+            if span is not None:
+                span.set_attribute("idemctl.outcome", "published" if err is None else "failed")
+                span.end()
 
         return done
 
     for row in rows:
+        topic, kafka_message = topic_of(row), message(row)
+        if tracer is not None:
+            spans[row.id] = span = _publish_span(tracer, row, topic, kafka_message["headers"])
+            kafka_message["headers"] = tracing.inject(span, kafka_message["headers"])
         for _ in range(2):
             try:
-                producer.produce(topic_of(row), on_delivery=reported(row), **message(row))
+                producer.produce(topic, on_delivery=reported(row), **kafka_message)
                 break
             except BufferError:
                 producer.poll(1.0)  # the local queue is full: let deliveries drain it
@@ -136,7 +147,30 @@ def publish(
         producer.flush(min(1.0, max(deadline - time.monotonic(), 0.0)))
     for row in rows:
         results.setdefault(row.id, f"no acknowledgement within {timeout:g}s")
+    for span in spans.values():  # never answered
+        span.set_attribute("idemctl.outcome", "failed")
+        span.end()
     return results
+
+
+def _publish_span(tracer: Any, row: OutboxRow, topic: str, headers: list[Any]) -> Any:
+    """A PRODUCER span for an event, continuing the trace the handler that wrote it was in
+    (the ``traceparent`` ``ctx.outbox.add`` put in its headers)."""
+    from opentelemetry.trace import SpanKind
+
+    return tracer.start_span(
+        "idemctl.publish",
+        context=tracing.extract(headers),
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "kafka",
+            "messaging.operation": "publish",
+            "messaging.destination.name": topic,
+            "idemctl.event_id": str(row.id),
+            "idemctl.aggregatetype": row.aggregatetype,
+            "idemctl.type": row.type,
+        },
+    )
 
 
 def _log_delivery(row: OutboxRow, err: Any, msg: Any) -> None:

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from idemctl import tracing
 from idemctl.errors import InvalidPayload, OutboxError
 from idemctl.model import JSON, canonical_json
 
@@ -62,6 +63,8 @@ class Outbox:
             if not str(value):
                 raise OutboxError(f"outbox {name} must not be empty")
         extra = dict(headers or {})
+        for name, value in tracing.current_traceparent().items():  # the trace goes on
+            extra.setdefault(name, value)
         for name, value in extra.items():
             if not isinstance(name, str) or not isinstance(value, str):
                 raise OutboxError(f"outbox headers map text to text, not {name!r}: {value!r}")

@@ -106,10 +106,11 @@ class Batch:
     def _ask(self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None]) -> _Asked:
         """The round trips of a claim, which touch nothing of the round: any thread."""
         if self.transactional:
-            return {r.key: RunResult(Outcome.HELD, r.key) for r in requests}, {}
+            return {r.key: RunResult(Outcome.HELD, r.key) for r in requests}, {}, None
         by_key = {r.key: o for r, o in zip(requests, orders, strict=False) if o is not None}
-        timed, started = self.timed, time.perf_counter()
+        timed, started, sent = self.timed, time.perf_counter(), time.time_ns()
         outcomes = self.store.claim_many(requests, self._lease)
+        answered = time.time_ns()
         if timed is not None:
             timed("claim", time.perf_counter() - started)
         results: dict[str, RunResult] = {}
@@ -129,13 +130,13 @@ class Batch:
         if guards:
             self._guard(guards, results, held)
         self._heartbeat.hold(held.values(), [g for g in guards if g.key in held])
-        return results, held
+        return results, held, (sent, answered)
 
     def _accept(
         self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None], asked: _Asked
     ) -> list[RunResult]:
         """Add what a claim holds to the round."""
-        results, held = asked
+        results, held, _ = asked
         self._held.update(held)
         self._orders.update(
             (r.key, order) for r, order in zip(requests, orders, strict=False) if order is not None
@@ -256,8 +257,9 @@ class Batch:
         self.close()
 
 
-_Asked = tuple[dict[str, RunResult], dict[str, Acquired]]
-"""A claim's answers by key, and the keys it holds."""
+_Asked = tuple[dict[str, RunResult], dict[str, Acquired], tuple[int, int] | None]
+"""A claim's answers by key, the keys it holds, and when it was sent and answered (ns
+since the epoch; None where nothing was sent)."""
 
 
 class Ahead:
@@ -271,14 +273,18 @@ class Ahead:
         future: Future[_Asked] | None,
     ) -> None:
         self._batch, self.requests, self._orders, self._future = batch, requests, orders, future
+        self.sent: tuple[int, int] | None = None
+        """Once taken: when the claim was sent and answered, in ns since the epoch."""
 
     def take(self) -> list[RunResult]:
         """Wait for the answers and add what they hold to the round, as ``Batch.claim``
         does (StoreUnavailable: nothing of this chunk was claimed)."""
         b = self._batch
-        if self._future is None:
-            return b.claim(self.requests, self._orders)
-        return b._accept(self.requests, self._orders, self._future.result())
+        asked = (
+            b._ask(self.requests, self._orders) if self._future is None else self._future.result()
+        )
+        self.sent = asked[2]
+        return b._accept(self.requests, self._orders, asked)
 
     def drop(self) -> None:
         """Not wanted now: not claimed if it was not sent yet, else given back."""

@@ -34,13 +34,14 @@ def names() -> tuple[str, str]:
 
 def produce(broker: KafkaBroker, topic: str, messages: list[dict[str, Any]]) -> None:
     """Each message: value (JSON-able or bytes), idem (the idempotency-key header or None),
-    kkey (the Kafka key, which picks the partition)."""
+    kkey (the Kafka key, which picks the partition), headers (more of them)."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
     for m in messages:
         value = m["value"] if isinstance(m["value"], bytes) else json.dumps(m["value"]).encode()
         headers = [] if m.get("idem") is None else [("idempotency-key", m["idem"].encode())]
+        headers += m.get("headers", [])
         producer.produce(topic, value=value, key=m.get("kkey"), headers=headers)
     assert producer.flush(30) == 0
 
