@@ -7,31 +7,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from idemctl.tracing import key_attribute
-from tests.consume.test_consume import REPO, produce, read_all
+from tests.consume.test_consume import produce, read_all
 from tests.servers import KafkaBroker
+from tests.traces import spans_of
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PRODUCER_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-{TRACE}-{PRODUCER_SPAN}-01"
 
 CONSUMER = r"""
-import json, sys
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-exporter = InMemorySpanExporter()
-provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(exporter))
-trace.set_tracer_provider(provider)
-
 from idemctl import Permanent, open_store
 from idemctl.consume import ConsumeOptions, Consumer, adapt
 
@@ -47,32 +35,12 @@ options = ConsumeOptions(brokers, [topic], group, kafka_config=json.loads(kafka)
                          exit_when_idle=2.0, backoff=0.2)
 with open_store(url) as store:
     Consumer(store, adapt(charge), options).run()
-
-def hexid(n, width):
-    return format(n, f"0{width}x")
-
-print(json.dumps([{
-    "name": s.name,
-    "trace": hexid(s.context.trace_id, 32),
-    "id": hexid(s.context.span_id, 16),
-    "parent": hexid(s.parent.span_id, 16) if s.parent else None,
-    "kind": s.kind.name,
-    "status": s.status.status_code.name,
-    "attributes": dict(s.attributes),
-} for s in exporter.get_finished_spans()]))
 """
 
 
 def run_traced(broker: KafkaBroker, topic: str, group: str, url: str) -> list[dict[str, Any]]:
     kafka = {k: str(v) for k, v in broker.client_config().items() if k != "bootstrap.servers"}
-    done = subprocess.run(
-        [sys.executable, "-c", CONSUMER, broker.bootstrap, topic, group, url, json.dumps(kafka)],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    spans: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
-    return spans
+    return spans_of(CONSUMER, broker.bootstrap, topic, group, url, json.dumps(kafka))
 
 
 def test_spans_go_from_the_producer_through_claim_run_and_complete_to_the_dead_letter(

@@ -31,6 +31,7 @@ from tests.backends import unique_schema
 from tests.consume.test_consume import produce, read_all
 from tests.scrape import dashboard_metrics, probe, scrape
 from tests.servers import KafkaBroker, PostgresServer, free_port
+from tests.traces import spans_of
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
@@ -728,17 +729,6 @@ def test_relays_killed_again_and_again_lose_no_event(world: World) -> None:
 
 
 TRACED_RELAY = r"""
-import json, sys
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-exporter = InMemorySpanExporter()
-provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(exporter))
-trace.set_tracer_provider(provider)
-
 from idemctl import open_store
 from idemctl.outbox.relay import Relay, RelayOptions
 from idemctl.outbox.writer import add
@@ -751,26 +741,14 @@ with open_store(url) as store:
     options = RelayOptions(brokers, topic_template=template, exit_when_idle=1.0,
                            poll_interval=0.1)
     Relay(store, options).run()
-print(json.dumps([{
-    "name": s.name, "trace": format(s.context.trace_id, "032x"),
-    "id": format(s.context.span_id, "016x"),
-    "parent": format(s.parent.span_id, "016x") if s.parent else None,
-    "kind": s.kind.name, "attributes": dict(s.attributes),
-} for s in exporter.get_finished_spans()]))
 """
 
 
 def test_an_event_written_in_a_trace_is_published_in_it(world: World) -> None:
     """``ctx.outbox.add`` under a span stores its traceparent with the event; the relay's
     ``idemctl.publish`` span continues that trace and the Kafka message carries it on."""
-    done = subprocess.run(
-        [sys.executable, "-c", TRACED_RELAY, world.url, world.broker.bootstrap, world.template,
-         world.schema],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    spans = {s["name"]: s for s in json.loads(done.stdout.strip().splitlines()[-1])}
+    found = spans_of(TRACED_RELAY, world.url, world.broker.bootstrap, world.template, world.schema)
+    spans = {s["name"]: s for s in found}
     handler, publish = spans["handler"], spans["idemctl.publish"]
     assert (publish["trace"], publish["parent"]) == (handler["trace"], handler["id"])
     assert publish["kind"] == "PRODUCER"
