@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import platform
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -44,6 +44,34 @@ def build_info(registry: CollectorRegistry, store: Store) -> None:
             "store": store.url.partition(":")[0],
         }
     )
+
+
+class Scraped:
+    """A collector whose metric families are made from a run's state at each scrape."""
+
+    def __init__(self, families: Callable[[], Iterable[Any]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Any]:
+        return self._families()
+
+
+def counter(name: str, text: str, value: float | Mapping[str, float], label: str = "") -> Any:
+    """A counter family (``name``_total): one value, or one a value of ``label``."""
+    from prometheus_client.core import CounterMetricFamily
+
+    if not isinstance(value, Mapping):
+        return CounterMetricFamily(name, text, value=value)
+    family = CounterMetricFamily(name, text, labels=[label])
+    for labelled, n in value.items():
+        family.add_metric([labelled], n)
+    return family
+
+
+def gauge(name: str, text: str, value: float) -> Any:
+    from prometheus_client.core import GaugeMetricFamily
+
+    return GaugeMetricFamily(name, text, value=value)
 
 
 def store_answers(store: Store) -> str | None:
@@ -94,18 +122,18 @@ def serve(registry: CollectorRegistry, ready: Ready, host: str, port: int) -> Th
 
 
 @contextmanager
-def serving(register: Register, host: str, port: int | None) -> Iterator[Any]:
+def serving(register: Register, host: str, port: int | None) -> Iterator[None]:
     """``serve`` for the block, with what ``register`` puts in a registry of its own, when a
     port is given; nothing otherwise."""
     if port is None:
-        yield None
+        yield
         return
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=True)
     server = serve(registry, register(registry), host, port)
     try:
-        yield registry
+        yield
     finally:
         server.shutdown()
         server.server_close()

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 KEY_FORMS = ("hash", "raw", "none")
@@ -101,12 +100,3 @@ def current_traceparent() -> dict[str, str]:
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     return carrier
-
-
-@contextmanager
-def current(span: Any) -> Iterator[None]:
-    """``span`` as the current span for the block (the handler's own spans nest under it)."""
-    from opentelemetry import trace
-
-    with trace.use_span(span, end_on_exit=False):
-        yield

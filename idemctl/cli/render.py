@@ -666,8 +666,6 @@ class LiveStatus:
             )
 
 
-LOG_FORMATS = ("auto", "json", "logfmt", "text")
-"""``--log-format``: auto is text on a terminal and logfmt elsewhere."""
 CLI_LOGGER = "idemctl.cli"
 """The ``logger`` of the lines the CLI writes itself (progress, steps, the store it uses)."""
 CORE_FIELDS = ("ts", "level", "logger", "msg")
@@ -705,13 +703,8 @@ def print_line(console: Any, line: str) -> None:
     console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
-def logfmt(level: str, msg: str, **fields: Any) -> str:
-    """One logfmt line: ``ts=... level=... msg="..." key=value ...``, quoted where needed."""
-    ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return _logfmt_line(ts, level, msg, fields)
-
-
 def _logfmt_line(ts: str, level: str, msg: str, fields: Mapping[str, Any]) -> str:
+    """One logfmt line: ``ts=... level=... msg="..." key=value ...``, quoted where needed."""
     pairs = {"ts": ts, "level": level, "msg": msg, **fields}
     return " ".join(f"{k.replace(' ', '_')}={_logfmt_value(v)}" for k, v in pairs.items())
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from idemctl.consume.deadletter import DeadLetters, kafka_text
 from idemctl.consume.event import Event
 from idemctl.consume.options import ConsumeOptions, Summary
-from idemctl.consume.traced import Tracing, now_ns
+from idemctl.consume.traced import Tracing
 from idemctl.consume.watch import Watch, kafka_log, log
 from idemctl.errors import (
     AttemptsExhausted,
@@ -539,7 +539,7 @@ class Consumer(Watch):
             with self._trace.run(item.span) as span:
                 ran = self._work.run(claimed.key, call)
                 self._trace.ran(span, ran)
-            item.ran_ns = now_ns()
+            item.ran_ns = time.time_ns()
         return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
 
     def _gap(self, item: _Item, claimed: RunResult) -> Hold | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from idemctl.metrics import SECONDS, Ready, build_info, store_answers
+from idemctl.metrics import SECONDS, Ready, Scraped, build_info, counter, gauge, store_answers
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -47,7 +47,7 @@ def register(consumer: Consumer, registry: CollectorRegistry) -> Ready:
     from prometheus_client import Histogram
 
     build_info(registry, consumer.store)
-    registry.register(_Counts(consumer))
+    registry.register(Scraped(lambda: _families(consumer)))
     handler = Histogram(
         "idemctl_handler_duration_seconds",
         "Seconds each handler run took.",
@@ -73,39 +73,32 @@ def register(consumer: Consumer, registry: CollectorRegistry) -> Ready:
     return ready
 
 
-class _Counts:
-    """The summary's counts and gauges, read at each scrape."""
-
-    def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        s = self.consumer.summary
-        messages = CounterMetricFamily(
-            "idemctl_messages", "Messages by what became of them.", labels=["outcome"]
-        )
-        for outcome in OUTCOMES:
-            messages.add_metric([outcome], s.counts[outcome])
-        yield messages
-        dead = CounterMetricFamily(
-            "idemctl_dead_letters", "Dead letters by reason.", labels=["reason"]
-        )
-        for reason, n in sorted(s.dead_letters.items()):
-            dead.add_metric([reason], n)
-        yield dead
-        yield CounterMetricFamily(
-            "idemctl_stale_events",
-            "Events the sequence guard found stale (not run: a later one was applied).",
-            value=s.counts["stale"],
-        )
-        gauges = (
-            ("idemctl_in_flight_leases", "Keys this consumer holds now.", self.consumer.in_flight),
-            ("idemctl_assigned_partitions", "Partitions assigned now.", s.partitions),
-            ("idemctl_paused_partitions", "Partitions held now (busy, retries).", s.paused),
-            ("idemctl_lag_messages", "Messages behind the partitions' ends.", s.lag),
-        )
-        for name, text, value in gauges:
-            if value is not None:
-                yield GaugeMetricFamily(name, text, value=value)
+def _families(consumer: Consumer) -> Iterator[Any]:
+    """The summary's counts and gauges, as they are at this scrape."""
+    s = consumer.summary
+    yield counter(
+        "idemctl_messages",
+        "Messages by what became of them.",
+        {outcome: s.counts[outcome] for outcome in OUTCOMES},
+        "outcome",
+    )
+    yield counter(
+        "idemctl_dead_letters",
+        "Dead letters by reason.",
+        dict(sorted(s.dead_letters.items())),
+        "reason",
+    )
+    yield counter(
+        "idemctl_stale_events",
+        "Events the sequence guard found stale (not run: a later one was applied).",
+        s.counts["stale"],
+    )
+    gauges = (
+        ("idemctl_in_flight_leases", "Keys this consumer holds now.", consumer.in_flight),
+        ("idemctl_assigned_partitions", "Partitions assigned now.", s.partitions),
+        ("idemctl_paused_partitions", "Partitions held now (busy, retries).", s.paused),
+        ("idemctl_lag_messages", "Messages behind the partitions' ends.", s.lag),
+    )
+    for name, text, value in gauges:
+        if value is not None:
+            yield gauge(name, text, value)

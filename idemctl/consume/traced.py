@@ -6,7 +6,6 @@ otherwise."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -123,7 +122,3 @@ class Tracing:
         if result.attempt is not None:
             attributes["idemctl.attempt"] = result.attempt
         return attributes
-
-
-def now_ns() -> int:
-    return time.time_ns()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl import tracing
 from idemctl.errors import ConfigError, StoreUnavailable
-from idemctl.metrics import Ready, build_info, store_answers
+from idemctl.metrics import Ready, Scraped, build_info, counter, store_answers
 from idemctl.model import canonical_json
 from idemctl.outbox.table import OutboxRow, OutboxTable
 
@@ -286,32 +286,24 @@ def register_metrics(relay: Relay, registry: CollectorRegistry) -> Ready:
     ``idemctl_outbox_store_unavailable_total``, ``idemctl_build_info``); ready while the
     database answers."""
     build_info(registry, relay.table.store)
-    registry.register(_RelayCounts(relay))
+    registry.register(Scraped(lambda: _families(relay)))
     return lambda: store_answers(relay.table.store)
 
 
-class _RelayCounts:
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily
-
-        s = self.relay.summary
-        events = CounterMetricFamily(
-            "idemctl_outbox_events",
-            "Outbox rows the relay published, and deliveries that failed (retried later).",
-            labels=["outcome"],
-        )
-        events.add_metric(["published"], s.published)
-        events.add_metric(["failed"], s.failed)
-        yield events
-        yield CounterMetricFamily("idemctl_outbox_batches", "Batches committed.", value=s.batches)
-        yield CounterMetricFamily(
-            "idemctl_outbox_store_unavailable",
-            "Rounds that found the database unreachable.",
-            value=s.store_unavailable,
-        )
+def _families(relay: Relay) -> Iterator[Any]:
+    s = relay.summary
+    yield counter(
+        "idemctl_outbox_events",
+        "Outbox rows the relay published, and deliveries that failed (retried later).",
+        {"published": s.published, "failed": s.failed},
+        "outcome",
+    )
+    yield counter("idemctl_outbox_batches", "Batches committed.", s.batches)
+    yield counter(
+        "idemctl_outbox_store_unavailable",
+        "Rounds that found the database unreachable.",
+        s.store_unavailable,
+    )
 
 
 class Relay:

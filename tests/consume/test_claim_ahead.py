@@ -34,6 +34,15 @@ def sizes_of_claims(store: Any) -> list[int]:
     return sizes
 
 
+def keyed_topic(broker: KafkaBroker, n: int) -> tuple[str, str]:
+    """A new topic of 2 partitions holding keys k-0 .. k-(n-1), and a group for it."""
+    topic, group = names()
+    broker.create_topic(topic, partitions=2)
+    produce(broker, topic, [{"value": {"n": i}, "idem": f"k-{i}", "kkey": str(i).encode()}
+                            for i in range(n)])  # fmt: skip
+    return topic, group
+
+
 def test_chunks_keep_each_partition_in_order_and_run_each_key_once(
     kafka_broker: KafkaBroker, store_url: str
 ) -> None:
@@ -67,10 +76,7 @@ def test_chunks_keep_each_partition_in_order_and_run_each_key_once(
 def test_sigterm_mid_round_gives_back_the_claims_sent_ahead(
     kafka_broker: KafkaBroker, store_url: str
 ) -> None:
-    topic, group = names()
-    kafka_broker.create_topic(topic, partitions=2)
-    produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"k-{i}", "kkey": str(i).encode()}
-                                  for i in range(200)])  # fmt: skip
+    topic, group = keyed_topic(kafka_broker, 200)
     ran: list[str] = []
     consumer: Consumer | None = None
 
@@ -100,10 +106,7 @@ def test_sigterm_mid_round_gives_back_the_claims_sent_ahead(
 def test_a_store_that_fails_on_a_later_chunk_holds_the_partitions_from_there(
     kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
-    topic, group = names()
-    kafka_broker.create_topic(topic, partitions=2)
-    produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"k-{i}", "kkey": str(i).encode()}
-                                  for i in range(120)])  # fmt: skip
+    topic, group = keyed_topic(kafka_broker, 120)
     effects: Counter[str] = Counter()
     lock = threading.Lock()
 
