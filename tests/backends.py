@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from idemctl.aio import AsyncStore
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
 
@@ -21,6 +22,10 @@ class Backend:
     """Opens the same store from another process; empty for stores that live in one process."""
     open: Callable[[], Store]
     reset: Callable[[], None] = lambda: None
+    open_async: Callable[[], AsyncStore] | None = None
+    """The store on idemctl.aio; by default ``aio.wrap(open())``."""
+    api: str = "sync"
+    """Which API the contract suite drives it through: sync, or async (tests/contract/api.py)."""
 
 
 def _memory(request: pytest.FixtureRequest) -> Backend:
@@ -75,7 +80,14 @@ def _fakeredis(request: pytest.FixtureRequest) -> Backend:
             prefix=prefix,
         )
 
-    return Backend("fakeredis", "", open_fake)
+    def open_fake_async() -> AsyncStore:
+        from idemctl.aio.redis import AsyncRedisStore
+
+        sync = open_fake()
+        assert isinstance(sync, RedisStore)
+        return AsyncRedisStore(sync, fakeredis.FakeAsyncRedis(server=server, decode_responses=True))
+
+    return Backend("fakeredis", "", open_fake, open_async=open_fake_async)
 
 
 def unique_schema() -> str:

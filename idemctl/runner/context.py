@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idemctl.outbox.writer import NoOutbox, Outbox
 
 if TYPE_CHECKING:
+    from idemctl.aio.store import AsyncStore
     from idemctl.model import Order
     from idemctl.stores.base import Store
 
@@ -32,7 +34,8 @@ class Context:
     takeover: bool
     """A previous attempt on this key never finished and may have done part of the work."""
     owner: str
-    store: Store
+    store: Store | AsyncStore
+    """The store the attempt runs on: an ``AsyncStore`` under ``idemctl.aio``."""
     logger: logging.Logger
     connection: Any = None
     """In PostgreSQL transactional mode: the psycopg connection whose open transaction holds
@@ -72,3 +75,14 @@ def call_in_context(ctx: Context, handler: Callable[[Context], Any]) -> Any:
         return handler(ctx)
 
     return contextvars.copy_context().run(call)
+
+
+@contextmanager
+def entered(ctx: Context) -> Iterator[None]:
+    """``current_context()`` is ``ctx`` inside the block: for a coroutine, whose task has a
+    context of its own."""
+    token = _current.set(ctx)
+    try:
+        yield
+    finally:
+        _current.reset(token)

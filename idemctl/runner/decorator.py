@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from idemctl.errors import ConfigError, FingerprintMismatch, KeyBusy, PreviouslyFailed, StaleEvent
 from idemctl.model import Order, sequence_of
 from idemctl.model import fingerprint as fingerprint_of
-from idemctl.runner.outcome import Outcome
+from idemctl.runner.outcome import Outcome, RunResult
 from idemctl.runner.single import run
 from idemctl.stores import open_store
 
@@ -46,11 +46,10 @@ def idempotent(
     guard: a call whose sequence is not above the entity's last applied one does not run
     and raises StaleEvent. Sequences are whole numbers or ISO 8601 timestamps.
     """
-    if (order_key is None) != (sequence is None):
-        raise ConfigError("order_key and sequence go together: give both or neither")
+    check_order(order_key, sequence)
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
-        signature = inspect.signature(fn)
+        call = Calls(fn, key, fingerprint, order_key, sequence)
         opened: list[Store] = []
 
         def the_store() -> Store:
@@ -62,26 +61,7 @@ def idempotent(
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            arguments = bound.arguments
-            k = key.format(**arguments) if isinstance(key, str) else key(*args, **kwargs)
-            fp: str | None = None
-            if fingerprint is True:
-                fp = fingerprint_of(arguments)
-            elif callable(fingerprint):
-                fp = fingerprint_of(fingerprint(*args, **kwargs))
-            order = None
-            if order_key is not None and sequence is not None:
-                entity = (
-                    order_key.format(**arguments)
-                    if isinstance(order_key, str)
-                    else order_key(*args, **kwargs)
-                )
-                seq = (
-                    arguments[sequence] if isinstance(sequence, str) else sequence(*args, **kwargs)
-                )
-                order = Order(entity, sequence_of(seq))
+            k, fp, order = call.of(args, kwargs)
             result = run(
                 the_store(),
                 k,
@@ -92,34 +72,83 @@ def idempotent(
                 permanent=permanent,
                 order=order,
             )
-            match result.outcome:
-                case Outcome.EXECUTED | Outcome.REPLAYED:
-                    value: T = result.result
-                    return value
-                case Outcome.BUSY:
-                    raise KeyBusy(
-                        f"key {k!r} is being processed by another worker; retry later",
-                        result.record,
-                    )
-                case Outcome.MISMATCH:
-                    raise FingerprintMismatch(
-                        f"key {k!r} was used before with different arguments", result.record
-                    )
-                case Outcome.STALE:
-                    assert order is not None
-                    raise StaleEvent(
-                        f"entity {order.entity!r} applied sequence {result.last} already; "
-                        f"{k!r} (sequence {order.sequence}) did not run",
-                        result.record,
-                    )
-                case Outcome.FAILED:
-                    error = result.record.error if result.record else None
-                    raise PreviouslyFailed(
-                        f"key {k!r} failed permanently before: {error}", result.record
-                    )
-            assert result.error is not None
-            raise result.error
+            value: T = answer(result, order)
+            return value
 
         return wrapper
 
     return decorate
+
+
+def check_order(order_key: object, sequence: object) -> None:
+    if (order_key is None) != (sequence is None):
+        raise ConfigError("order_key and sequence go together: give both or neither")
+
+
+class Calls:
+    """What ``@idempotent`` makes of a call's arguments: its key, fingerprint and order."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        key: str | Callable[..., str],
+        fingerprint: bool | Callable[..., Any],
+        order_key: str | Callable[..., str] | None,
+        sequence: str | Callable[..., Any] | None,
+    ) -> None:
+        self.signature = inspect.signature(fn)
+        self.key, self.fingerprint = key, fingerprint
+        self.order_key, self.sequence = order_key, sequence
+
+    def of(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str, str | None, Order | None]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        key = self.key
+        k = key.format(**arguments) if isinstance(key, str) else key(*args, **kwargs)
+        fp: str | None = None
+        if self.fingerprint is True:
+            fp = fingerprint_of(arguments)
+        elif callable(self.fingerprint):
+            fp = fingerprint_of(self.fingerprint(*args, **kwargs))
+        order = None
+        order_key, sequence = self.order_key, self.sequence
+        if order_key is not None and sequence is not None:
+            entity = (
+                order_key.format(**arguments)
+                if isinstance(order_key, str)
+                else order_key(*args, **kwargs)
+            )
+            seq = arguments[sequence] if isinstance(sequence, str) else sequence(*args, **kwargs)
+            order = Order(entity, sequence_of(seq))
+        return k, fp, order
+
+
+def answer(result: RunResult, order: Order | None) -> Any:
+    """What the decorated function returns for ``result``, or the error it raises."""
+    k = result.key
+    match result.outcome:
+        case Outcome.EXECUTED | Outcome.REPLAYED:
+            return result.result
+        case Outcome.BUSY:
+            raise KeyBusy(
+                f"key {k!r} is being processed by another worker; retry later", result.record
+            )
+        case Outcome.MISMATCH:
+            raise FingerprintMismatch(
+                f"key {k!r} was used before with different arguments", result.record
+            )
+        case Outcome.STALE:
+            assert order is not None
+            raise StaleEvent(
+                f"entity {order.entity!r} applied sequence {result.last} already; "
+                f"{k!r} (sequence {order.sequence}) did not run",
+                result.record,
+            )
+        case Outcome.FAILED:
+            error = result.record.error if result.record else None
+            raise PreviouslyFailed(f"key {k!r} failed permanently before: {error}", result.record)
+    assert result.error is not None
+    raise result.error

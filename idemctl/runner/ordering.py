@@ -45,8 +45,31 @@ def not_run(
 ) -> list[RunResult]:
     """What keys whose guard said stale or busy come to. Stale keys are completed with a
     null result (in one round trip): the event is decided; busy keys are given back."""
+    stale = stale_completions(held)
+    done = store.complete_many(stale, retention) if stale else []
+    for a, _ in busy(held):
+        try:
+            store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
+        except IdemctlError as exc:  # its lease runs out by itself
+            logger.debug("release %s: %s", a.key, exc)
+    return not_run_results(held, done, logger)
+
+
+def stale_completions(held: Sequence[tuple[Acquired, GuardReply]]) -> list[Completion]:
+    """The completions, with a null result, of the keys whose guard said stale."""
+    return [_completion(a) for a, r in held if r.verdict is Verdict.STALE]
+
+
+def busy(held: Sequence[tuple[Acquired, GuardReply]]) -> list[tuple[Acquired, GuardReply]]:
+    """The keys whose guard said busy: they are given back, not run."""
+    return [(a, r) for a, r in held if r.verdict is Verdict.BUSY]
+
+
+def not_run_results(
+    held: Sequence[tuple[Acquired, GuardReply]], done: Sequence[bool], logger: logging.Logger
+) -> list[RunResult]:
+    """``not_run``'s results, ``done`` answering ``stale_completions(held)``."""
     stale = [(a, r) for a, r in held if r.verdict is Verdict.STALE]
-    done = store.complete_many([_completion(a) for a, _ in stale], retention) if stale else []
     results = {}
     for (a, reply), ok in zip(stale, done, strict=True):
         if not ok:  # the key was taken meanwhile: the entity says stale all the same
@@ -58,13 +81,8 @@ def not_run(
             fencing_token=a.fencing_token,
             last=reply.last,
         )
-    for a, reply in held:
-        if reply.verdict is Verdict.BUSY:
-            try:
-                store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
-            except IdemctlError as exc:  # its lease runs out by itself
-                logger.debug("release %s: %s", a.key, exc)
-            results[a.key] = RunResult(Outcome.BUSY, a.key, last=reply.last)
+    for a, reply in busy(held):
+        results[a.key] = RunResult(Outcome.BUSY, a.key, last=reply.last)
     return [results[a.key] for a, _ in held]
 
 

@@ -12,8 +12,9 @@ from typing import Any
 
 from idemctl.errors import StoreUnavailable
 from idemctl.model import Order
-from idemctl.runner import Context, Outcome, run
+from idemctl.runner import Context, Outcome
 from idemctl.stores.base import Store
+from tests.contract.api import run
 
 Event = tuple[str, int]
 """(entity, sequence): its key is ``entity#sequence``."""

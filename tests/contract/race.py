@@ -16,10 +16,10 @@ import pytest
 
 from idemctl.errors import StoreUnavailable
 from idemctl.model import fingerprint
-from idemctl.runner import Context, Outcome, run
-from idemctl.stores import open_store
+from idemctl.runner import Context, Outcome
 from idemctl.stores.base import Store
 from tests.backends import Backend
+from tests.contract.api import opened, run
 
 
 def work(store: Store, keys: list[Any], ledger: str, worker: int, barrier: Any) -> dict[str, Any]:
@@ -68,10 +68,17 @@ Work = Callable[[Store, list[Any], str, int, Any], dict[str, Any]]
 
 
 def process_main(
-    work: Work, url: str, items: list[Any], ledger: str, worker: int, barrier: Any, results: Any
+    work: Work,
+    url: str,
+    api: str,
+    items: list[Any],
+    ledger: str,
+    worker: int,
+    barrier: Any,
+    results: Any,
 ) -> None:
     try:
-        store = open_store(url)
+        store = opened(url, api)
         try:
             results.put((worker, work(store, items, ledger, worker, barrier)))
         finally:
@@ -93,7 +100,8 @@ def race(backend: Backend, work: Work, inputs: list[list[Any]], ledger: str) -> 
         out = ctx.Queue()
         procs = [
             ctx.Process(
-                target=process_main, args=(work, backend.url, inputs[w], ledger, w, barrier, out)
+                target=process_main,
+                args=(work, backend.url, backend.api, inputs[w], ledger, w, barrier, out),
             )
             for w in range(n)
         ]

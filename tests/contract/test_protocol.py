@@ -26,9 +26,10 @@ from idemctl import (
     Status,
     fingerprint,
 )
-from idemctl.runner import Outcome, run
+from idemctl.runner import Outcome
 from idemctl.stores.base import Store
 from tests.backends import Backend
+from tests.contract.api import run
 
 SHORT = 0.4  # a lease or retention that the test waits out
 WAIT = 0.7  # long enough for SHORT to pass on any store's clock

@@ -21,6 +21,8 @@ HEAVY = [
     "rich",
     "prometheus_client",
     "opentelemetry",
+    "faststream",
+    "aiokafka",
 ]
 
 
@@ -58,5 +60,19 @@ def test_opening_memory_and_sqlite_stores_loads_no_driver(tmp_path: Path) -> Non
         "import idemctl\n"
         "idemctl.open_store('memory://').claim('k')\n"
         f"idemctl.open_store('sqlite:///{tmp_path}/x.db').claim('k')\n"
+    )
+    assert loaded_after(code) == []
+
+
+def test_the_async_api_loads_no_driver_until_a_store_needs_one(tmp_path: Path) -> None:
+    code = (
+        "import asyncio\n"
+        "from idemctl import aio\n"
+        "async def main():\n"
+        "    async with aio.open_store('memory://') as store:\n"
+        "        await aio.run(store, 'k', lambda ctx: 1)\n"
+        f"    async with aio.open_store('sqlite:///{tmp_path}/x.db') as store:\n"
+        "        await aio.run(store, 'k', lambda ctx: 1)\n"
+        "asyncio.run(main())\n"
     )
     assert loaded_after(code) == []

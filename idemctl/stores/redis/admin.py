@@ -22,7 +22,10 @@ class RedisAdmin(RedisCore):
     """The operator's operations: a part of RedisStore."""
 
     def get(self, key: str) -> Record | None:
-        raw, now = self._read(self._rkey(key))
+        return self._live(key, *self._read(self._rkey(key)))
+
+    def _live(self, key: str, raw: str | bytes | None, now: datetime) -> Record | None:
+        """The record ``raw`` holds for ``key``, unless it is past retention at ``now``."""
         fields = fields_of(raw)
         if fields is None:
             return None

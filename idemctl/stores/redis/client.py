@@ -12,13 +12,18 @@ from typing import Any, Protocol
 from redis.retry import Retry
 
 
-class Pipeline(Protocol):
-    """Commands queued for one round trip; ``execute`` returns their replies in order."""
+class Queue(Protocol):
+    """Commands queued for one round trip, on a sync or an async pipeline."""
 
     def execute_command(self, *args: Any) -> object: ...
     def get(self, name: str, /) -> object: ...
     def time(self) -> object: ...
     def config_get(self, pattern: str, /) -> object: ...
+
+
+class Pipeline(Queue, Protocol):
+    """Commands queued for one round trip; ``execute`` returns their replies in order."""
+
     def execute(self, raise_on_error: bool = True) -> list[Any]: ...
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlunsplit
 
@@ -25,8 +26,18 @@ _CLIENT_DURATIONS = ("socket_timeout", "socket_connect_timeout", "health_check_i
 _CLIENT_TEXTS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "client_name")
 
 
-def connect(url: str, options: UrlOptions) -> PlainClient | RedisCluster:
-    """The client for ``url``. Reads the client's options from ``options`` and finishes
+@dataclass(frozen=True)
+class Target:
+    """What a store URL asks of the client: the server's URL without idemctl's options,
+    whether it is a cluster, and redis-py's client options (the async client's too)."""
+
+    url: str
+    cluster: bool
+    options: dict[str, Any]
+
+
+def target(url: str, options: UrlOptions) -> Target:
+    """The client ``url`` asks for. Reads the client's options from ``options`` and finishes
     them: the store's own must have been read before."""
     parts = options.parts
     cluster = parts.scheme == "redis+cluster"
@@ -40,16 +51,19 @@ def connect(url: str, options: UrlOptions) -> PlainClient | RedisCluster:
     options.finish()
     if not parts.hostname:
         raise ConfigError(f"Redis URL {redact_url(url)} names no host")
+    plain = urlunsplit(parts._replace(scheme="redis" if cluster else parts.scheme, query=""))
+    return Target(plain, cluster, client_options)
+
+
+def connect(url: str, to: Target) -> PlainClient | RedisCluster:
+    """The client for ``to`` (``url`` is what errors name, redacted)."""
     # A few quick retries ride out a reconnect; a dead server is reported in about a second,
     # a closed port or refused credentials at once.
     retry = _Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
-    plain = urlunsplit(parts._replace(scheme="redis" if cluster else parts.scheme, query=""))
     try:
-        if cluster:
-            return RedisCluster.from_url(
-                plain, decode_responses=True, retry=retry, **client_options
-            )
-        return redis.Redis.from_url(plain, decode_responses=True, retry=retry, **client_options)
+        if to.cluster:
+            return RedisCluster.from_url(to.url, decode_responses=True, retry=retry, **to.options)
+        return redis.Redis.from_url(to.url, decode_responses=True, retry=retry, **to.options)
     except (RedisClusterException, RedisError) as exc:
         raise translate(exc, redact_url(url)) from exc
 
@@ -67,12 +81,12 @@ class _Retry(Retry):
         with_failure_count: bool = False,
     ) -> T:
         def retryable(error: Exception) -> bool:
-            return not _final(error) and (is_retryable is None or is_retryable(error))
+            return not final(error) and (is_retryable is None or is_retryable(error))
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
-def _final(error: BaseException) -> bool:
+def final(error: BaseException) -> bool:
     """True for an error no retry can mend (see _Retry)."""
     if isinstance(error, AuthenticationError):
         return True

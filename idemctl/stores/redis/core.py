@@ -5,18 +5,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 from redis.cluster import RedisCluster
 
 from idemctl.errors import ConfigError
 from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, BaseStore
 from idemctl.stores.redis.client import Client, ClusterClient, ClusterNode, PlainClient
+from idemctl.stores.redis.connect import Target
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import guard
 from idemctl.stores.redis.records import server_time
-from idemctl.stores.redis.scripts import ScriptRunner
+from idemctl.stores.redis.scripts import Item, ScriptRunner
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script call: the script's name, the values every key shares, each key with its
+    own values, and whether durable=1 confirms it."""
+
+    name: str
+    shared: Sequence[Any]
+    items: Sequence[Item]
+    confirm: bool
+
+
+Op: TypeAlias = tuple[Call, Callable[[list[Any]], T]]
+"""An operation on the protocol: its script call, and what the call's replies come to."""
 
 
 class RedisCore(BaseStore):
@@ -52,6 +71,8 @@ class RedisCore(BaseStore):
             client, self._cluster, direct, self.url, replicas=replicas, timeout=durable_timeout
         )
         self.scripts = self._scripts.scripts
+        self.target: Target | None = None
+        """The client's settings, when the store was opened by URL (``idemctl.aio``'s too)."""
 
     def _rkey(self, key: str) -> str:
         return f"{self.prefix}{{{key}}}"
@@ -83,6 +104,27 @@ class RedisCore(BaseStore):
             raw, (seconds, micros) = pipe.execute()
             return raw, server_time(seconds, micros)
 
+    def _script(
+        self,
+        name: str,
+        shared: Sequence[Any],
+        items: Sequence[tuple[str, Sequence[Any]]],
+        durable: bool = False,
+        named: Callable[[str], str] | None = None,
+    ) -> Call:
+        """Script ``name`` over ``items`` (key, per-key values): one reply per item. A write
+        (``durable``) is confirmed under durable=1 (see ScriptRunner.call). Keys are
+        records' (``_rkey``), or named by ``named`` (an entity's ``_ekey``)."""
+        named = named or self._rkey
+        keyed = [(named(key), values) for key, values in items]
+        return Call(name, shared, keyed, durable and self.durable)
+
+    def _do(self, op: Op[T]) -> T:
+        """Run an operation's script call and read its replies (``idemctl.aio`` awaits the
+        same operations on its own client)."""
+        call, read = op
+        return read(self._scripts.call(call.name, call.shared, call.items, call.confirm))
+
     def _call(
         self,
         name: str,
@@ -91,12 +133,8 @@ class RedisCore(BaseStore):
         durable: bool = False,
         named: Callable[[str], str] | None = None,
     ) -> list[Any]:
-        """Run script ``name`` over ``items`` (key, per-key values): one reply per item.
-        A write (``durable``) is confirmed under durable=1 (see ScriptRunner.call). Keys
-        are records' (``_rkey``), or named by ``named`` (an entity's ``_ekey``)."""
-        named = named or self._rkey
-        keyed = [(named(key), values) for key, values in items]
-        return self._scripts.call(name, shared, keyed, confirm=durable and self.durable)
+        call = self._script(name, shared, items, durable, named)
+        return self._scripts.call(call.name, call.shared, call.items, call.confirm)
 
     def _one(
         self, name: str, shared: Sequence[Any], key: str, *args: Any, durable: bool = False

@@ -18,7 +18,7 @@ from idemctl.stores import redis as package
 from idemctl.stores.base import batched
 from idemctl.stores.machine import entity_locked
 from idemctl.stores.redis.client import Client
-from idemctl.stores.redis.core import RedisCore, glob_escape
+from idemctl.stores.redis.core import Op, RedisCore, glob_escape
 from idemctl.stores.redis.records import entity_fields_of, text, to_entity
 
 ENTITIES = "entity:"
@@ -35,19 +35,24 @@ class RedisEntities(RedisCore):
         return ekey[len(self.prefix) + len(ENTITIES) + 1 : -1]
 
     def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
+        return self._do(self._guard_op(guards, lease))
+
+    def _guard_op(self, guards: Sequence[Guard], lease: float) -> Op[list[GuardReply]]:
         shared = (self._ms(lease), self._ms(self.default_retention))
         items = [(g.entity, (g.sequence, g.key, g.fencing_token)) for g in guards]
-        return [
-            _guard_reply(reply) for reply in self._call("guard", shared, items, True, self._ekey)
-        ]
+        call = self._script("guard", shared, items, True, self._ekey)
+        return call, lambda replies: [_guard_reply(reply) for reply in replies]
 
     def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
+        return self._do(self._settle_op(settles, retention))
+
+    def _settle_op(self, settles: Sequence[Settle], retention: float) -> Op[list[bool]]:
         items = [
             (s.entity, (s.sequence, s.key, s.fencing_token, "1" if s.applied else "0"))
             for s in settles
         ]
-        replies = self._call("settle", (self._ms(retention),), items, True, self._ekey)
-        return [int(reply) == 1 for reply in replies]
+        call = self._script("settle", (self._ms(retention),), items, True, self._ekey)
+        return call, lambda replies: [int(reply) == 1 for reply in replies]
 
     def get_entity(self, entity: str) -> Entity | None:
         raw, now = self._read(self._ekey(entity))

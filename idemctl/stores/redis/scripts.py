@@ -18,7 +18,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from idemctl.errors import StoreError
 from idemctl.resources import read_resource
-from idemctl.stores.redis.client import Client, ClusterClient, Pipeline
+from idemctl.stores.redis.client import Client, ClusterClient, Queue
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import translate
 
@@ -199,10 +199,7 @@ class ScriptRunner:
     def _pipelined(
         self, sha: str, shared: Sequence[Any], items: Sequence[Item], confirm: bool
     ) -> list[Any]:
-        calls = [
-            (group, self._evalsha_args(sha, shared, items, group))
-            for group in self._groups([key for key, _ in items])
-        ]
+        calls = self.commands(sha, shared, items)
         replies: list[Any] = [None] * len(items)
         for _ in range(2):
             pipe = self._client.pipeline(transaction=False)
@@ -211,24 +208,44 @@ class ScriptRunner:
                 # command by its first key like any other.
                 pipe.execute_command("EVALSHA", *command)
             confirmations = self._add_confirmation(pipe) if confirm else 0
-            results = pipe.execute(raise_on_error=False)
-            if confirmations:
-                self._check_confirmation(results[-confirmations:])
-                del results[-confirmations:]
-            lost = []
-            for (group, command), result in zip(calls, results, strict=True):
-                if isinstance(result, NoScriptError):
-                    lost.append((group, command))
-                elif isinstance(result, Exception):
-                    raise result
-                else:
-                    for i, reply in zip(group, result, strict=True):
-                        replies[i] = reply
-            if not lost:
+            calls = self.sort(calls, pipe.execute(raise_on_error=False), confirmations, replies)
+            if not calls:
                 return replies
             self.load()
-            calls = lost
         raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    def commands(
+        self, sha: str, shared: Sequence[Any], items: Sequence[Item]
+    ) -> list[tuple[list[int], list[Any]]]:
+        """The EVALSHA calls for ``items`` (see _groups): the items' indexes, the arguments."""
+        return [
+            (group, self._evalsha_args(sha, shared, items, group))
+            for group in self._groups([key for key, _ in items])
+        ]
+
+    def sort(
+        self,
+        calls: list[tuple[list[int], list[Any]]],
+        results: list[Any],
+        confirmations: int,
+        replies: list[Any],
+    ) -> list[tuple[list[int], list[Any]]]:
+        """Put a pipeline's ``results`` for ``calls`` into ``replies`` at their items'
+        indexes, having checked the last ``confirmations`` (durable=1); the calls a server
+        that lost the scripts refused (NOSCRIPT), to send again once they are loaded."""
+        if confirmations:
+            self._check_confirmation(results[-confirmations:])
+            del results[-confirmations:]
+        lost = []
+        for (group, command), result in zip(calls, results, strict=True):
+            if isinstance(result, NoScriptError):
+                lost.append((group, command))
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                for i, reply in zip(group, result, strict=True):
+                    replies[i] = reply
+        return lost
 
     def _evalsha_args(
         self, sha: str, shared: Sequence[Any], items: Sequence[Item], group: Sequence[int]
@@ -244,7 +261,7 @@ class ScriptRunner:
 
     # durable=1 ------------------------------------------------------------------------------
 
-    def _add_confirmation(self, pipe: Pipeline) -> int:
+    def _add_confirmation(self, pipe: Queue) -> int:
         """Queue what confirms the writes before it on this connection; returns how many replies.
 
         WAITAOF where the server has it (7.2+). Older servers have only WAIT, for replicas;

@@ -1,0 +1,229 @@
+"""The Redis store on ``redis.asyncio``: the claim/complete path's script calls awaited on
+an async client, built and read by the sync ``RedisStore``'s own operations (``Op``), so
+the Lua, the keys and the replies' meaning are one; the operator's operations run the
+sync store in a thread."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisClusterException, RedisError
+
+from idemctl.aio.store import AsyncStore
+from idemctl.errors import ConfigError, StoreError
+from idemctl.model import (
+    JSON,
+    ClaimOutcome,
+    ClaimRequest,
+    Completion,
+    Guard,
+    GuardReply,
+    Holder,
+    Record,
+    Settle,
+    validate_key,
+    validate_sequence,
+)
+from idemctl.stores.redis import RedisStore
+from idemctl.stores.redis.connect import final
+from idemctl.stores.redis.core import Call, Op
+from idemctl.stores.redis.errors import translate
+from idemctl.stores.redis.records import server_time
+
+T = TypeVar("T")
+
+
+class _Retry(Retry):
+    """redis-py's retries, except for what another try cannot mend (see connect._Retry)."""
+
+    async def call_with_retry(
+        self,
+        do: Callable[[], Awaitable[T]],
+        fail: Callable[[Exception], Any] | Callable[[Exception, int], Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        def retryable(error: Exception) -> bool:
+            return not final(error) and (is_retryable is None or is_retryable(error))
+
+        return await super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+class AsyncRedisStore(AsyncStore):
+    """``sync``'s records on ``redis.asyncio``: one pipelined round trip an operation."""
+
+    def __init__(self, sync: RedisStore, client: Redis | RedisCluster | None = None) -> None:
+        """``client``: the async client to use (of the same server as ``sync``'s); by default
+        one made from the URL ``sync`` was opened with."""
+        super().__init__(sync)
+        self.sync: RedisStore = sync
+        if client is not None:
+            self._client = client
+            return
+        to = sync.target
+        if to is None:
+            raise ConfigError("idemctl.aio opens Redis stores by URL: aio.open_store(url)")
+        retry = _Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+        options: dict[str, Any] = {"decode_responses": True, "retry": retry, **to.options}
+        self._client = (
+            RedisCluster.from_url(to.url, **options)
+            if to.cluster
+            else Redis.from_url(to.url, **options)
+        )
+
+    async def _do(self, op: Op[T]) -> T:
+        call, read = op
+        return read(await self._call(call))
+
+    async def _call(self, c: Call) -> list[Any]:
+        """ScriptRunner.call's pipelined way, awaited: EVALSHA per group of keys, what
+        confirms them under durable=1, and once more for the calls refused with NOSCRIPT."""
+        runner = self.sync._scripts
+        calls = runner.commands(runner.scripts[c.name].sha, c.shared, c.items)
+        replies: list[Any] = [None] * len(c.items)
+        try:
+            for _ in range(2):
+                pipe: Pipeline | ClusterPipeline = self._client.pipeline(transaction=False)
+                for _, command in calls:
+                    pipe.execute_command("EVALSHA", *command)
+                confirmations = await self._confirmation(pipe) if c.confirm else 0
+                results = await pipe.execute(raise_on_error=False)
+                calls = runner.sort(calls, results, confirmations, replies)
+                if not calls:
+                    return replies
+                for script in runner.scripts.values():
+                    await self._client.script_load(script.source)
+        except (RedisError, RedisClusterException) as exc:
+            raise translate(exc, self.url) from exc
+        raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    async def _confirmation(self, pipe: Pipeline | ClusterPipeline) -> int:
+        """Queue durable=1's confirmation: what the server has is asked once, as the sync
+        store does (ScriptRunner._add_confirmation)."""
+        runner = self.sync._scripts
+        if runner._waitaof is None:
+            version = str((await self._client.info("server")).get("redis_version", "0"))
+            waitaof = tuple(int(p) for p in version.split(".")[:2]) >= (7, 2)
+            if not waitaof:
+                runner._check_fsync(await self._client.config_get("append*"))
+            runner._waitaof = waitaof
+        return runner._add_confirmation(pipe)
+
+    # The claim/complete protocol ---------------------------------------------------------------
+
+    async def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]:
+        for r in requests:
+            validate_key(r.key)
+        return await self._do(self.sync._claim_op(requests, self.sync._lease(lease)))
+
+    async def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record:
+        done = Completion(key, owner, fencing_token, result)
+        return await self._do(self.sync._complete_op(done, self.sync._retention(retention)))
+
+    async def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        op = self.sync._complete_many_op(completions, self.sync._retention(retention))
+        return await self._do(op)
+
+    async def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        held = Holder(key, owner, fencing_token)
+        op = self.sync._fail_op(held, error, retriable, self.sync._retention(retention))
+        return await self._do(op)
+
+    async def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime:
+        return await self._do(
+            self.sync._extend_op(key, owner, fencing_token, self.sync._lease(lease))
+        )
+
+    async def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record:
+        return await self._do(self.sync._release_op(key, owner, fencing_token, handler_ran))
+
+    async def get(self, key: str) -> Record | None:
+        rkey = self.sync._rkey(key)
+        try:
+            if isinstance(self._client, RedisCluster):  # TIME has no key to route by
+                raw = await self._client.get(rkey)
+                seconds, micros = await self._client.time()
+            else:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.get(rkey)
+                pipe.time()
+                raw, (seconds, micros) = await pipe.execute()
+        except (RedisError, RedisClusterException) as exc:
+            raise translate(exc, self.url) from exc
+        return self.sync._live(key, raw, server_time(seconds, micros))
+
+    # The sequence guard --------------------------------------------------------------------------
+
+    async def guard_many(
+        self, guards: Sequence[Guard], lease: float | None = None
+    ) -> list[GuardReply]:
+        for g in guards:
+            validate_key(g.entity, "entity")
+            validate_sequence(g.sequence)
+        if not guards:
+            return []
+        return await self._do(self.sync._guard_op(guards, self.sync._lease(lease)))
+
+    async def settle_many(
+        self, settles: Sequence[Settle], retention: float | None = None
+    ) -> list[bool]:
+        if not settles:
+            return []
+        return await self._do(self.sync._settle_op(settles, self.sync._retention(retention)))
+
+    async def finish_many(
+        self,
+        completions: Sequence[Completion],
+        settles: Sequence[Settle],
+        retention: float | None = None,
+    ) -> list[bool]:
+        """As RedisStore.finish_many: one script a key and its entity on one server; on a
+        cluster the entities first, then the keys whose entity was still held."""
+        if self.sync.cluster or not settles:
+            held = dict.fromkeys((c.key for c in completions), True)
+            if settles:
+                answers = await self.settle_many(settles, retention)
+                held.update(zip((s.key for s in settles), answers, strict=True))
+            sending = [c for c in completions if held[c.key]]
+            done = iter(await self.complete_many(sending, retention) if sending else ())
+            return [held[c.key] and next(done) for c in completions]
+        finish, plain = self.sync._finish_op(completions, settles, self.sync._retention(retention))
+        finished = await self._do(finish)
+        if plain:
+            answers = await self.complete_many(plain, retention)
+            finished.update(zip((c.key for c in plain), answers, strict=True))
+        return [finished[c.key] for c in completions]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        await super().aclose()

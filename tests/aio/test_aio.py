@@ -1,0 +1,242 @@
+"""idemctl.aio beyond the contract suite (which runs on both APIs): many coroutines of one
+event loop racing on a real server, the heartbeat task, cancellation, ``@idempotent`` on
+``async def``, errors, and that the claim/complete path on Redis is the async client's."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idemctl import aio
+from idemctl.aio.redis import AsyncRedisStore
+from idemctl.errors import (
+    ConfigError,
+    FingerprintMismatch,
+    KeyBusy,
+    Permanent,
+    PreviouslyFailed,
+    StoreUnavailable,
+)
+from idemctl.model import Acquired, Busy, Status
+from idemctl.runner import Context, Outcome, current_context
+from tests.backends import unique_prefix
+from tests.servers import RedisServer, free_port
+
+
+def redis_url(server: RedisServer) -> str:
+    return f"redis://127.0.0.1:{server.port}/0?prefix={unique_prefix()}"
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "redis":
+        return redis_url(request.getfixturevalue("redis_server"))
+    return f"sqlite:///{tmp_path}/aio.db"
+
+
+def test_coroutines_of_one_loop_race_and_each_key_runs_once(url: str) -> None:
+    """16 coroutines on one event loop and one store claim the same 60 keys: every key's
+    handler runs once; the others replay it or find it busy and come back."""
+    keys = [f"payment-{i:02d}" for i in range(60)]
+    runs: Counter[str] = Counter()
+
+    async def worker(store: aio.AsyncStore, n: int) -> Counter[str]:
+        outcomes: Counter[str] = Counter()
+
+        async def charge(ctx: Context) -> dict[str, Any]:
+            runs[ctx.key] += 1
+            await asyncio.sleep(0.002)  # other coroutines run meanwhile
+            return {"by": n}
+
+        pending = keys[n % 7 :] + keys[: n % 7]
+        while pending:
+            busy = []
+            for key in pending:
+                result = await aio.run(store, key, charge)
+                outcomes[result.outcome.value] += 1
+                if result.outcome is Outcome.BUSY:
+                    busy.append(key)
+            pending = busy
+            await asyncio.sleep(0.005)
+        return outcomes
+
+    async def main() -> list[Counter[str]]:
+        async with aio.open_store(url) as store:
+            return await asyncio.gather(*(worker(store, n) for n in range(16)))
+
+    results = asyncio.run(main())
+    assert runs == dict.fromkeys(keys, 1)
+    assert sum(c["executed"] for c in results) == len(keys)
+    assert all(c["executed"] + c["replayed"] == len(keys) for c in results)
+    assert set().union(*results) <= {"executed", "replayed", "busy"}
+
+
+def test_the_heartbeat_task_keeps_a_slow_handler_s_key(url: str) -> None:
+    """A handler that runs four leases long keeps its key: others find it busy, never
+    take it over, and it completes on its first attempt."""
+
+    async def main() -> tuple[Any, list[Any]]:
+        async with aio.open_store(url) as store:
+
+            async def slow(ctx: Context) -> str:
+                await asyncio.sleep(2.4)
+                return "done"
+
+            task = asyncio.create_task(aio.run(store, "slow-1", slow, lease=0.6))
+            seen = []
+            for _ in range(6):  # 1.8 s, while the handler runs
+                await asyncio.sleep(0.3)
+                seen.append(await store.claim("slow-1", lease=0.6))
+            return await task, seen
+
+    result, seen = asyncio.run(main())
+    assert result.outcome is Outcome.EXECUTED and result.attempt == 1
+    assert all(isinstance(s, Busy) for s in seen), seen
+
+
+def test_a_cancelled_handler_gives_its_key_back_at_once(url: str) -> None:
+    async def main() -> tuple[Any, Any]:
+        async with aio.open_store(url) as store:
+            started = asyncio.Event()
+
+            async def forever(ctx: Context) -> None:
+                started.set()
+                await asyncio.Event().wait()
+
+            task = asyncio.create_task(aio.run(store, "cancel-1", forever, lease=60))
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The lease was 60 s: only a release lets the next claim in now.
+            return await store.claim("cancel-1"), await store.get("cancel-1")
+
+    again, record = asyncio.run(main())
+    # takeover: the handler had started, and may have done part of its work.
+    assert isinstance(again, Acquired) and again.attempt == 2 and again.takeover
+    assert record is not None and record.status is Status.IN_PROGRESS
+
+
+def test_idempotent_on_async_def(url: str) -> None:
+    charged: list[tuple[str, int]] = []
+
+    async def main() -> None:
+        store = aio.open_store(url)
+
+        @aio.idempotent(store, key="charge:{order_id}")
+        async def charge(order_id: str, amount: int) -> dict[str, Any]:
+            assert current_context().key == f"charge:{order_id}"
+            charged.append((order_id, amount))
+            await asyncio.sleep(0)
+            return {"charged": amount}
+
+        @aio.idempotent(store, key="refund:{order_id}", permanent=(ValueError,))
+        async def refund(order_id: str) -> None:
+            raise ValueError("nothing to refund")
+
+        assert await charge("o-1", 5) == {"charged": 5}
+        assert await charge("o-1", 5) == {"charged": 5}  # replayed
+        with pytest.raises(FingerprintMismatch):
+            await charge("o-1", 7)
+        with pytest.raises(ValueError, match="nothing to refund"):
+            await refund("o-1")
+        with pytest.raises(PreviouslyFailed):
+            await refund("o-1")
+        held = await store.claim("charge:o-2")
+        assert isinstance(held, Acquired)
+        with pytest.raises(KeyBusy):
+            await charge("o-2", 1)
+        await store.aclose()
+
+    asyncio.run(main())
+    assert charged == [("o-1", 5)]
+
+
+def test_idempotent_opens_a_url_on_first_call(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/lazy.db"
+    calls = []
+
+    @aio.idempotent(url, key="k:{n}")
+    async def once(n: int) -> int:
+        calls.append(n)
+        return n * 2
+
+    async def main() -> list[int]:
+        return [await once(1), await once(1), await once(2)]
+
+    assert asyncio.run(main()) == [2, 2, 4]
+    assert calls == [1, 2]
+
+
+def test_plain_handlers_and_handler_errors(url: str) -> None:
+    async def main() -> list[Any]:
+        async with aio.open_store(url) as store:
+            plain = await aio.run(store, "plain-1", lambda ctx: {"attempt": ctx.attempt})
+            boom = await aio.run(store, "boom-1", _boom)
+            again = await aio.run(store, "boom-1", _boom)
+            final = await aio.run(store, "perm-1", _permanent)
+            return [plain, boom, again, final, await store.get("perm-1")]
+
+    plain, boom, again, final, record = asyncio.run(main())
+    assert plain.outcome is Outcome.EXECUTED and plain.result == {"attempt": 1}
+    assert boom.outcome is Outcome.ERROR and boom.retriable and boom.attempt == 1
+    assert again.outcome is Outcome.ERROR and again.attempt == 2  # retriable: runs again
+    assert final.outcome is Outcome.ERROR and not final.retriable
+    assert record is not None and record.status is Status.FAILED and not record.retriable
+
+
+async def _boom(ctx: Context) -> None:
+    raise RuntimeError("gateway timeout")
+
+
+async def _permanent(ctx: Context) -> None:
+    raise Permanent("card declined")
+
+
+def test_redis_claims_and_completes_on_the_async_client(redis_server: RedisServer) -> None:
+    """The sync store's script calls are cut off: the claim/complete path still works, so
+    it runs on redis.asyncio, not on the sync client in a thread."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sync client was called")
+
+    async def main() -> tuple[Any, Any]:
+        async with aio.open_store(redis_url(redis_server)) as store:
+            assert isinstance(store, AsyncRedisStore)
+            store.sync._scripts.call = refuse  # type: ignore[method-assign]
+            store.sync._read = refuse  # type: ignore[method-assign]
+            result = await aio.run(store, "native-1", lambda ctx: "ok")
+            return result, await store.get("native-1")
+
+    result, record = asyncio.run(main())
+    assert result.outcome is Outcome.EXECUTED
+    assert record is not None and record.status is Status.COMPLETED and record.result == "ok"
+
+
+def test_an_unreachable_redis_fails_closed_without_the_password() -> None:
+    port = free_port()  # nothing listens there
+
+    async def main() -> None:
+        async with aio.open_store(f"redis://:hunter2@127.0.0.1:{port}/0") as store:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable) as unavailable:
+                await aio.run(store, "k-1", lambda ctx: "never")
+            assert time.monotonic() - started < 30  # refused at once, not retried for long
+            assert "hunter2" not in str(unavailable.value)
+            assert f"127.0.0.1:{port}" in str(unavailable.value)
+
+    asyncio.run(main())
+
+
+def test_transactional_needs_postgres(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with aio.open_store(f"sqlite:///{tmp_path}/t.db") as store:
+            with pytest.raises(ConfigError, match="PostgreSQL"):
+                await aio.run(store, "k-1", lambda ctx: None, transactional=True)
+
+    asyncio.run(main())

@@ -1,0 +1,83 @@
+"""The contract suite on both APIs: the same tests drive a sync store directly, or an async
+one (``idemctl.aio``) through ``Blocking``, which runs each of its coroutines on an event
+loop of its own; ``run`` is ``idemctl.run`` or ``await idemctl.aio.run`` to match."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from idemctl import aio
+from idemctl.runner import Context, RunResult
+from idemctl.runner import run as run_sync
+from idemctl.stores.base import Store
+from tests.backends import Backend
+
+T = TypeVar("T")
+APIS = ("sync", "async")
+
+
+class Blocking:
+    """An AsyncStore used from sync code: every coroutine method is called on the loop's
+    thread and waited for, so the suite's tests read the same on both APIs."""
+
+    def __init__(self, store: aio.AsyncStore) -> None:
+        self.store = store
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        return lambda *args, **kwargs: self.call(attr(*args, **kwargs))
+
+    def close(self) -> None:
+        try:
+            self.call(self.store.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def __enter__(self) -> Blocking:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def on_api(backend: Backend, api: str) -> Backend:
+    """``backend`` opened through ``api``."""
+    if api == "sync":
+        return backend
+    open_async = backend.open_async or (lambda: aio.wrap(backend.open()))
+    return replace(backend, api=api, open=lambda: Blocking(open_async()))  # type: ignore[arg-type,return-value]
+
+
+def opened(url: str, api: str) -> Store:
+    """The store at ``url`` through ``api`` (in a race's worker process)."""
+    from idemctl.stores import open_store
+
+    store = open_store(url)
+    return store if api == "sync" else Blocking(aio.wrap(store))  # type: ignore[return-value]
+
+
+def run(store: Any, key: str, handler: Callable[[Context], Any], **options: Any) -> RunResult:
+    """``idemctl.run`` on a sync store; ``idemctl.aio.run`` (with an async handler that
+    calls ``handler``) on a Blocking one."""
+    if not isinstance(store, Blocking):
+        return run_sync(store, key, handler, **options)
+
+    async def handle(ctx: Context) -> Any:
+        return handler(ctx)
+
+    return store.call(aio.run(store.store, key, handle, **options))
