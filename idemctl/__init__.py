@@ -7,6 +7,9 @@
     @idempotent(store, key="charge:{order_id}")
     def charge(order_id: str, amount_cents: int) -> dict: ...
 
+For asyncio, ``idemctl.aio`` has the same API with coroutines (``aio.open_store``,
+``await aio.run``, ``@aio.idempotent`` on ``async def``).
+
 Importing idemctl loads no store driver: each backend is imported on first use.
 """
 

@@ -29,6 +29,14 @@ def test_readme_library_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (tmp_path / "idemctl.db").exists()
 
 
+def test_readme_asyncio_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    exec(compile(readme_block("asyncio: `idemctl.aio`"), "README.md", "exec"), namespace)
+    assert namespace["charges"] == ["o-1001"]
+    assert (tmp_path / "idemctl.db").exists()
+
+
 @pytest.mark.slow
 def test_quickstart_charges_every_payment_once(tmp_path: Path) -> None:
     proc = subprocess.run(
