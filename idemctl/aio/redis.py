@@ -14,7 +14,7 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from idemctl.aio.store import AsyncStore
 from idemctl.errors import ConfigError, StoreError
@@ -89,6 +89,12 @@ class AsyncRedisStore(AsyncStore):
         calls = runner.commands(runner.scripts[c.name].sha, c.shared, c.items)
         replies: list[Any] = [None] * len(c.items)
         try:
+            if len(calls) == 1 and not c.confirm:  # one command: no pipeline's cost
+                for _ in range(2):
+                    try:
+                        return list(await self._client.execute_command("EVALSHA", *calls[0][1]))
+                    except NoScriptError:
+                        await self._load()
             for _ in range(2):
                 pipe: Pipeline | ClusterPipeline = self._client.pipeline(transaction=False)
                 for _, command in calls:
@@ -98,11 +104,14 @@ class AsyncRedisStore(AsyncStore):
                 calls = runner.sort(calls, results, confirmations, replies)
                 if not calls:
                     return replies
-                for script in runner.scripts.values():
-                    await self._client.script_load(script.source)
+                await self._load()
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.url) from exc
         raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
+
+    async def _load(self) -> None:
+        for script in self.sync._scripts.scripts.values():
+            await self._client.script_load(script.source)
 
     async def _confirmation(self, pipe: Pipeline | ClusterPipeline) -> int:
         """Queue durable=1's confirmation: what the server has is asked once, as the sync

@@ -240,3 +240,22 @@ def test_transactional_needs_postgres(tmp_path: Path) -> None:
                 await aio.run(store, "k-1", lambda ctx: None, transactional=True)
 
     asyncio.run(main())
+
+
+def test_redis_scripts_flushed_from_the_server_are_loaded_again(redis_server: RedisServer) -> None:
+    """After SCRIPT FLUSH (a restart, a failover) both ways of sending, one command and a
+    pipeline of them (over 500 keys), load the scripts and go on."""
+    from idemctl.model import ClaimRequest
+
+    async def main() -> tuple[Any, list[Any]]:
+        async with aio.open_store(redis_url(redis_server)) as store:
+            assert isinstance(store, AsyncRedisStore)
+            await store._client.script_flush()
+            one = await store.claim("flushed-1")
+            await store._client.script_flush()
+            many = await store.claim_many([ClaimRequest(f"flushed-{i}") for i in range(2, 702)])
+            return one, many
+
+    one, many = asyncio.run(main())
+    assert isinstance(one, Acquired)
+    assert len(many) == 700 and all(isinstance(a, Acquired) for a in many)
