@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from idemctl.outbox.writer import NoOutbox, Outbox
+from idemctl.outbox.writer import AsyncOutbox, NoOutbox, Outbox
 
 if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
@@ -40,10 +40,11 @@ class Context:
     connection: Any = None
     """In PostgreSQL transactional mode: the psycopg connection whose open transaction holds
     the key. Write your effects on it; they commit together with the key, or not at all."""
-    outbox: Outbox = NO_OUTBOX
+    outbox: Outbox | AsyncOutbox = NO_OUTBOX
     """In PostgreSQL transactional mode: ``ctx.outbox.add(aggregatetype, aggregateid, type,
     payload, headers=None)`` writes an event that commits with the key and the effects;
-    ``idemctl outbox relay`` publishes it. Elsewhere ``add`` raises OutboxError."""
+    ``idemctl outbox relay`` publishes it (under ``idemctl.aio``, ``await ctx.outbox.add``).
+    Elsewhere ``add`` raises OutboxError."""
     order: Order | None = None
     """With the sequence guard: the entity and this event's sequence, which the guard let
     through (write the sequence into your own rows if you keep it there too)."""

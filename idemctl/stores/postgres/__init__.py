@@ -2,9 +2,14 @@
 
 - ``sql``: the names of the schema's tables and indexes, its migrations, the statements
   (the keys' and the sequence guard's entities')
-- ``pool``: the connection pool, and the driver's errors as idemctl's
+- ``flows``: the protocol's logic without I/O (generators of statements), which the sync
+  store and ``idemctl.aio``'s async one both drive, so they share every statement,
+  parameter and row's reading
+- ``pool``: the connection pools (sync and async, one set of settings), and the driver's
+  errors as idemctl's
 - ``transactional``: transactional mode (``PostgresStore.transaction`` and its ``Unit``),
-  with the entity's row locked and advanced in the same transaction when given an order
+  with the entity's row locked and advanced in the same transaction when given an order;
+  its flows serve ``idemctl.aio``'s ``async with store.transaction(key)`` too
 - ``store``: ``PostgresStore`` itself
 
 Imported only when a ``postgresql://`` store is opened (``idemctl.stores.open_store``):

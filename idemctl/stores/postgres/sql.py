@@ -15,7 +15,7 @@ from typing import Any
 from psycopg.sql import quote as quote_literal
 
 from idemctl.errors import ConfigError
-from idemctl.model import Entity
+from idemctl.model import Entity, Record, Status
 from idemctl.resources import read_resource
 
 DEFAULT_SCHEMA = "idem"
@@ -31,6 +31,26 @@ ENTITY_COLUMNS = (
     "expires_at"
 )
 """An entity's row (the sequence guard) as ``Entity`` reads it."""
+
+
+def record_of(row: Sequence[Any]) -> Record:
+    """A key's record from the columns of COLUMNS."""
+    return Record(
+        key=row[0],
+        status=Status(row[1]),
+        fingerprint=row[2],
+        owner=row[3],
+        fencing_token=row[4],
+        attempts=row[5],
+        lease_expires_at=maybe_utc(row[6]),
+        created_at=row[7].astimezone(UTC),
+        updated_at=row[8].astimezone(UTC),
+        completed_at=maybe_utc(row[9]),
+        expires_at=maybe_utc(row[10]),
+        result=row[11],
+        error=row[12],
+        retriable=row[13],
+    )
 
 
 def entity_of(row: Sequence[Any]) -> Entity | None:
@@ -52,6 +72,10 @@ def entity_of(row: Sequence[Any]) -> Entity | None:
 
 def utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
+
+
+def maybe_utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
 
 
 def quote_ident(name: str) -> str:
@@ -134,6 +158,11 @@ def provision_lock(names: Names) -> str:
         + quote_literal(f"idemctl provision {names.schema}")
         + ", 0))"
     )
+
+
+def lock_wait(seconds: float) -> str:
+    """The statement that lets this transaction wait ``seconds`` for a row lock."""
+    return f"SET LOCAL lock_timeout = {round(seconds * 1000)}"
 
 
 def prefixed(columns: str, alias: str) -> str:
@@ -227,6 +256,10 @@ RETURNING {prefixed(COLUMNS, "k.")}""",
         "get": f"SELECT {prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = %(key)s AND {live}",
         "get_any": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s",
         "lock": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s FOR UPDATE",
+        "now": "SELECT now()",
+        # Transactional mode: a transaction-level advisory lock on a name, if nobody holds it.
+        "try_lock": "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+        "schema_version": f"SELECT coalesce(max(version), 0) FROM {names.version_table}",
         **entity_statements(names),
     }
 

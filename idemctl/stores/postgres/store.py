@@ -27,13 +27,10 @@ from idemctl.errors import (
     ConfigError,
     EntityNotFound,
     KeyNotFound,
-    LeaseLost,
     NotProvisioned,
     StoreError,
-    StoreUnavailable,
 )
 from idemctl.model import (
-    Acquired,
     Busy,
     ClaimOutcome,
     ClaimRequest,
@@ -51,8 +48,6 @@ from idemctl.model import (
     Settle,
     Stats,
     Status,
-    Verdict,
-    canonical_json,
     validate_key,
 )
 from idemctl.stores import postgres as package
@@ -62,28 +57,24 @@ from idemctl.stores.base import (
     BaseStore,
     Progress,
     Scan,
-    new_owners,
     server_clock_finding,
 )
-from idemctl.stores.machine import (
-    check_forgettable,
-    decide_claim,
-    decide_guard,
-    entity_locked,
-    lease_lost,
-    unlocked,
-)
-from idemctl.stores.postgres import transactional
-from idemctl.stores.postgres.pool import LockTimeout, Pool
+from idemctl.stores.machine import check_forgettable, entity_locked, unlocked
+from idemctl.stores.postgres import flows, transactional
+from idemctl.stores.postgres.flows import drive
+from idemctl.stores.postgres.pool import LockTimeout, Pool, PoolSettings
 from idemctl.stores.postgres.sql import (
     COLUMNS,
     DEFAULT_SCHEMA,
     ENTITY_COLUMNS,
     entity_of,
+    lock_wait,
+    maybe_utc,
     migrations,
     names,
     protocol_statements,
     provision_lock,
+    record_of,
     utc,
 )
 from idemctl.stores.postgres.transactional import Unit
@@ -92,48 +83,8 @@ from idemctl.urls import UrlOptions, redact_url
 ADMIN_LOCK_WAIT = 3.0
 """Seconds unlock and forget (of a key or an entity) wait for a row that another
 transaction holds; also how long a settle waits for an entity's row before it gives up."""
-GUARD_TRIES = 5
-"""Statements a guard item may take when its row changes between the statement's snapshot
-and its write (a concurrent writer): then it answers BUSY."""
 # libpq options a URL may carry through to the connection.
 _LIBPQ = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "target_session_attrs")
-
-
-def _record(row: Sequence[Any]) -> Record:
-    return Record(
-        key=row[0],
-        status=Status(row[1]),
-        fingerprint=row[2],
-        owner=row[3],
-        fencing_token=row[4],
-        attempts=row[5],
-        lease_expires_at=_utc(row[6]),
-        created_at=row[7].astimezone(UTC),
-        updated_at=row[8].astimezone(UTC),
-        completed_at=_utc(row[9]),
-        expires_at=_utc(row[10]),
-        result=row[11],
-        error=row[12],
-        retriable=row[13],
-    )
-
-
-def _utc(value: datetime | None) -> datetime | None:
-    return None if value is None else value.astimezone(UTC)
-
-
-def rounds_of(names: Sequence[str]) -> list[list[int]]:
-    """The indexes of ``names`` in rounds where no name comes twice, each in the order
-    given: one statement cannot change a row twice, so the second item on a row goes in the
-    next statement and sees what the one before it did, as items one by one would."""
-    seen: dict[str, int] = {}
-    rounds: list[list[int]] = []
-    for i, name in enumerate(names):
-        n = seen[name] = seen.get(name, -1) + 1
-        if n == len(rounds):
-            rounds.append([])
-        rounds[n].append(i)
-    return rounds
 
 
 class PostgresStore(BaseStore):
@@ -197,6 +148,17 @@ class PostgresStore(BaseStore):
 
     # Plumbing --------------------------------------------------------------------------------
 
+    @property
+    def pool_settings(self) -> PoolSettings:
+        """What this store's connections are made with (the async store makes its own
+        with the same)."""
+        return self._pool.settings
+
+    @property
+    def statements(self) -> dict[str, str]:
+        """The protocol's statements on this store's schema, by name (see ``sql``)."""
+        return self._sql
+
     def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A pooled connection in autocommit mode (``with conn.transaction():`` for more than
         one statement); driver errors inside the block become idemctl's errors."""
@@ -206,12 +168,16 @@ class PostgresStore(BaseStore):
         with self.connection() as conn:
             return conn.execute(sql, params).fetchall()
 
+    def _run(self, flow: flows.Flow[flows.T]) -> flows.T:
+        """``flow`` on a pooled connection."""
+        with self.connection() as conn:
+            return drive(conn, flow)
+
     # The protocol ------------------------------------------------------------------------------
 
     def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
         try:
-            with self.connection() as conn:
-                return self._claim_on(conn, requests, lease)
+            return self._run(flows.claim(self._sql, requests, lease))
         except LockTimeout:
             if len(requests) == 1:
                 return [Busy(None)]
@@ -219,152 +185,35 @@ class PostgresStore(BaseStore):
         # that key answers Busy.
         return [self.claim(r.key, r.fingerprint, lease) for r in requests]
 
-    def _claim_on(
-        self, conn: psycopg.Connection[Any], requests: Sequence[ClaimRequest], lease: float | None
-    ) -> list[ClaimOutcome]:
-        # One statement cannot change a row twice, so the second claim of a key in one batch
-        # goes in a second statement, and so on: each sees what the one before it did, as
-        # claims one by one would.
-        seen: dict[str, int] = {}
-        rounds: list[list[int]] = []
-        for i, r in enumerate(requests):
-            n = seen[r.key] = seen.get(r.key, -1) + 1
-            if n == len(rounds):
-                rounds.append([])
-            rounds[n].append(i)
-        outcomes: list[ClaimOutcome | None] = [None] * len(requests)
-        for indexes in rounds:
-            batch = [requests[i] for i in indexes]
-            for i, outcome in zip(indexes, self._claim_statement(conn, batch, lease), strict=True):
-                outcomes[i] = outcome
-        return [o for o in outcomes if o is not None]
-
-    def _claim_statement(
-        self, conn: psycopg.Connection[Any], requests: Sequence[ClaimRequest], lease: float | None
-    ) -> list[ClaimOutcome]:
-        """One claim statement over keys that are all different."""
-        owners = new_owners(len(requests))
-        params = {
-            "keys": [r.key for r in requests],
-            "fps": [r.fingerprint for r in requests],
-            "owners": owners,
-            "lease": self._lease(lease),
-        }
-        rows = {row[0]: row for row in conn.execute(self._sql["claim"], params).fetchall()}
-        outcomes: list[ClaimOutcome] = []
-        for r, owner in zip(requests, owners, strict=True):
-            row = rows[r.key]
-            if row[1] is not None:
-                outcomes.append(
-                    Acquired(r.key, owner, row[1], row[2], row[3].astimezone(UTC), takeover=row[4])
-                )
-            else:
-                outcomes.append(self._not_claimed(conn, r, row[5:19], row[19]))
-        return outcomes
-
-    def _not_claimed(
-        self,
-        conn: psycopg.Connection[Any],
-        request: ClaimRequest,
-        old: Sequence[Any],
-        now: datetime,
-    ) -> ClaimOutcome:
-        """Why the claim statement left a key alone, from the row it saw."""
-        if old[0] is None:
-            # Inserted by another transaction after this statement's snapshot: read it now.
-            fresh = conn.execute(self._sql["get_any"], {"key": request.key}).fetchone()
-            if fresh is None:
-                return Busy(None)
-            old = fresh
-        record = _record(old)
-        outcome, _ = decide_claim(
-            record, request.key, request.fingerprint, now.astimezone(UTC), 0.0
-        )
-        # What the row allowed changed under us: somebody else holds it now.
-        return Busy(record) if isinstance(outcome, Acquired) else outcome
-
     def _complete(self, c: Completion, retention: float) -> Record:
-        key, owner, fencing_token, result = c.key, c.owner, c.fencing_token, c.result
-        with self.connection() as conn:
-            records = self._complete_on(
-                conn, [Completion(key, owner, fencing_token, result)], retention
-            )
-            if records:
-                return records[0]
-            raise self._lost(conn, key, owner, fencing_token)
+        return self._run(flows.complete_one(self._sql, c, retention))
 
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
-        params = self._completion_params(completions, retention)
-        done = {row[0] for row in self._fetch(self._sql["complete_keys"], params)}
-        return [c.key in done for c in completions]
-
-    def _complete_on(
-        self,
-        conn: psycopg.Connection[Any],
-        completions: Sequence[Completion],
-        retention: float | None,
-    ) -> list[Record]:
-        params = self._completion_params(completions, retention)
-        return [_record(row) for row in conn.execute(self._sql["complete"], params).fetchall()]
-
-    def _completion_params(
-        self, completions: Sequence[Completion], retention: float | None
-    ) -> dict[str, Any]:
-        return {
-            "keys": [c.key for c in completions],
-            "owners": [c.owner for c in completions],
-            "tokens": [c.fencing_token for c in completions],
-            "results": [canonical_json(c.result).decode() for c in completions],
-            "retention": self._retention(retention),
-        }
-
-    def _held(
-        self, statement: str, key: str, owner: str, fencing_token: int, params: dict[str, Any]
-    ) -> Record:
-        with self.connection() as conn:
-            row = conn.execute(
-                self._sql[statement], {"key": key, "owner": owner, "token": fencing_token, **params}
-            ).fetchone()
-            if row is not None:
-                return _record(row)
-            raise self._lost(conn, key, owner, fencing_token)
-
-    def _lost(
-        self, conn: psycopg.Connection[Any], key: str, owner: str, fencing_token: int
-    ) -> LeaseLost:
-        row = conn.execute(self._sql["get"], {"key": key}).fetchone()
-        return lease_lost(key, owner, fencing_token, None if row is None else _record(row))
+        return self._run(flows.complete_many(self._sql, completions, self._retention(retention)))
 
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
-        key, owner, fencing_token = held.key, held.owner, held.fencing_token
-        params = {
-            "error": error,
-            "retriable": retriable,
-            "retention": self._retention(retention),
-        }
-        return self._held("fail", key, owner, fencing_token, params)
+        return self._run(flows.fail(self._sql, held, error, retriable, retention))
 
     def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
-        record = self._held("extend", key, owner, fencing_token, {"lease": self._lease(lease)})
-        assert record.lease_expires_at is not None
-        return record.lease_expires_at
+        held = Holder(key, owner, fencing_token)
+        return self._run(flows.extend(self._sql, held, self._lease(lease)))
 
     def release(
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
     ) -> Record:
-        params = {"unrun": int(not handler_ran)}
-        return self._held("release", key, owner, fencing_token, params)
+        held = Holder(key, owner, fencing_token)
+        return self._run(flows.release(self._sql, held, handler_ran))
 
     # The sequence guard ---------------------------------------------------------------------------
 
     def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
         try:
-            with self._on_entities(), self.connection() as conn:
-                return self._guard_on(conn, guards, lease)
+            with self._on_entities():
+                return self._run(flows.guard(self._sql, guards, lease, self.default_retention))
         except LockTimeout:
             if len(guards) == 1:
                 return [self._guard_blocked(guards[0])]
@@ -372,72 +221,10 @@ class PostgresStore(BaseStore):
         # answers BUSY. Items that went already go again: the holder asking again keeps it.
         return [self._guard_many([g], lease)[0] for g in guards]
 
-    def _guard_on(
-        self, conn: psycopg.Connection[Any], guards: Sequence[Guard], lease: float
-    ) -> list[GuardReply]:
-        replies: list[GuardReply | None] = [None] * len(guards)
-        for indexes in rounds_of([g.entity for g in guards]):
-            pending = indexes
-            for _ in range(GUARD_TRIES):
-                pending = self._guard_statement(conn, guards, pending, lease, replies)
-                if not pending:
-                    break
-            for i in pending:  # the row kept changing under us: others are working on it
-                replies[i] = self._reply_unwritten(conn, guards[i])
-        return [r for r in replies if r is not None]
-
-    def _guard_statement(
-        self,
-        conn: psycopg.Connection[Any],
-        guards: Sequence[Guard],
-        indexes: list[int],
-        lease: float,
-        replies: list[GuardReply | None],
-    ) -> list[int]:
-        """One guard statement over items on different entities: their replies, and the
-        items whose row changed between the snapshot and the write (to ask again)."""
-        batch = [guards[i] for i in indexes]
-        params = {
-            "entities": [g.entity for g in batch],
-            "sequences": [g.sequence for g in batch],
-            "keys": [g.key for g in batch],
-            "tokens": [g.fencing_token for g in batch],
-            "lease": lease,
-            "retention": self.default_retention,
-        }
-        rows = {row[0]: row for row in conn.execute(self._sql["guard"], params).fetchall()}
-        again = []
-        for i, g in zip(indexes, batch, strict=True):
-            row = rows[g.entity]
-            if row[1]:
-                replies[i] = GuardReply(Verdict.GO, row[2])
-                continue
-            # Not written: decide_guard on the row as the statement's snapshot saw it says
-            # why. Where that says GO, the row changed before the write looked: ask again.
-            reply, _ = decide_guard(
-                entity_of(row[3:12]), g, utc(row[12]), lease, self.default_retention
-            )
-            if reply.verdict is Verdict.GO:
-                again.append(i)
-            else:
-                replies[i] = reply
-        return again
-
     def _guard_blocked(self, g: Guard) -> GuardReply:
         """The reply to a guard whose row an open transaction holds (transactional mode)."""
-        with self._on_entities(), self.connection() as conn:
-            return self._reply_unwritten(conn, g)
-
-    def _reply_unwritten(self, conn: psycopg.Connection[Any], g: Guard) -> GuardReply:
-        """The reply to a guard that could not write: STALE when the committed row says
-        so, else BUSY (with the holder the row names, if any)."""
-        row = conn.execute(self._sql["read_entity"], {"entity": g.entity}).fetchone()
-        if row is None:
-            entity, now = None, _now(conn)
-        else:
-            entity, now = entity_of(row), utc(row[9])
-        reply, _ = decide_guard(entity, g, now, 0.0, self.default_retention)
-        return reply if reply.verdict is not Verdict.GO else GuardReply(Verdict.BUSY, reply.last)
+        with self._on_entities():
+            return self._run(flows.reply_unwritten(self._sql, g, self.default_retention))
 
     def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
         try:
@@ -449,35 +236,17 @@ class PostgresStore(BaseStore):
         # whether this holder still holds it, so wait for it a while, as admin commands do.
         try:
             with self._on_entities(), self.connection() as conn, conn.transaction():
-                conn.execute(f"SET LOCAL lock_timeout = {round(ADMIN_LOCK_WAIT * 1000)}")
+                conn.execute(lock_wait(ADMIN_LOCK_WAIT))
                 return self._settle_on(conn, settles, retention)
         except LockTimeout:
-            raise StoreUnavailable(
-                f"entity {settles[0].entity!r} (or another of this batch) is locked by a "
-                f"transaction in progress (waited {ADMIN_LOCK_WAIT:g}s); try again"
-            ) from None
+            raise flows.settle_blocked(settles, ADMIN_LOCK_WAIT) from None
 
     def _settle_on(
         self, conn: psycopg.Connection[Any], settles: Sequence[Settle], retention: float
     ) -> list[bool]:
-        rounds = rounds_of([s.entity for s in settles])
-        done = [False] * len(settles)
         # More than one round: in one transaction, so a lock timeout undoes all of them.
-        with conn.transaction() if len(rounds) > 1 else nullcontext():
-            for indexes in rounds:
-                batch = [settles[i] for i in indexes]
-                params = {
-                    "entities": [s.entity for s in batch],
-                    "sequences": [s.sequence for s in batch],
-                    "keys": [s.key for s in batch],
-                    "tokens": [s.fencing_token for s in batch],
-                    "applied": [s.applied for s in batch],
-                    "retention": retention,
-                }
-                held = {row[0] for row in conn.execute(self._sql["settle"], params).fetchall()}
-                for i, s in zip(indexes, batch, strict=True):
-                    done[i] = s.entity in held
-        return done
+        with conn.transaction() if flows.settle_in_transaction(settles) else nullcontext():
+            return drive(conn, flows.settle(self._sql, settles, retention))
 
     def get_entity(self, entity: str) -> Entity | None:
         with self._on_entities():
@@ -517,7 +286,7 @@ class PostgresStore(BaseStore):
         validate_key(entity, "entity")
         try:
             with self._on_entities(), self.connection() as conn, conn.transaction():
-                conn.execute(f"SET LOCAL lock_timeout = {round(ADMIN_LOCK_WAIT * 1000)}")
+                conn.execute(lock_wait(ADMIN_LOCK_WAIT))
                 row = conn.execute(self._sql["lock_entity"], {"entity": entity}).fetchone()
                 found = None if row is None else entity_of(row)
                 if row is None or found is None or found.retention_over(utc(row[9])):
@@ -541,14 +310,21 @@ class PostgresStore(BaseStore):
         try:
             yield
         except NotProvisioned:
-            version = self.schema_version()
-            if 0 < version < max(migrations(self.names)):
-                raise NotProvisioned(
-                    f"PostgreSQL at {self.url} has an older idemctl schema {self.schema!r} "
-                    f"(version {version}), without the sequence guard's entities: "
-                    "run 'idemctl init' to upgrade it"
-                ) from None
+            older = self.without_entities(self.schema_version())
+            if older is not None:
+                raise older from None
             raise
+
+    def without_entities(self, version: int) -> NotProvisioned | None:
+        """What to say when the entities' table is missing from a schema at ``version``:
+        None unless that is an older schema (then the usual NotProvisioned stands)."""
+        if 0 < version < max(migrations(self.names)):
+            return NotProvisioned(
+                f"PostgreSQL at {self.url} has an older idemctl schema {self.schema!r} "
+                f"(version {version}), without the sequence guard's entities: "
+                "run 'idemctl init' to upgrade it"
+            )
+        return None
 
     # Transactional mode ---------------------------------------------------------------------------
 
@@ -580,8 +356,7 @@ class PostgresStore(BaseStore):
     # Admin ----------------------------------------------------------------------------------------
 
     def get(self, key: str) -> Record | None:
-        rows = self._fetch(self._sql["get"], {"key": key})
-        return _record(rows[0]) if rows else None
+        return self._run(flows.get(self._sql, key))
 
     def _scan_page(self, scan: Scan) -> Page:
         where = ["(expires_at IS NULL OR expires_at > now())"]
@@ -606,7 +381,7 @@ class PostgresStore(BaseStore):
             "ORDER BY key LIMIT %(limit)s",
             params,
         )
-        records = [_record(r) for r in rows[: scan.limit]]
+        records = [record_of(r) for r in rows[: scan.limit]]
         return Page(records, records[-1].key if len(rows) > scan.limit else None)
 
     def stats(self) -> Stats:
@@ -626,7 +401,7 @@ class PostgresStore(BaseStore):
             by_status[Status(status)] = count
             stale += stale_count
             released += released_count
-            oldest = _utc(oldest_at) or oldest
+            oldest = maybe_utc(oldest_at) or oldest
             past = past_count
         if not rows:
             past = self._fetch(f"SELECT count(*) FROM {self.keys_table} WHERE expires_at <= now()")[
@@ -643,12 +418,12 @@ class PostgresStore(BaseStore):
         wait ends after ADMIN_LOCK_WAIT with an error that says to try again."""
         try:
             with self.connection() as conn, conn.transaction():
-                conn.execute(f"SET LOCAL lock_timeout = {round(ADMIN_LOCK_WAIT * 1000)}")
+                conn.execute(lock_wait(ADMIN_LOCK_WAIT))
                 row = conn.execute(self._sql["lock"], {"key": key}).fetchone()
                 now = _now(conn)
-                if row is None or _record(row).retention_over(now):
+                if row is None or record_of(row).retention_over(now):
                     raise KeyNotFound(key)
-                yield conn, _record(row), now
+                yield conn, record_of(row), now
         except LockTimeout:
             raise StoreError(
                 f"key {key!r} is locked by a transaction in progress (waited "
@@ -755,12 +530,10 @@ class PostgresStore(BaseStore):
 
     def schema_version(self) -> int:
         """The version of the provisioned schema; 0 when there is none."""
-        table = self.names.version_table
         try:
-            rows = self._fetch(f"SELECT coalesce(max(version), 0) FROM {table}")
+            return self._run(flows.schema_version(self._sql))
         except NotProvisioned:
             return 0
-        return int(rows[0][0])
 
     def provision(self, dry_run: bool = False, upto: int | None = None) -> Provisioning:
         steps = migrations(self.names)
@@ -790,7 +563,7 @@ class PostgresStore(BaseStore):
         table = self.names.version_table
         if not _exists(conn, table):
             return 0
-        row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {table}").fetchone()
+        row = conn.execute(self._sql["schema_version"]).fetchone()
         return int(row[0]) if row else 0
 
     def check(self) -> list[Finding]:

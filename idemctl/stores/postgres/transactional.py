@@ -6,11 +6,15 @@ With an ``Order``, the sequence guard joins the transaction: the entity's row is
 it (``FOR UPDATE NOWAIT``, behind a transaction-level advisory lock, so a second
 transaction on the entity is Busy at once instead of waiting), a stale event's key is
 completed with a null result and committed before the block, and ``complete()`` advances
-the entity in the same transaction as everything else."""
+the entity in the same transaction as everything else.
+
+What happens inside the transaction is two flows (``flows``): ``open_unit`` before the
+block and ``complete_unit`` in it, run here on a sync connection and by
+``idemctl.aio.postgres`` on an async one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,7 +38,9 @@ from idemctl.model import (
     validate_key,
 )
 from idemctl.stores.machine import decide_guard
-from idemctl.stores.postgres.sql import entity_of, utc
+from idemctl.stores.postgres import flows
+from idemctl.stores.postgres.flows import Flow, Statement, drive
+from idemctl.stores.postgres.sql import Names, entity_of, utc
 
 if TYPE_CHECKING:
     from idemctl.stores.postgres.store import PostgresStore
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
 ENTITY_TRIES = 3
 """Times the entity's row is made and locked when it vanishes in between (a purge or a
 forced forget between the two statements): then the unit is Busy."""
+NOT_ACQUIRED = "complete() needs a unit that acquired its key"
 
 
 @dataclass
@@ -60,31 +67,15 @@ class Unit:
         """Complete the key in this transaction (and, with an order, advance its entity):
         it commits with everything else or not at all."""
         if not isinstance(self.outcome, Acquired) or self.connection is None or self._store is None:
-            raise StoreError("complete() needs a unit that acquired its key")
-        a, store, conn = self.outcome, self._store, self.connection
+            raise StoreError(NOT_ACQUIRED)
+        store = self._store
+        done = complete_unit(
+            store.statements, self.outcome, self.order, result, store._retention(retention)
+        )
         with store._pool.translated():
-            records = store._complete_on(
-                conn, [Completion(a.key, a.owner, a.fencing_token, result)], retention
-            )
-            if not records:
-                raise store._lost(conn, a.key, a.owner, a.fencing_token)
-            if self.order is not None:
-                advanced = conn.execute(
-                    store._sql["advance_entity"],
-                    {
-                        "entity": self.order.entity,
-                        "sequence": self.order.sequence,
-                        "key": a.key,
-                        "retention": store._retention(retention),
-                    },
-                ).rowcount
-                if advanced != 1:  # the row is locked since the guard: it cannot have gone
-                    raise StoreError(
-                        f"entity {self.order.entity!r} vanished from the transaction on key "
-                        f"{a.key!r}"
-                    )
-        self.completed = records[0]
-        return records[0]
+            record = drive(self.connection, done)
+        self.completed = record
+        return record
 
 
 @contextmanager
@@ -97,40 +88,29 @@ def transaction(
 ) -> Iterator[Unit]:
     """``store.transaction(key, fingerprint, lease, order)``: see there."""
     validate_key(key)
+    opening = open_unit(
+        store.statements,
+        store.names,
+        key,
+        fingerprint,
+        store._lease(lease),
+        order,
+        store.default_retention,
+    )
     with store.connection() as conn:
         conn.execute("BEGIN")
         open_tx = True
         try:
-            outcome: ClaimOutcome | Stale = Busy(None)
-            if _try_lock(conn, f"{store.keys_table}/{key}"):
-                try:
-                    conn.execute("SAVEPOINT claim")
-                    outcome = store._claim_on(conn, [ClaimRequest(key, fingerprint)], lease)[0]
-                except pg_errors.LockNotAvailable:
-                    conn.execute("ROLLBACK TO SAVEPOINT claim")
-            if isinstance(outcome, Acquired) and order is not None:
-                acquired = outcome
-                outcome = _guard(store, conn, acquired, order, lease)
-                if isinstance(outcome, Stale):
-                    # Decided for good: the key completes with a null result (a duplicate
-                    # replays it), committed now; there is nothing to run.
-                    done = Completion(acquired.key, acquired.owner, acquired.fencing_token)
-                    store._complete_on(conn, [done], None)
-                    conn.execute("COMMIT")
-                    open_tx = False
-                    yield Unit(outcome, None)
-                    return
+            outcome = drive(conn, opening)
             if not isinstance(outcome, Acquired):
-                conn.execute("ROLLBACK")
+                conn.execute(ending(outcome))
                 open_tx = False
                 yield Unit(outcome, None)
                 return
             unit = Unit(outcome, conn, store, order=order)
             yield unit
             if unit.completed is None:
-                raise IncompleteTransaction(
-                    f"the transaction on key {key!r} ended without complete(): rolled back"
-                )
+                raise incomplete(key)
             conn.execute("COMMIT")
             open_tx = False
         finally:
@@ -138,42 +118,106 @@ def transaction(
                 conn.execute("ROLLBACK")
 
 
-def _try_lock(conn: psycopg.Connection[Any], name: str) -> bool:
+def ending(outcome: ClaimOutcome | Stale) -> str:
+    """How the transaction of a unit that acquired nothing ends: Stale was decided for good
+    (its key completed with a null result, which a duplicate replays) and commits; for
+    anything else nothing is held, and it rolls back."""
+    return "COMMIT" if isinstance(outcome, Stale) else "ROLLBACK"
+
+
+def incomplete(key: str) -> IncompleteTransaction:
+    return IncompleteTransaction(
+        f"the transaction on key {key!r} ended without complete(): rolled back"
+    )
+
+
+def open_unit(
+    sql: Mapping[str, str],
+    names: Names,
+    key: str,
+    fingerprint: str | None,
+    lease: float,
+    order: Order | None,
+    retention: float,
+) -> Flow[ClaimOutcome | Stale]:
+    """In a transaction just begun: claim ``key`` behind an advisory lock (Busy(None) when
+    another transaction holds it, or holds the row past lock_timeout), then with ``order``
+    lock the entity's row and judge the event. Stale: the key is completed (``retention``,
+    the store's default) for the caller to commit; nothing runs."""
+    outcome: ClaimOutcome | Stale = Busy(None)
+    if (yield from try_lock(sql, f"{names.keys_table}/{key}")):
+        yield Statement("SAVEPOINT claim")
+        try:
+            outcome = (yield from flows.claim(sql, [ClaimRequest(key, fingerprint)], lease))[0]
+        except pg_errors.LockNotAvailable:
+            yield Statement("ROLLBACK TO SAVEPOINT claim")
+    if isinstance(outcome, Acquired) and order is not None:
+        acquired = outcome
+        outcome = yield from lock_entity(sql, names, acquired, order, lease)
+        if isinstance(outcome, Stale):
+            done = Completion(acquired.key, acquired.owner, acquired.fencing_token)
+            yield from flows.complete(sql, [done], retention)
+    return outcome
+
+
+def complete_unit(
+    sql: Mapping[str, str], a: Acquired, order: Order | None, result: JSON, retention: float
+) -> Flow[Record]:
+    """``Unit.complete``: the key completed (LeaseLost if no longer held) and, with an
+    order, the entity advanced, in the unit's transaction."""
+    records = yield from flows.complete(
+        sql, [Completion(a.key, a.owner, a.fencing_token, result)], retention
+    )
+    if not records:
+        raise (yield from flows.lost(sql, a.key, a.owner, a.fencing_token))
+    if order is not None:
+        params = {
+            "entity": order.entity,
+            "sequence": order.sequence,
+            "key": a.key,
+            "retention": retention,
+        }
+        advanced = yield Statement(sql["advance_entity"], params)
+        if advanced.rowcount != 1:  # the row is locked since the guard: it cannot have gone
+            raise StoreError(
+                f"entity {order.entity!r} vanished from the transaction on key {a.key!r}"
+            )
+    return records[0]
+
+
+def try_lock(sql: Mapping[str, str], name: str) -> Flow[bool]:
     """A transaction-level advisory lock on ``name``, if nobody else holds it."""
-    row = conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (name,))
-    (locked,) = row.fetchone() or (False,)
+    reply = yield Statement(sql["try_lock"], (name,))
+    (locked,) = reply.rows[0] if reply.rows else (False,)
     return bool(locked)
 
 
-def _guard(
-    store: PostgresStore,
-    conn: psycopg.Connection[Any],
-    a: Acquired,
-    order: Order,
-    lease: float | None,
-) -> Acquired | Busy | Stale:
+def lock_entity(
+    sql: Mapping[str, str], names: Names, a: Acquired, order: Order, lease: float
+) -> Flow[Acquired | Busy | Stale]:
     """The sequence guard inside the transaction, once the key is acquired: the entity's
     row made if missing and locked until the transaction ends, then ``decide_guard``'s
     verdict on it. Busy(None) when another transaction holds the row."""
-    if not _try_lock(conn, f"{store.names.entities_table}/{order.entity}"):
+    if not (yield from try_lock(sql, f"{names.entities_table}/{order.entity}")):
         return Busy(None)
     params = {"entity": order.entity}
     row = None
     try:
         for _ in range(ENTITY_TRIES):
-            conn.execute(store._sql["make_entity"], params)
-            row = conn.execute(store._sql["lock_entity_nowait"], params).fetchone()
-            if row is not None:
+            yield Statement(sql["make_entity"], params)
+            reply = yield Statement(sql["lock_entity_nowait"], params)
+            if reply.rows:
+                row = reply.rows[0]
                 break
     except pg_errors.LockNotAvailable:  # a statement (guard, settle, forget) holds it now
         return Busy(None)
     if row is None:
         return Busy(None)
     guard = Guard(order.entity, order.sequence, a.key, a.fencing_token)
-    reply, _ = decide_guard(entity_of(row), guard, utc(row[9]), store._lease(lease), 0.0)
-    if reply.verdict is Verdict.STALE:
-        assert reply.last is not None
-        return Stale(order.entity, order.sequence, reply.last)
-    if reply.verdict is Verdict.BUSY:  # another key's attempt holds it (guard_many)
+    answer, _ = decide_guard(entity_of(row), guard, utc(row[9]), lease, 0.0)
+    if answer.verdict is Verdict.STALE:
+        assert answer.last is not None
+        return Stale(order.entity, order.sequence, answer.last)
+    if answer.verdict is Verdict.BUSY:  # another key's attempt holds it (guard_many)
         return Busy(None)
     return a

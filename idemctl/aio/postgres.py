@@ -1,0 +1,329 @@
+"""The PostgreSQL store on psycopg's async connections (``psycopg_pool.AsyncConnectionPool``).
+
+The claim/complete path (claim, complete, fail, extend, release, get, the sequence guard's
+guard, settle and finish) and transactional mode (``async with store.transaction(key)``)
+run natively: the same flows as the sync ``PostgresStore`` (``stores.postgres.flows``), so
+the same statements, parameters, row reading and decisions, driven on an async connection;
+the same pool settings and the same translation of the driver's errors. The operator's
+operations (scan, stats, unlock, forget, purge, provision, check, the entities') run the
+sync store in a thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from idemctl.aio.store import AsyncStore
+from idemctl.errors import NotProvisioned, StoreError
+from idemctl.model import (
+    JSON,
+    Acquired,
+    Busy,
+    ClaimOutcome,
+    ClaimRequest,
+    Completion,
+    Guard,
+    GuardReply,
+    Holder,
+    Order,
+    Record,
+    Settle,
+    Stale,
+    validate_key,
+    validate_sequence,
+)
+from idemctl.stores.postgres import PostgresStore, flows
+from idemctl.stores.postgres.flows import Flow, T, drive_async
+from idemctl.stores.postgres.pool import AsyncPool, LockTimeout
+from idemctl.stores.postgres.sql import lock_wait
+from idemctl.stores.postgres.store import ADMIN_LOCK_WAIT
+from idemctl.stores.postgres.transactional import (
+    NOT_ACQUIRED,
+    complete_unit,
+    ending,
+    incomplete,
+    open_unit,
+)
+
+
+class AsyncPostgresStore(AsyncStore):
+    """``sync``'s records on psycopg's async connections: a pool of this store's own, made
+    with the sync store's settings and opened on first use (nothing connects before)."""
+
+    def __init__(self, sync: PostgresStore, *, threads: int | None = None) -> None:
+        super().__init__(sync, threads=threads)
+        self.sync: PostgresStore = sync
+        self.names = sync.names
+        self.keys_table = sync.keys_table
+        self.outbox_table = sync.outbox_table
+        """The outbox table that transactional handlers' ``AsyncOutbox`` writes to."""
+        self._sql = sync.statements
+        self._pool = AsyncPool(sync.pool_settings)
+
+    # Plumbing --------------------------------------------------------------------------------
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A pooled async connection in autocommit mode (``async with conn.transaction():``
+        for more than one statement); driver errors in the block become idemctl's."""
+        return self._pool.connection()
+
+    async def _run(self, flow: Flow[T]) -> T:
+        """``flow`` on a pooled connection."""
+        async with self._pool.connection() as conn:
+            return await drive_async(conn, flow)
+
+    @asynccontextmanager
+    async def _on_entities(self) -> AsyncIterator[None]:
+        """NotProvisioned that says to upgrade when the schema predates the entities."""
+        try:
+            yield
+        except NotProvisioned:
+            older = self.sync.without_entities(await self._schema_version())
+            if older is not None:
+                raise older from None
+            raise
+
+    async def _schema_version(self) -> int:
+        try:
+            return await self._run(flows.schema_version(self._sql))
+        except NotProvisioned:
+            return 0
+
+    # The claim/complete protocol ---------------------------------------------------------------
+
+    async def claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float | None = None
+    ) -> list[ClaimOutcome]:
+        for r in requests:
+            validate_key(r.key)
+        return await self._claim_many(requests, self.sync._lease(lease))
+
+    async def _claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float
+    ) -> list[ClaimOutcome]:
+        try:
+            return await self._run(flows.claim(self._sql, requests, lease))
+        except LockTimeout:
+            if len(requests) == 1:
+                return [Busy(None)]
+        # A row of the batch is held by an open transaction: claim one by one, so only
+        # that key answers Busy.
+        return [(await self._claim_many([r], lease))[0] for r in requests]
+
+    async def complete(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        result: JSON = None,
+        retention: float | None = None,
+    ) -> Record:
+        done = Completion(key, owner, fencing_token, result)
+        return await self._run(flows.complete_one(self._sql, done, self.sync._retention(retention)))
+
+    async def complete_many(
+        self, completions: Sequence[Completion], retention: float | None = None
+    ) -> list[bool]:
+        retention = self.sync._retention(retention)
+        return await self._run(flows.complete_many(self._sql, completions, retention))
+
+    async def fail(
+        self,
+        key: str,
+        owner: str,
+        fencing_token: int,
+        error: str,
+        retriable: bool = True,
+        retention: float | None = None,
+    ) -> Record:
+        held = Holder(key, owner, fencing_token)
+        retention = self.sync._retention(retention)
+        return await self._run(flows.fail(self._sql, held, error, retriable, retention))
+
+    async def extend(
+        self, key: str, owner: str, fencing_token: int, lease: float | None = None
+    ) -> datetime:
+        held = Holder(key, owner, fencing_token)
+        return await self._run(flows.extend(self._sql, held, self.sync._lease(lease)))
+
+    async def release(
+        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
+    ) -> Record:
+        held = Holder(key, owner, fencing_token)
+        return await self._run(flows.release(self._sql, held, handler_ran))
+
+    async def get(self, key: str) -> Record | None:
+        return await self._run(flows.get(self._sql, key))
+
+    # The sequence guard --------------------------------------------------------------------------
+
+    async def guard_many(
+        self, guards: Sequence[Guard], lease: float | None = None
+    ) -> list[GuardReply]:
+        for g in guards:
+            validate_key(g.entity, "entity")
+            validate_sequence(g.sequence)
+        return await self._guard_many(guards, self.sync._lease(lease)) if guards else []
+
+    async def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
+        try:
+            async with self._on_entities():
+                return await self._run(
+                    flows.guard(self._sql, guards, lease, self.default_retention)
+                )
+        except LockTimeout:
+            if len(guards) == 1:
+                # Its row is held by an open transaction (transactional mode).
+                async with self._on_entities():
+                    unwritten = flows.reply_unwritten(self._sql, guards[0], self.default_retention)
+                    return [await self._run(unwritten)]
+        # A row of the batch is held by an open transaction: one by one, so only that item
+        # answers BUSY. Items that went already go again: the holder asking again keeps it.
+        return [(await self._guard_many([g], lease))[0] for g in guards]
+
+    async def settle_many(
+        self, settles: Sequence[Settle], retention: float | None = None
+    ) -> list[bool]:
+        if not settles:
+            return []
+        seconds = self.sync._retention(retention)
+        try:
+            async with self._on_entities(), self.connection() as conn:
+                return await self._settle_on(conn, settles, seconds)
+        except LockTimeout:
+            pass
+        # An entity's row is held by an open transaction (transactional mode): it decides
+        # whether this holder still holds it, so wait for it a while, as admin commands do.
+        try:
+            async with self._on_entities(), self.connection() as conn, conn.transaction():
+                await conn.execute(lock_wait(ADMIN_LOCK_WAIT))
+                return await self._settle_on(conn, settles, seconds)
+        except LockTimeout:
+            raise flows.settle_blocked(settles, ADMIN_LOCK_WAIT) from None
+
+    async def _settle_on(
+        self, conn: psycopg.AsyncConnection[Any], settles: Sequence[Settle], retention: float
+    ) -> list[bool]:
+        # More than one round: in one transaction, so a lock timeout undoes all of them.
+        async with conn.transaction() if flows.settle_in_transaction(settles) else nullcontext():
+            return await drive_async(conn, flows.settle(self._sql, settles, retention))
+
+    async def finish_many(
+        self,
+        completions: Sequence[Completion],
+        settles: Sequence[Settle],
+        retention: float | None = None,
+    ) -> list[bool]:
+        """As PostgresStore.finish_many: the entities first, then the keys whose entity
+        was still held (two round trips)."""
+        held = dict.fromkeys((c.key for c in completions), True)
+        if settles:
+            answers = await self.settle_many(settles, retention)
+            held.update(zip((s.key for s in settles), answers, strict=True))
+        sending = [c for c in completions if held[c.key]]
+        done = iter(await self.complete_many(sending, retention) if sending else ())
+        return [held[c.key] and next(done) for c in completions]
+
+    # Transactional mode ---------------------------------------------------------------------------
+
+    def transaction(
+        self,
+        key: str,
+        fingerprint: str | None = None,
+        lease: float | None = None,
+        order: Order | None = None,
+    ) -> AbstractAsyncContextManager[AsyncUnit]:
+        """``PostgresStore.transaction`` for asyncio: claim ``key`` in a new transaction and
+        keep it open around the block::
+
+            async with store.transaction(key) as unit:
+                if isinstance(unit.outcome, Acquired):
+                    await unit.connection.execute("INSERT INTO ...")
+                    await AsyncOutbox(unit.connection, store.outbox_table).add(...)
+                    await unit.complete(result)
+
+        Leaving the block commits all of it; an exception, a cancellation or a block that
+        never completes rolls everything back, the claim included. With ``order`` the
+        entity's row is locked in the transaction: a stale event's key is completed and
+        committed before the block (``unit.outcome`` is Stale), and ``unit.complete()``
+        advances the entity in the transaction."""
+        return _transaction(self, key, fingerprint, lease, order)
+
+    # Lifetime -------------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        await self._pool.close()
+        await super().aclose()
+
+
+@dataclass
+class AsyncUnit:
+    """One key inside an open transaction (``AsyncPostgresStore.transaction``)."""
+
+    outcome: ClaimOutcome | Stale
+    connection: psycopg.AsyncConnection[Any] | None
+    """The transaction's async connection while the key is Acquired; run your SQL on it."""
+    _store: AsyncPostgresStore | None = field(default=None, repr=False)
+    completed: Record | None = None
+    order: Order | None = None
+    """The event's place in its entity's history: ``complete`` advances the entity to it."""
+
+    async def complete(self, result: JSON = None, retention: float | None = None) -> Record:
+        """Complete the key in this transaction (and, with an order, advance its entity):
+        it commits with everything else or not at all."""
+        if not isinstance(self.outcome, Acquired) or self.connection is None or self._store is None:
+            raise StoreError(NOT_ACQUIRED)
+        store = self._store
+        done = complete_unit(
+            store._sql, self.outcome, self.order, result, store.sync._retention(retention)
+        )
+        async with store._pool.translated():
+            record = await drive_async(self.connection, done)
+        self.completed = record
+        return record
+
+
+@asynccontextmanager
+async def _transaction(
+    store: AsyncPostgresStore,
+    key: str,
+    fingerprint: str | None,
+    lease: float | None,
+    order: Order | None,
+) -> AsyncIterator[AsyncUnit]:
+    """``store.transaction(key, fingerprint, lease, order)``: see there."""
+    validate_key(key)
+    opening = open_unit(
+        store._sql,
+        store.names,
+        key,
+        fingerprint,
+        store.sync._lease(lease),
+        order,
+        store.default_retention,
+    )
+    async with store.connection() as conn:
+        await conn.execute("BEGIN")
+        open_tx = True
+        try:
+            outcome = await drive_async(conn, opening)
+            if not isinstance(outcome, Acquired):
+                await conn.execute(ending(outcome))
+                open_tx = False
+                yield AsyncUnit(outcome, None)
+                return
+            unit = AsyncUnit(outcome, conn, store, order=order)
+            yield unit
+            if unit.completed is None:
+                raise incomplete(key)
+            await conn.execute("COMMIT")
+            open_tx = False
+        finally:
+            if open_tx and not conn.closed:
+                await conn.execute("ROLLBACK")
