@@ -478,3 +478,42 @@ def test_one_store_serves_one_event_loop_after_another(url: str) -> None:
             assert isinstance(replay, Completed) and replay.record.result == "ok"
 
     run(complete)
+
+
+def test_aio_run_transactional_commits_with_the_key_and_records_failures(
+    url: str, db: Any, effects: sql.Identifier
+) -> None:
+    """``await aio.run(..., transactional=True)``: the handler's row and its outbox event
+    commit with the key; a redelivery replays; a handler that raises leaves nothing it wrote,
+    and its failure is recorded on its own (attempts counted, permanent is final)."""
+    from idemctl.errors import Permanent
+    from idemctl.runner import Context, Outcome
+
+    async def charge(ctx: Context) -> dict[str, int]:
+        await record_effect(ctx.connection, effects, ctx.key)
+        assert isinstance(ctx.outbox, AsyncOutbox)
+        await ctx.outbox.add("order", ctx.key, "OrderCharged", {"cents": 10})
+        return {"charged": 10}
+
+    async def declined(ctx: Context) -> None:
+        await record_effect(ctx.connection, effects, ctx.key)
+        raise Permanent("card declined")
+
+    async def main() -> list[Any]:
+        async with opened(url) as store:
+            first = await aio.run(store, "order-1", charge, transactional=True)
+            again = await aio.run(store, "order-1", charge, transactional=True)
+            failed = await aio.run(store, "order-2", declined, transactional=True)
+            after = await aio.run(store, "order-2", declined, transactional=True)
+            return [first, again, failed, after, await store.get("order-2")]
+
+    first, again, failed, after, record = run(main)
+    assert (first.outcome, first.result, first.attempt) == (Outcome.EXECUTED, {"charged": 10}, 1)
+    assert (again.outcome, again.result) == (Outcome.REPLAYED, {"charged": 10})
+    assert failed.outcome is Outcome.ERROR and not failed.retriable
+    assert after.outcome is Outcome.FAILED
+    assert record is not None and record.status is Status.FAILED and record.attempts == 1
+    assert "card declined" in (record.error or "")
+    assert effect_counts(db, effects) == {"order-1": 1}  # order-2's row rolled back
+    store = opened(url)
+    assert outbox_rows(db, store) == [("order", "order-1", "OrderCharged", {"cents": 10})]
