@@ -6,6 +6,7 @@ the partition waits at it, with back-off, until the dead letter is written."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from idemctl import tracing
@@ -67,7 +68,7 @@ class DeadLetters:
         self._producer = Producer(self._config, logger=kafka_log)
 
     def topic(self, msg: Any) -> str:
-        return self.options.dlq_topic or f"{msg.topic()}.dlq"
+        return dead_letter_topic(self.options.dlq_topic, msg.topic())
 
     def send(
         self, msg: Any, reason: str, detail: str, exc: BaseException | None, span: Any = None
@@ -78,16 +79,16 @@ class DeadLetters:
         tracing ``span``, its trace context replaces the message's ``traceparent``."""
         topic = self.topic(msg)
         original = msg.headers() or ()
-        headers = [
-            *(original if span is None else tracing.inject(span, original)),
-            ("kafka_dlt-original-topic", msg.topic().encode()),
-            ("kafka_dlt-original-partition", msg.partition().to_bytes(4, "big", signed=True)),
-            ("kafka_dlt-original-offset", msg.offset().to_bytes(8, "big", signed=True)),
-            ("kafka_dlt-original-consumer-group", self.options.group.encode()),
-            ("kafka_dlt-exception-fqcn", fqcn(exc).encode()),
-            ("kafka_dlt-exception-message", f"{reason}: {detail}".encode()[:4000]),
-            ("idemctl-dlt-reason", reason.encode()),
-        ]
+        headers = dead_letter_headers(
+            original if span is None else tracing.inject(span, original),
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            self.options.group,
+            reason,
+            detail,
+            exc,
+        )
         value: bytes | None = msg.value()
         refused = self._produce(topic, msg.key(), value, headers)
         if refused is None or refused[0] not in OVERSIZE or value is None:
@@ -161,6 +162,36 @@ def _name(error: Any) -> str:
     from confluent_kafka import KafkaError
 
     return str(error.name()) if isinstance(error, KafkaError) else "UNKNOWN"
+
+
+def dead_letter_topic(dlq_topic: str | None, topic: str) -> str:
+    """Where a message of ``topic`` goes: ``dlq_topic`` if given, else ``<topic>.dlq``."""
+    return dlq_topic or f"{topic}.dlq"
+
+
+def dead_letter_headers(
+    original: Sequence[tuple[str, bytes | None]],
+    topic: str,
+    partition: int,
+    offset: int,
+    group: str,
+    reason: str,
+    detail: str,
+    exc: BaseException | None,
+) -> list[tuple[str, bytes | None]]:
+    """A dead letter's headers: the message's own, then where it came from and why, under
+    Spring Kafka's names and encodings (partition a 4-byte and offset an 8-byte big-endian
+    integer), and ``idemctl-dlt-reason``. The same for every Kafka client idemctl drives."""
+    return [
+        *original,
+        ("kafka_dlt-original-topic", topic.encode()),
+        ("kafka_dlt-original-partition", partition.to_bytes(4, "big", signed=True)),
+        ("kafka_dlt-original-offset", offset.to_bytes(8, "big", signed=True)),
+        ("kafka_dlt-original-consumer-group", group.encode()),
+        ("kafka_dlt-exception-fqcn", fqcn(exc).encode()),
+        ("kafka_dlt-exception-message", f"{reason}: {detail}".encode()[:4000]),
+        ("idemctl-dlt-reason", reason.encode()),
+    ]
 
 
 def fqcn(exc: BaseException | None) -> str:

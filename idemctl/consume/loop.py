@@ -344,13 +344,7 @@ class Consumer(Watch):
                     f"{m.topic()}[{m.partition()}]@{m.offset()}, is a JSON object but {exc}; "
                     "stopping before anything is claimed or dead-lettered"
                 ) from None
-            reason = (
-                "no idempotency key"
-                if isinstance(exc, MissingKey)
-                else "invalid idempotency key"
-                if isinstance(exc, InvalidKey)
-                else "unreadable payload"
-            )
+            reason = unusable_reason(exc)
             if o.on_missing_key == "offset":
                 try:
                     fp = message.fingerprint()
@@ -666,22 +660,17 @@ class Consumer(Watch):
     def _failure(self, item: _Item, result: RunResult) -> Hold | None:
         """A handler failed on its ``attempt``-th run (or was not run again: AttemptsExhausted):
         a back-off before the retry, or a dead letter."""
-        exc = result.error
-        assert exc is not None
-        error = f"{type(exc).__name__}: {exc}"
-        attempt, most = result.attempt or 1, self.options.max_attempts
-        if isinstance(exc, AttemptsExhausted) or (result.retriable and attempt >= most):
-            return self._dead_letter(item, f"failed {most} times", error, exc)
-        if not result.retriable:
-            return self._dead_letter(item, "permanent failure", error, exc)
+        verdict = failure_verdict(result, self.options.max_attempts, self.options.backoff)
+        if verdict.dead_letter is not None:
+            return self._dead_letter(item, verdict.dead_letter, verdict.error, result.error)
         log.info(
             "%s failed (attempt %d), retrying: %s",
             item.key,
-            attempt,
-            error,
-            extra=_about(item, "retried", attempt=attempt),
+            verdict.attempt,
+            verdict.error,
+            extra=_about(item, "retried", attempt=verdict.attempt),
         )
-        return float(self.options.backoff * 2 ** (attempt - 1)), "retried"
+        return verdict.retry_in, "retried"
 
     def _unusable(self, item: _Item) -> Hold | None:
         """A message that cannot be claimed: dead-lettered, or passed by (``skip``)."""
@@ -801,6 +790,44 @@ class Consumer(Watch):
                 self._kafka.store_offsets(offsets=offsets)
             except KafkaException as exc:  # revoked meanwhile: the new owner goes on
                 log.debug("store offsets: %s", kafka_text(exc))
+
+
+def unusable_reason(exc: InvalidKey | InvalidPayload) -> str:
+    """A dead letter's reason for a message no key can be had from: ``exc`` is what the key
+    strategy (or the fingerprint) raised."""
+    if isinstance(exc, MissingKey):
+        return "no idempotency key"
+    if isinstance(exc, InvalidKey):
+        return "invalid idempotency key"
+    return "unreadable payload"
+
+
+@dataclass(frozen=True)
+class FailureVerdict:
+    """What a handler's failure (``Outcome.ERROR``) comes to in Kafka."""
+
+    error: str
+    """The exception as ``Type: message``."""
+    attempt: int
+    dead_letter: str | None
+    """The dead letter's reason when the message goes to the dead-letter topic now."""
+    retry_in: float
+    """Otherwise: seconds its partition waits before the message runs again."""
+
+
+def failure_verdict(result: RunResult, max_attempts: int, backoff: float) -> FailureVerdict:
+    """A handler failed on its ``attempt``-th run (or was not run again: AttemptsExhausted):
+    dead-letter it (its last allowed attempt, or a permanent failure), else retry it after
+    ``backoff`` doubled per attempt."""
+    exc = result.error
+    assert exc is not None
+    error = f"{type(exc).__name__}: {exc}"
+    attempt = result.attempt or 1
+    if isinstance(exc, AttemptsExhausted) or (result.retriable and attempt >= max_attempts):
+        return FailureVerdict(error, attempt, f"failed {max_attempts} times", 0.0)
+    if not result.retriable:
+        return FailureVerdict(error, attempt, "permanent failure", 0.0)
+    return FailureVerdict(error, attempt, None, float(backoff * 2 ** (attempt - 1)))
 
 
 def _about(item: _Item, outcome: str, **more: Any) -> dict[str, Any]:

@@ -1,0 +1,815 @@
+"""FastStream: a Kafka subscriber made effectively-once, the way ``idemctl consume`` runs a
+handler: the same key strategies, outcomes, dead letters and fail-closed holds.
+
+    from faststream import FastStream
+    from faststream.kafka import KafkaBroker
+    from faststream.middlewares import AckPolicy
+    from idemctl.faststream import IdempotencyMiddleware
+    from idemctl.runner import current_context
+
+    idem = IdempotencyMiddleware("redis://127.0.0.1:6379/0", key="header:idempotency-key")
+    broker = KafkaBroker("localhost:9092", middlewares=[idem], ack_policy=AckPolicy.ACK)
+    app = FastStream(broker, after_shutdown=[idem.aclose])
+
+    @broker.subscriber("payments", group_id="billing", auto_offset_reset="earliest")
+    async def charge(payment: dict) -> dict:
+        ctx = current_context()  # key, fencing_token, attempt, takeover
+        ...
+
+The middleware owns the subscriber's offsets. A message is committed only once it is
+finished: its handler ran and its key completed, or the key was completed before (the stored
+result is returned, and published again by the subscriber's publishers), or it went to the
+dead-letter topic (acknowledged by the broker), or it was skipped. Anything else holds its
+partition at the message (seek back, pause, resume after a back-off), so it comes again:
+a key busy elsewhere, a retriable failure (until ``max_attempts``, counted in the store), a
+dead letter the broker refused; an unreachable store holds every partition of the
+consumer (fail closed). Subscribers that commit before their handler runs (FastStream's
+default ``AckPolicy.ACK_FIRST``: auto-commit) and batch subscribers are refused on their
+first message, which is not committed: the app stops. Subscribers without a ``group_id``
+(nothing they finish could be committed) are left alone, with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import TracebackType
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+from idemctl import aio
+from idemctl.consume.deadletter import (
+    HEADROOM,
+    RECEIVE_MAX,
+    dead_letter_headers,
+    dead_letter_topic,
+    fqcn,
+)
+from idemctl.consume.loop import MAX_BACKOFF, failure_verdict, unusable_reason
+from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.errors import (
+    IdemctlError,
+    InvalidKey,
+    InvalidPayload,
+    MissingDriver,
+    StoreUnavailable,
+)
+from idemctl.keys import (
+    DEFAULT_KEY_STRATEGY,
+    Message,
+    MissingField,
+    key_strategy,
+    order_strategy,
+)
+from idemctl.model import JSON, Order
+from idemctl.runner import Context, Outcome, RunResult
+
+try:
+    # aiokafka ships no type information (no py.typed): untyped here.
+    from aiokafka import AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
+    from aiokafka.errors import IllegalStateError, KafkaError  # type: ignore[import-untyped]
+    from faststream import Context as FromContext
+    from faststream.exceptions import StopApplication, SubscriberNotFound
+    from faststream.kafka.response import KafkaPublishCommand
+    from faststream.middlewares import AckPolicy, BaseMiddleware
+except ModuleNotFoundError as exc:  # faststream, or aiokafka underneath its Kafka broker
+    raise MissingDriver(
+        f"idemctl.faststream needs FastStream's Kafka broker ({exc.name} is missing): "
+        "pip install 'idemctl[faststream]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from faststream._internal.context.repository import ContextRepo
+    from faststream.message import StreamMessage
+
+    from idemctl.aio import AsyncStore
+
+__all__ = ["IdemContext", "IdempotencyMiddleware"]
+
+log = logging.getLogger("idemctl.faststream")
+
+IdemContext = Annotated[Context, FromContext("idemctl")]
+"""A handler parameter that receives the attempt's ``idemctl.runner.Context`` through
+FastStream's own injection (``current_context()`` gives the same)."""
+
+
+def _permanent_by_default() -> tuple[type[BaseException], ...]:
+    """Failures that come back the same on every retry: the payload does not validate
+    against the handler's signature (pydantic, when FastStream uses it)."""
+    try:
+        from pydantic import ValidationError
+    except ModuleNotFoundError:
+        return ()
+    return (ValidationError,)
+
+
+class IdempotencyMiddleware:
+    """A FastStream broker (or router) middleware that runs each message's handler once
+    per idempotency key: ``KafkaBroker(..., middlewares=[IdempotencyMiddleware(...)])``.
+
+    ``store``: an ``idemctl.aio.AsyncStore``, or a store URL (opened here, and closed by
+    ``aclose``). The other arguments are ``idemctl consume``'s options of the same names
+    (``idemctl.consume.ConsumeOptions``): ``key`` (a key strategy: ``header:NAME``,
+    ``template:{field}:{field}``, ``payload-hash``, ``offset``), ``on_missing_key`` (dlq,
+    offset, skip or stop), ``lease``, ``max_attempts``, ``backoff`` (seconds before the
+    first retry, doubled each attempt, at most 60), ``dlq_topic`` (default
+    ``<topic>.dlq``), ``dlq_timeout``, ``dlq_breaker``, ``order_key``/``sequence``/
+    ``on_stale`` (the sequence guard), ``transactional`` (PostgreSQL). ``permanent``:
+    exception types that fail a key for good (``idemctl.Permanent`` always does; so does
+    pydantic's ValidationError, a payload the handler's signature refuses). ``retention``:
+    seconds a completed key is remembered (the store's default if None). ``dlq_config``:
+    aiokafka producer settings for dead letters, over those taken from the subscriber's
+    connection.
+
+    ``summary`` counts what happened (the names ``idemctl consume`` reports). Give
+    ``aclose`` to the app's ``after_shutdown``.
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore | str,
+        *,
+        key: str = DEFAULT_KEY_STRATEGY,
+        on_missing_key: str = "dlq",
+        lease: float | None = None,
+        retention: float | None = None,
+        max_attempts: int = 5,
+        backoff: float = 1.0,
+        permanent: tuple[type[BaseException], ...] = (),
+        dlq_topic: str | None = None,
+        dlq_timeout: float = 30.0,
+        dlq_breaker: int = 20,
+        dlq_config: Mapping[str, Any] | None = None,
+        order_key: str | None = None,
+        sequence: str | None = None,
+        on_stale: str = "skip",
+        transactional: bool = False,
+    ) -> None:
+        # The Kafka connection, topics and group are the subscriber's: FastStream's.
+        self.options = ConsumeOptions(
+            "",
+            [],
+            "",
+            key=key,
+            on_missing_key=on_missing_key,
+            lease=lease,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            dlq_topic=dlq_topic,
+            dlq_timeout=dlq_timeout,
+            dlq_breaker=dlq_breaker,
+            permanent_errors=(*_permanent_by_default(), *permanent),
+            order_key=order_key,
+            sequence=sequence,
+            on_stale=on_stale,
+            transactional=transactional,
+        )
+        self.retention = retention
+        self.summary = Summary(state="consuming")
+        # A bad URL or a missing driver fails here; connections are made on first use.
+        self._opened = isinstance(store, str)
+        self.store: AsyncStore = aio.open_store(store) if isinstance(store, str) else store
+        self._strategy = key_strategy(key)
+        self._offset_key = key_strategy("offset")
+        self._order = (
+            None if order_key is None or sequence is None else order_strategy(order_key, sequence)
+        )
+        self._first = True
+        self._groupless: set[int] = set()
+        self._holds: weakref.WeakKeyDictionary[Any, _Holds] = weakref.WeakKeyDictionary()
+        self._dead_letters = _DeadLetters(dlq_timeout, dict(dlq_config or {}))
+        self._refusals: dict[tuple[str, int], int] = {}
+        self._storm_reason: str | None = None
+        self._storm = 0
+
+    def __call__(
+        self, msg: Any | None, /, *, context: ContextRepo
+    ) -> BaseMiddleware[KafkaPublishCommand, Any]:
+        """What FastStream calls for each message (and each publish): the middleware for it."""
+        return _Middleware(msg, context=context, idem=self)
+
+    async def aclose(self) -> None:
+        """Close the dead-letter producer, and the store if it was opened from a URL."""
+        await self._dead_letters.close()
+        if self._opened:
+            await self.store.aclose()
+
+    # What a message is -----------------------------------------------------------------------
+
+    def _admit(self, record: Any, subscriber: Any) -> _Item | None:
+        """``record`` with its key and fingerprint, or why it has none usable; None for a
+        subscriber without a group (left alone). Refuses (stops the app, the record not
+        committed) a subscriber that commits before its handler runs,
+        ``on_missing_key="stop"`` and a key template the first message cannot fill."""
+        group = getattr(subscriber, "group_id", None)
+        if not group:
+            if id(subscriber) not in self._groupless:
+                self._groupless.add(id(subscriber))
+                log.warning(
+                    "subscriber %s has no group_id: idemctl leaves it alone, as nothing it "
+                    "finishes could be committed; give it a group_id to run it effectively "
+                    "once",
+                    getattr(subscriber, "topic_names", "?"),
+                )
+            return None
+        consumer = getattr(record, "consumer", None) or getattr(subscriber, "consumer", None)
+        where = f"{record.topic}[{record.partition}]@{record.offset}"
+        if subscriber.ack_policy is AckPolicy.ACK_FIRST:
+            _refuse(
+                consumer,
+                [record],
+                f"{where}: the subscriber commits offsets before its handler runs "
+                "(AckPolicy.ACK_FIRST, FastStream's default for Kafka): give "
+                "ack_policy=AckPolicy.ACK to the broker, router or subscriber",
+            )
+        item = _Item(
+            record, subscriber, consumer, group, record.topic, record.partition, record.offset
+        )
+        message = Message(
+            record.topic, record.partition, record.offset, record.value, record.headers or ()
+        )
+        first, self._first = self._first, False
+        o = self.options
+        try:
+            item.key = self._strategy(message)
+            item.order = None if self._order is None else self._order(message)
+            item.fingerprint = message.fingerprint()
+        except (InvalidKey, InvalidPayload) as exc:
+            if first and isinstance(exc, MissingField) and o.on_missing_key == "dlq":
+                _refuse(
+                    consumer,
+                    [record],
+                    f"key={o.key!r} cannot work: the first message, {where}, is a JSON "
+                    f"object but {exc}; stopping before anything is claimed or dead-lettered",
+                )
+            reason = unusable_reason(exc)
+            if o.on_missing_key == "offset":
+                try:
+                    fingerprint = message.fingerprint()
+                except InvalidPayload:
+                    fingerprint = None  # the offset is the key: nothing to compare it with
+                item.key, item.fingerprint, item.order = (
+                    self._offset_key(message),
+                    fingerprint,
+                    None,
+                )
+            elif o.on_missing_key in ("stop", "fail"):
+                _refuse(
+                    consumer,
+                    [record],
+                    f"message {where}: {reason} ({exc}); stopping "
+                    f"(on_missing_key={o.on_missing_key!r})",
+                )
+            else:
+                item.key, item.bad = None, (reason, str(exc))
+        return item
+
+    # Running it ------------------------------------------------------------------------------
+
+    async def _run(
+        self,
+        item: _Item,
+        call_next: Callable[[Any], Awaitable[Any]],
+        message: StreamMessage[Any],
+        context: ContextRepo,
+    ) -> _Done:
+        """Claim the key, run the handler under it, and say what the message came to."""
+        if item.bad is not None:
+            return await self._unusable(item)
+        assert item.key is not None
+
+        async def handler(ctx: Context) -> Any:
+            with context.scope("idemctl", ctx):
+                return _jsonable(await call_next(message))
+
+        o = self.options
+        try:
+            result = await aio.run(
+                self.store,
+                item.key,
+                handler,
+                fingerprint=item.fingerprint,
+                lease=o.lease,
+                retention=self.retention,
+                permanent=o.permanent_errors,
+                transactional=o.transactional,
+                max_attempts=o.max_attempts,
+                order=item.order,
+                logger=log,
+            )
+        except StoreUnavailable as exc:
+            log.warning(
+                "store unavailable, holding every partition: %s",
+                exc,
+                extra=_about(item, "store_unavailable"),
+            )
+            self._hold(item, o.backoff, "store_unavailable", everything=True)
+            return _Done.HELD
+        except IdemctlError as exc:  # not provisioned, a setting the store refuses, ...
+            _refuse(item.consumer, [item.record], f"the store cannot run {item.key!r}: {exc}")
+        return await self._act(item, result)
+
+    async def _act(self, item: _Item, result: RunResult) -> _Done:
+        """What a RunResult comes to in Kafka: ``idemctl consume``'s table."""
+        o, outcome = self.options, result.outcome
+        if outcome in (Outcome.EXECUTED, Outcome.REPLAYED):
+            item.result = result.result
+            self._count(outcome.value)
+            return _Done.RESULT
+        if outcome in (Outcome.BUSY, Outcome.LEASE_LOST):
+            log.debug(
+                "%s %s: key %r; holding its partition %.1fs",
+                outcome.value,
+                item.where,
+                item.key,
+                o.backoff,
+                extra=_about(item, outcome.value),
+            )
+            self._hold(item, o.backoff, outcome.value)
+            return _Done.HELD
+        if outcome is Outcome.MISMATCH:
+            detail = f"key {item.key!r} was seen before with another payload"
+            return await self._dead_letter(item, "fingerprint mismatch", detail)
+        if outcome is Outcome.FAILED:
+            error = result.record.error if result.record else None
+            return await self._dead_letter(item, "failed before", error or "")
+        if outcome is Outcome.STALE:
+            order = item.order
+            detail = (
+                f"entity {order.entity!r} applied sequence {result.last}; this event is "
+                f"{order.sequence}"
+                if order is not None
+                else "the entity applied a later sequence"
+            )
+            if o.on_stale == "dlq":
+                done = await self._dead_letter(item, "stale event", detail)
+                if done is _Done.FINISHED:
+                    self._count("stale")
+                return done
+            self._count("stale")
+            log.info("stale %s: %s: skipped", item.where, detail, extra=_about(item, "stale"))
+            return _Done.FINISHED
+        if outcome is Outcome.ERROR:
+            verdict = failure_verdict(result, o.max_attempts, o.backoff)
+            if verdict.dead_letter is not None:
+                return await self._dead_letter(
+                    item, verdict.dead_letter, verdict.error, result.error
+                )
+            log.info(
+                "%s failed (attempt %d), retrying: %s",
+                item.key,
+                verdict.attempt,
+                verdict.error,
+                extra=_about(item, "retried", attempt=verdict.attempt),
+            )
+            self._hold(item, verdict.retry_in, "retried")
+            return _Done.HELD
+        raise AssertionError(f"run() does not answer {outcome}")
+
+    async def _unusable(self, item: _Item) -> _Done:
+        """A message without a usable key: dead-lettered, or passed by (``skip``)."""
+        assert item.bad is not None
+        reason, detail = item.bad
+        if self.options.on_missing_key != "skip":
+            return await self._dead_letter(item, reason, detail)
+        self._count("skipped")
+        log.warning(
+            "skipped %s: %s: %s (on_missing_key='skip')",
+            item.where,
+            reason,
+            detail,
+            extra=_about(item, "skipped", reason=reason),
+        )
+        return _Done.FINISHED
+
+    async def _dead_letter(
+        self, item: _Item, reason: str, detail: str, exc: BaseException | None = None
+    ) -> _Done:
+        """Write the message to its dead-letter topic and wait for the broker: only then is
+        it finished. A refused dead letter holds the partition, the back-off doubling with
+        each refusal in a row; the ``dlq_breaker``-th dead letter in a row for one reason
+        stops the app (that last one is not committed)."""
+        o, record = self.options, item.record
+        topic = dead_letter_topic(o.dlq_topic, record.topic)
+        headers = dead_letter_headers(
+            record.headers or (),
+            record.topic,
+            record.partition,
+            record.offset,
+            item.group,
+            reason,
+            detail,
+            exc,
+        )
+        refused = await self._dead_letters.send(item, topic, headers)
+        tp = (record.topic, record.partition)
+        if refused is not None:
+            n = self._refusals[tp] = self._refusals.get(tp, 0) + 1
+            wait = min(o.backoff * 2 ** (n - 1), MAX_BACKOFF)
+            log.warning(
+                "%s (%s) is neither handled nor dead-lettered: %s; holding its partition "
+                "there, trying again in %.1fs; nothing past it is committed",
+                item.where,
+                reason,
+                refused,
+                wait,
+                extra=_about(item, "dead_letter_refused", reason=reason),
+            )
+            self._hold(item, wait, "dead_letter_refused")
+            return _Done.HELD
+        self._refusals.pop(tp, None)
+        self._count("dead_lettered")
+        self.summary.dead_letters[reason] += 1
+        log.warning(
+            "dead-lettered %s to %s: %s: %s",
+            item.where,
+            topic,
+            reason,
+            detail,
+            extra=_about(item, "dead_lettered", reason=reason, dlq_topic=topic),
+        )
+        if self._storm_reason != reason:
+            self._storm_reason, self._storm = reason, 0
+        self._storm += 1
+        if o.dlq_breaker and self._storm >= o.dlq_breaker:
+            _refuse(
+                item.consumer,
+                [record],
+                f"{self._storm} messages in a row were dead-lettered for the same reason "
+                f"({reason}: {detail}); stopping (dlq_breaker={o.dlq_breaker}): they are in "
+                f"{topic}, and the last was not committed. Fix the cause (often key= or the "
+                "handler) and start again",
+            )
+        return _Done.FINISHED
+
+    def _count(self, outcome: str) -> None:
+        self.summary.counts[outcome] += 1
+        if outcome in ("executed", "replayed"):
+            self._storm_reason, self._storm = None, 0
+
+    # Kafka's part ----------------------------------------------------------------------------
+
+    def _hold(self, item: _Item, seconds: float, why: str, *, everything: bool = False) -> None:
+        """Stop the message's partition at it (every partition of its consumer with
+        ``everything``): seek back, pause, resume after ``seconds`` (at most 60)."""
+        self._count(why)
+        consumer = item.consumer
+        if not hasattr(consumer, "pause"):  # FastStream's test client: nothing to hold
+            return
+        holds = self._holds.get(consumer)
+        if holds is None:
+            holds = self._holds[consumer] = _Holds(consumer)
+        holds.hold(item, min(seconds, MAX_BACKOFF), everything=everything)
+
+
+class _Done(StrEnum):
+    """What a message came to."""
+
+    RESULT = "result"
+    """Its handler ran, or ran before: finished, with a result to publish."""
+    FINISHED = "finished"
+    """Finished without a result (dead-lettered, skipped, stale): nothing to publish."""
+    HELD = "held"
+    """Not finished: its partition is held at it and it comes again."""
+
+
+@dataclass
+class _Item:
+    """One consumed record and what idemctl made of it."""
+
+    record: Any  # aiokafka.ConsumerRecord
+    subscriber: Any  # FastStream's Kafka subscriber
+    consumer: Any  # aiokafka.AIOKafkaConsumer: the subscriber's that fetched the record
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    key: str | None = None
+    fingerprint: str | None = None
+    order: Order | None = None
+    bad: tuple[str, str] | None = None
+    """Why no key can be had from it (reason, detail): dead-lettered or skipped."""
+    result: JSON = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+class _Unpublished(Exception):
+    """Raised out of ``consume_scope`` so FastStream publishes nothing for the message; the
+    middleware's own exit swallows it."""
+
+    def __init__(self, done: _Done) -> None:
+        super().__init__(done)
+        self.done = done
+
+
+class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
+    """One message's passage: keyed on receipt, run in ``consume_scope``, committed or held
+    on exit (after FastStream published the handler's result)."""
+
+    def __init__(self, msg: Any, /, *, context: ContextRepo, idem: IdempotencyMiddleware) -> None:
+        super().__init__(msg, context=context)
+        self.idem = idem
+        self.item: _Item | None = None
+        self.message: StreamMessage[Any] | None = None
+        self.entered = False
+        """consume_scope began: FastStream parsed the record and a handler's filter took it."""
+        self.returned = False
+        """consume_scope returned the message's result (for FastStream to publish)."""
+
+    async def on_receive(self) -> None:
+        record = self.msg
+        if record is None:  # a publish, not a consumed record
+            return
+        subscriber = self.context.get_local("handler_")
+        if subscriber is None:  # get_one() or iteration: the caller acknowledges
+            return
+        if isinstance(record, tuple):
+            _refuse(
+                getattr(subscriber, "consumer", None),
+                record,
+                "idemctl.faststream runs one handler per key: batch subscribers "
+                "(batch=True) are not supported",
+            )
+        self.item = self.idem._admit(record, subscriber)
+
+    async def consume_scope(
+        self, call_next: Callable[[Any], Awaitable[Any]], msg: StreamMessage[Any]
+    ) -> Any:
+        self.message = msg
+        item = self.item
+        if item is None:
+            return await call_next(msg)
+        self.entered = True
+        done = await self.idem._run(item, call_next, msg, self.context)
+        if done is not _Done.RESULT:
+            raise _Unpublished(done)
+        self.returned = True
+        return item.result
+
+    async def after_processed(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_val: BaseException | None = None,
+        exc_tb: TracebackType | None = None,
+    ) -> bool | None:
+        item = self.item
+        if item is None:
+            return False
+        if exc_val is None:  # its result stored, and published by FastStream
+            await self._commit(item)
+            return False
+        if isinstance(exc_val, _Unpublished):
+            if exc_val.done is _Done.FINISHED:
+                await self._commit(item)
+            else:
+                await self._nack()
+            return True
+        if isinstance(exc_val, SystemExit) or not isinstance(exc_val, Exception):
+            _seek_back(item.consumer, [item.record])  # stopping or cancelled: comes again
+            await self._nack()
+            return False
+        if self.returned:
+            # The key is completed, but publishing its result failed: the message comes
+            # again, replays, and its result is published then.
+            log.warning(
+                "publishing the result of %s failed, holding its partition: %s",
+                item.where,
+                exc_val,
+                extra=_about(item, "publish_failed"),
+            )
+            self.idem._hold(item, self.idem.options.backoff, "publish_failed")
+            await self._nack()
+            return True
+        if self.entered:  # not the handler's (run() returns those): a fault on idemctl's side
+            log.error(
+                "%s: %s; holding its partition",
+                item.where,
+                exc_val,
+                exc_info=exc_val,
+                extra=_about(item, "unexpected"),
+            )
+            self.idem._hold(item, self.idem.options.backoff, "unexpected")
+            await self._nack()
+            return True
+        # FastStream could not hand it to a handler: it could not parse it, or no
+        # handler's filter took it.
+        if item.bad is not None:
+            done = await self.idem._unusable(item)
+        else:
+            reason = (
+                "no handler" if isinstance(exc_val, SubscriberNotFound) else "unreadable message"
+            )
+            detail = f"{fqcn(exc_val)}: {exc_val}"
+            done = await self.idem._dead_letter(item, reason, detail, exc_val)
+        if done is _Done.FINISHED:
+            await self._commit(item)
+        else:
+            await self._nack()
+        return True
+
+    async def _commit(self, item: _Item) -> None:
+        """Commit the consumer's position: past this message and every one it finished
+        before (its handlers run one at a time), not past a held one (sought back)."""
+        try:
+            if self.message is not None:
+                await self.message.ack()  # commits, and tells FastStream it is acknowledged
+            elif item.consumer is not None:
+                await item.consumer.commit()
+        except KafkaError as exc:  # a rebalance took the partition: it comes again, replays
+            log.warning(
+                "could not commit %s: %s", item.where, exc, extra=_about(item, "commit_failed")
+            )
+
+    async def _nack(self) -> None:
+        """Tell FastStream the message is not acknowledged (so it commits nothing for it)."""
+        if self.message is None:
+            return
+        try:
+            await self.message.nack()  # seeks back to it again, which a revoked one refuses
+        except KafkaError as exc:  # revoked meanwhile: its new owner goes on from the commit
+            log.debug("nack: %s", exc)
+
+
+class _Holds:
+    """The partitions of one Kafka consumer held back, and when each resumes."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.until: dict[Any, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def hold(self, item: _Item, seconds: float, *, everything: bool) -> None:
+        tp = TopicPartition(item.topic, item.partition)
+        tps = set(self.consumer.assignment()) | {tp} if everything else {tp}
+        try:
+            self.consumer.pause(*tps)
+            self.consumer.seek(tp, item.offset)
+        except IllegalStateError as exc:  # revoked meanwhile: its new owner goes on from the commit
+            log.debug("hold %s: %s", item.where, exc)
+            return
+        loop = asyncio.get_running_loop()
+        at = loop.time() + seconds
+        for held in tps:
+            self.until[held] = max(self.until.get(held, 0.0), at)
+        self._schedule(loop)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = (
+            loop.call_at(min(self.until.values()), self._resume_due) if self.until else None
+        )
+
+    def _resume_due(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = [tp for tp, at in self.until.items() if at <= now]
+        for tp in due:
+            del self.until[tp]
+            try:
+                self.consumer.resume(tp)
+            except (IllegalStateError, KafkaError) as exc:  # revoked or stopped meanwhile
+                log.debug("resume %s: %s", tp, exc)
+        self._timer = None
+        self._schedule(loop)
+
+
+class _DeadLetters:
+    """An aiokafka producer of dead letters, on the subscriber's connection: each dead
+    letter is sent alone and waited for until every in-sync replica has it (``acks=all``).
+    Not idempotent by default: with one record in flight at a time there is nothing to
+    reorder, and aiokafka's InitProducerId (v0 only) is refused by some Kafka-protocol
+    brokers; ``dlq_config={"enable_idempotence": True}`` turns it on."""
+
+    def __init__(self, timeout: float, overrides: dict[str, Any]) -> None:
+        self.timeout = timeout
+        self.overrides = overrides
+        self._producer: Any = None
+
+    async def send(
+        self, item: _Item, topic: str, headers: list[tuple[str, bytes | None]]
+    ) -> str | None:
+        """None once the broker acknowledged the dead letter, else why not (one line)."""
+        record = item.record
+        if "bootstrap_servers" not in self._config(item.subscriber):
+            return (
+                f"could not dead-letter to {topic}: the subscriber's bootstrap servers are "
+                "unknown; give dlq_config={'bootstrap_servers': ...}"
+            )
+        try:
+            producer = await self._start(item)
+            await asyncio.wait_for(
+                producer.send_and_wait(topic, record.value, key=record.key, headers=headers),
+                self.timeout,
+            )
+        except (KafkaError, TimeoutError) as exc:
+            await self.close()  # a new producer next time: nothing given up on arrives later
+            return f"could not dead-letter to {topic}: {type(exc).__name__}: {exc}"
+        return None
+
+    async def _start(self, item: _Item) -> Any:
+        if self._producer is None:
+            producer = AIOKafkaProducer(**self._config(item.subscriber))
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
+            self._producer = producer
+        return self._producer
+
+    def _config(self, subscriber: Any) -> dict[str, Any]:
+        """The consumer's connection settings that a producer takes, then what makes a dead
+        letter safe and able to carry any message the consumer can read."""
+        taken = inspect.signature(AIOKafkaProducer.__init__).parameters
+        connection = {k: v for k, v in _connection(subscriber).items() if k in taken}
+        return {
+            **connection,
+            "acks": "all",
+            "max_request_size": RECEIVE_MAX + HEADROOM,
+            "request_timeout_ms": max(int(self.timeout * 1000), 1),
+            **self.overrides,
+        }
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+
+def _connection(subscriber: Any) -> dict[str, Any]:
+    """The settings the subscriber's consumers are built with (bootstrap servers, security,
+    client id): FastStream's consumer factory, ``subscriber.builder``, holds them."""
+    builder = getattr(subscriber, "builder", None)
+    if isinstance(builder, functools.partial):
+        return dict(builder.keywords)
+    return {}
+
+
+def _refuse(consumer: Any, records: Iterable[Any], text: str) -> NoReturn:
+    """Stop the app (FastStream's StopApplication) before ``records`` are committed, saying
+    why at CRITICAL."""
+    _seek_back(consumer, records)
+    log.critical("stopping: %s", text, extra={"idemctl": {"outcome": "stopped"}})
+    raise StopApplication
+
+
+def _seek_back(consumer: Any, records: Iterable[Any]) -> None:
+    """Each record's partition back to its earliest record: nothing past it is committed."""
+    if consumer is None or not hasattr(consumer, "seek"):
+        return
+    earliest: dict[Any, int] = {}
+    for r in records:
+        tp = TopicPartition(r.topic, r.partition)
+        earliest[tp] = min(earliest.get(tp, r.offset), r.offset)
+    for tp, offset in earliest.items():
+        try:
+            consumer.seek(tp, offset)
+        except IllegalStateError as exc:  # revoked meanwhile
+            log.debug("seek %s: %s", tp, exc)
+
+
+@functools.cache
+def _to_jsonable() -> Callable[[Any], Any] | None:
+    try:
+        from pydantic_core import to_jsonable_python
+    except ModuleNotFoundError:
+        return None
+    return to_jsonable_python
+
+
+def _jsonable(value: Any) -> Any:
+    """A handler's value as the store keeps it: pydantic models, dataclasses, datetimes and
+    the like as their JSON form (what FastStream would publish), the rest as they are (the
+    runner refuses what is not JSON)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    convert = _to_jsonable()
+    if convert is None:
+        return value
+    try:
+        return convert(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _about(item: _Item, outcome: str, **more: Any) -> dict[str, Any]:
+    """A log call's ``extra``: the message's key, topic, partition, offset and ``outcome``
+    (the fields ``idemctl consume``'s lines carry)."""
+    fields = dict(
+        key=item.key,
+        topic=item.topic,
+        partition=item.partition,
+        offset=item.offset,
+        outcome=outcome,
+        **more,
+    )
+    return {"idemctl": fields}
