@@ -32,7 +32,7 @@ from idemctl.model import (
     validate_sequence,
 )
 from idemctl.stores.redis import RedisStore
-from idemctl.stores.redis.connect import final
+from idemctl.stores.redis.connect import mendable
 from idemctl.stores.redis.core import Call, Op
 from idemctl.stores.redis.errors import translate
 from idemctl.stores.redis.records import server_time
@@ -50,10 +50,7 @@ class _Retry(Retry):
         is_retryable: Callable[[Exception], bool] | None = None,
         with_failure_count: bool = False,
     ) -> T:
-        def retryable(error: Exception) -> bool:
-            return not final(error) and (is_retryable is None or is_retryable(error))
-
-        return await super().call_with_retry(do, fail, retryable, with_failure_count)
+        return await super().call_with_retry(do, fail, mendable(is_retryable), with_failure_count)
 
 
 class AsyncRedisStore(AsyncStore):

@@ -54,10 +54,6 @@ class AsyncStore:
         self._threads = threads or self.threads
         self._executor: ThreadPoolExecutor | None = None
 
-    @property
-    def claim_chunk(self) -> int | None:
-        return self.sync.claim_chunk
-
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in one of the store's worker threads."""
         if self._executor is None:

@@ -80,10 +80,12 @@ class _Retry(Retry):
         is_retryable: Callable[[Exception], bool] | None = None,
         with_failure_count: bool = False,
     ) -> T:
-        def retryable(error: Exception) -> bool:
-            return not final(error) and (is_retryable is None or is_retryable(error))
+        return super().call_with_retry(do, fail, mendable(is_retryable), with_failure_count)
 
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+def mendable(is_retryable: Callable[[Exception], bool] | None) -> Callable[[Exception], bool]:
+    """``is_retryable``, except for what another try cannot mend (see ``final``)."""
+    return lambda error: not final(error) and (is_retryable is None or is_retryable(error))
 
 
 def final(error: BaseException) -> bool:

@@ -133,8 +133,8 @@ class RedisCore(BaseStore):
         durable: bool = False,
         named: Callable[[str], str] | None = None,
     ) -> list[Any]:
-        call = self._script(name, shared, items, durable, named)
-        return self._scripts.call(call.name, call.shared, call.items, call.confirm)
+        """The replies of ``_script``'s call, one per item."""
+        return self._do((self._script(name, shared, items, durable, named), list))
 
     def _one(
         self, name: str, shared: Sequence[Any], key: str, *args: Any, durable: bool = False
