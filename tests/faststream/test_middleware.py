@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,70 @@ async def committed_total(broker: KafkaBroker, topic: str, group: str, partition
     return sum(max(offset, 0) for offset in ends.values())
 
 
+async def _equals(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
+
+
+@asynccontextmanager
+async def subscribed(
+    kafka_broker: KafkaBroker,
+    idem: IdempotencyMiddleware,
+    topic: str,
+    group: str,
+    handler: Callable[..., Awaitable[Any]],
+    *,
+    publish_to: str | None = None,
+    ack_policy: AckPolicy | None = AckPolicy.ACK,
+) -> AsyncIterator[FastStreamBroker]:
+    """A FastStream broker behind ``idem``, with ``handler`` subscribed to ``topic`` in
+    ``group`` (its results published to ``publish_to`` if given), started for the body;
+    ``idem`` is closed once the broker has stopped. ``ack_policy=None`` leaves FastStream's
+    default."""
+    options: dict[str, Any] = {} if ack_policy is None else {"ack_policy": ack_policy}
+    broker = FastStreamBroker(kafka_broker.bootstrap, middlewares=[idem], **options)
+    if publish_to is not None:
+        handler = broker.publisher(publish_to)(handler)
+    broker.subscriber(topic, group_id=group, **TANSU)(handler)
+    async with broker:
+        await broker.start()
+        yield broker
+    await idem.aclose()
+
+
+def consume(
+    kafka_broker: KafkaBroker,
+    idem: IdempotencyMiddleware,
+    topic: str,
+    group: str,
+    handler: Callable[..., Awaitable[Any]],
+    *,
+    messages: int,
+    partitions: int = 1,
+    publish_to: str | None = None,
+) -> None:
+    """Run ``handler`` behind ``idem`` until ``messages`` messages have finished and the
+    group's offsets on ``topic`` add up to ``messages``."""
+
+    async def main() -> None:
+        async with subscribed(kafka_broker, idem, topic, group, handler, publish_to=publish_to):
+            await until(lambda: idem.summary.finished >= messages, f"{messages} messages finished")
+            await until(
+                lambda: _equals(committed_total(kafka_broker, topic, group, partitions), messages),
+                f"offsets committed past all {messages} messages",
+            )
+
+    asyncio.run(main())
+
+
+def recording_keys(ran: list[str]) -> Callable[[dict[str, Any]], Awaitable[None]]:
+    """A handler that only appends each message's idempotency key to ``ran``."""
+
+    async def handle(body: dict[str, Any]) -> None:
+        ran.append(current_context().key)
+
+    return handle
+
+
 @pytest.fixture(params=["sqlite", "redis"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
@@ -80,37 +145,18 @@ def test_each_key_runs_once_across_duplicates_and_offsets_reach_the_end(
     seen: list[tuple[str, int]] = []
     idem = IdempotencyMiddleware(store_url, backoff=0.2)
 
-    async def main() -> None:
-        broker = FastStreamBroker(
-            kafka_broker.bootstrap, middlewares=[idem], ack_policy=AckPolicy.ACK
-        )
+    async def charge(body: dict[str, Any], ctx: IdemContext) -> dict[str, Any]:
+        assert current_context() is ctx
+        assert ctx.key == body["payment"]
+        charged[body["payment"]] += 1
+        seen.append((ctx.key, ctx.fencing_token))
+        return {"charged": body["cents"]}
 
-        @broker.subscriber(topic, group_id=group, **TANSU)
-        async def charge(body: dict[str, Any], ctx: IdemContext) -> dict[str, Any]:
-            assert current_context() is ctx
-            assert ctx.key == body["payment"]
-            charged[body["payment"]] += 1
-            seen.append((ctx.key, ctx.fencing_token))
-            return {"charged": body["cents"]}
-
-        async with broker:
-            await broker.start()
-            await until(lambda: idem.summary.finished >= total, "every message finished")
-            await until(
-                lambda: _equals(committed_total(kafka_broker, topic, group, 3), total),
-                "offsets committed to the end",
-            )
-        await idem.aclose()
-
-    asyncio.run(main())
+    consume(kafka_broker, idem, topic, group, charge, messages=total, partitions=3)
     assert charged == Counter(keys)  # each payment charged once
     assert idem.summary.counts["executed"] == len(keys)
     assert idem.summary.counts["replayed"] == len(dupes)
     assert idem.summary.dead_letters == Counter()
-
-
-async def _equals(value: Awaitable[int], expected: int) -> bool:
-    return await value == expected
 
 
 def test_a_message_without_a_key_is_dead_lettered_with_its_reason_and_passed(
@@ -130,25 +176,7 @@ def test_a_message_without_a_key_is_dead_lettered_with_its_reason_and_passed(
     ran: list[str] = []
     idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db", backoff=0.2)
 
-    async def main() -> None:
-        broker = FastStreamBroker(
-            kafka_broker.bootstrap, middlewares=[idem], ack_policy=AckPolicy.ACK
-        )
-
-        @broker.subscriber(topic, group_id=group, **TANSU)
-        async def handle(body: dict[str, Any]) -> None:
-            ran.append(current_context().key)
-
-        async with broker:
-            await broker.start()
-            await until(lambda: idem.summary.finished >= 3, "three messages finished")
-            await until(
-                lambda: _equals(committed_total(kafka_broker, topic, group, 1), 3),
-                "offsets committed past the dead letter",
-            )
-        await idem.aclose()
-
-    asyncio.run(main())
+    consume(kafka_broker, idem, topic, group, recording_keys(ran), messages=3)
     assert ran == ["a", "c"]
     assert idem.summary.dead_letters == Counter({"no idempotency key": 1})
     (dead,) = read_all(kafka_broker, f"{topic}.dlq", expect=1)
@@ -178,16 +206,7 @@ def test_an_unreachable_store_commits_nothing_and_the_message_runs_once_it_is_ba
         idem = IdempotencyMiddleware(url, backoff=0.2)
 
         async def main() -> None:
-            broker = FastStreamBroker(
-                kafka_broker.bootstrap, middlewares=[idem], ack_policy=AckPolicy.ACK
-            )
-
-            @broker.subscriber(topic, group_id=group, **TANSU)
-            async def handle(body: dict[str, Any]) -> None:
-                ran.append(current_context().key)
-
-            async with broker:
-                await broker.start()
+            async with subscribed(kafka_broker, idem, topic, group, recording_keys(ran)):
                 await until(
                     lambda: idem.summary.counts["store_unavailable"] >= 3,
                     "the store found unreachable, again and again",
@@ -200,7 +219,6 @@ def test_an_unreachable_store_commits_nothing_and_the_message_runs_once_it_is_ba
                     lambda: _equals(committed_total(kafka_broker, topic, group, 1), 3),
                     "offsets committed once the messages finished",
                 )
-            await idem.aclose()
 
         asyncio.run(main())
         assert ran == ["k0", "k1", "k2"]  # in order, each once
@@ -228,25 +246,10 @@ def test_a_key_held_by_a_dead_worker_waits_for_its_lease_then_is_taken_over(
     ran: list[tuple[str, bool, int]] = []
     idem = IdempotencyMiddleware(url, backoff=0.2)
 
-    async def main() -> None:
-        broker = FastStreamBroker(
-            kafka_broker.bootstrap, middlewares=[idem], ack_policy=AckPolicy.ACK
-        )
+    async def handle(body: dict[str, Any], ctx: IdemContext) -> None:
+        ran.append((ctx.key, ctx.takeover, ctx.fencing_token))
 
-        @broker.subscriber(topic, group_id=group, **TANSU)
-        async def handle(body: dict[str, Any], ctx: IdemContext) -> None:
-            ran.append((ctx.key, ctx.takeover, ctx.fencing_token))
-
-        async with broker:
-            await broker.start()
-            await until(lambda: idem.summary.finished >= 2, "both messages finished")
-            await until(
-                lambda: _equals(committed_total(kafka_broker, topic, group, 1), 2),
-                "offsets committed",
-            )
-        await idem.aclose()
-
-    asyncio.run(main())
+    consume(kafka_broker, idem, topic, group, handle, messages=2)
     assert [(k, takeover) for k, takeover, _ in ran] == [("pay-1", True), ("pay-2", False)]
     assert ran[0][2] > dead.fencing_token
     assert idem.summary.counts["busy"] >= 1  # held while the dead worker's lease lasted
@@ -268,34 +271,19 @@ def test_failures_are_retried_up_to_max_attempts_then_dead_lettered_in_order(
     order: list[str] = []
     idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db", backoff=0.1, max_attempts=3)
 
-    async def main() -> None:
-        broker = FastStreamBroker(
-            kafka_broker.bootstrap, middlewares=[idem], ack_policy=AckPolicy.ACK
-        )
+    async def handle(body: dict[str, Any]) -> str:
+        do = body["do"]
+        runs[do] += 1
+        order.append(do)
+        if do == "flaky" and runs[do] == 1:
+            raise ConnectionError("the bank timed out")
+        if do == "broken":
+            raise ValueError("always")
+        if do == "refused":
+            raise Permanent("card declined")
+        return do
 
-        @broker.subscriber(topic, group_id=group, **TANSU)
-        async def handle(body: dict[str, Any]) -> str:
-            do = body["do"]
-            runs[do] += 1
-            order.append(do)
-            if do == "flaky" and runs[do] == 1:
-                raise ConnectionError("the bank timed out")
-            if do == "broken":
-                raise ValueError("always")
-            if do == "refused":
-                raise Permanent("card declined")
-            return do
-
-        async with broker:
-            await broker.start()
-            await until(lambda: idem.summary.finished >= 4, "four messages finished")
-            await until(
-                lambda: _equals(committed_total(kafka_broker, topic, group, 1), 4),
-                "offsets committed past the dead letters",
-            )
-        await idem.aclose()
-
-    asyncio.run(main())
+    consume(kafka_broker, idem, topic, group, handle, messages=4)
     assert runs == Counter({"flaky": 2, "broken": 3, "refused": 1, "fine": 1})
     assert order == ["flaky", "flaky", "broken", "broken", "broken", "refused", "fine"]
     assert idem.summary.counts["retried"] == 3  # flaky once, broken twice
@@ -330,17 +318,11 @@ def test_a_subscriber_that_commits_before_its_handler_is_refused_before_anything
     idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db")
 
     async def main() -> None:
-        broker = FastStreamBroker(kafka_broker.bootstrap, middlewares=[idem])  # ACK_FIRST
-
-        @broker.subscriber(topic, group_id=group, **TANSU)
-        async def handle(body: dict[str, Any]) -> None:
-            ran.append(current_context().key)
-
-        subscriber = broker.subscribers[0]
-        async with broker:
-            await broker.start()
+        handle = recording_keys(ran)
+        # ack_policy=None: FastStream's default, ACK_FIRST
+        async with subscribed(kafka_broker, idem, topic, group, handle, ack_policy=None) as broker:
+            subscriber = broker.subscribers[0]
             await until(lambda: not subscriber.running, "the subscriber stopped")
-        await idem.aclose()
 
     asyncio.run(main())
     assert ran == []
@@ -368,25 +350,7 @@ def test_messages_faststream_cannot_parse_are_dead_lettered_with_their_reason(
     ran: list[str] = []
     idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db", backoff=0.2)
 
-    async def main() -> None:
-        broker = FastStreamBroker(
-            kafka_broker.bootstrap, middlewares=[idem], ack_policy=AckPolicy.ACK
-        )
-
-        @broker.subscriber(topic, group_id=group, **TANSU)
-        async def handle(body: dict[str, Any]) -> None:
-            ran.append(current_context().key)
-
-        async with broker:
-            await broker.start()
-            await until(lambda: idem.summary.finished >= 4, "four messages finished")
-            await until(
-                lambda: _equals(committed_total(kafka_broker, topic, group, 1), 4),
-                "offsets committed past the dead letters",
-            )
-        await idem.aclose()
-
-    asyncio.run(main())
+    consume(kafka_broker, idem, topic, group, recording_keys(ran), messages=4)
     assert ran == ["a", "d"]
     assert idem.summary.dead_letters == Counter(
         {"invalid idempotency key": 1, "unreadable message": 1}
@@ -418,25 +382,10 @@ def test_the_sequence_guard_skips_a_stale_event(kafka_broker: KafkaBroker, tmp_p
         f"sqlite:///{tmp_path}/keys.db", order_key="account:{account}", sequence="seq"
     )
 
-    async def main() -> None:
-        broker = FastStreamBroker(
-            kafka_broker.bootstrap, middlewares=[idem], ack_policy=AckPolicy.ACK
-        )
+    async def apply(body: dict[str, Any], ctx: IdemContext) -> None:
+        applied.append((ctx.key, ctx.sequence))
 
-        @broker.subscriber(topic, group_id=group, **TANSU)
-        async def apply(body: dict[str, Any], ctx: IdemContext) -> None:
-            applied.append((ctx.key, ctx.sequence))
-
-        async with broker:
-            await broker.start()
-            await until(lambda: idem.summary.finished >= 3, "three events finished")
-            await until(
-                lambda: _equals(committed_total(kafka_broker, topic, group, 1), 3),
-                "offsets committed past the stale event",
-            )
-        await idem.aclose()
-
-    asyncio.run(main())
+    consume(kafka_broker, idem, topic, group, apply, messages=3)
     assert applied == [("a1-2", 2), ("a1-3", 3)]
     assert idem.summary.counts["stale"] == 1
 
@@ -454,27 +403,11 @@ def test_a_replay_publishes_the_stored_result_again(
     runs: list[str] = []
     idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db")
 
-    async def main() -> None:
-        broker = FastStreamBroker(
-            kafka_broker.bootstrap, middlewares=[idem], ack_policy=AckPolicy.ACK
-        )
+    async def handle(body: dict[str, Any], ctx: IdemContext) -> dict[str, Any]:
+        runs.append(ctx.key)
+        return {"for": ctx.key, "token": ctx.fencing_token}
 
-        @broker.subscriber(topic, group_id=group, **TANSU)
-        @broker.publisher(out)
-        async def handle(body: dict[str, Any], ctx: IdemContext) -> dict[str, Any]:
-            runs.append(ctx.key)
-            return {"for": ctx.key, "token": ctx.fencing_token}
-
-        async with broker:
-            await broker.start()
-            await until(lambda: idem.summary.finished >= 2, "both deliveries finished")
-            await until(
-                lambda: _equals(committed_total(kafka_broker, topic, group, 1), 2),
-                "offsets committed",
-            )
-        await idem.aclose()
-
-    asyncio.run(main())
+    consume(kafka_broker, idem, topic, group, handle, messages=2, publish_to=out)
     assert runs == ["a"]
     published = read_all(kafka_broker, out, expect=2)
     assert len(published) == 2 and published[0].value() == published[1].value()
