@@ -36,8 +36,8 @@ from idemctl.model import (
     Settle,
     Stale,
     validate_key,
-    validate_sequence,
 )
+from idemctl.stores.base import check_claims, check_guards
 from idemctl.stores.postgres import PostgresStore, flows
 from idemctl.stores.postgres.flows import Flow, T, drive_async
 from idemctl.stores.postgres.pool import AsyncPool, LockTimeout
@@ -100,8 +100,7 @@ class AsyncPostgresStore(AsyncStore):
     async def claim_many(
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]:
-        for r in requests:
-            validate_key(r.key)
+        check_claims(requests)
         return await self._claim_many(requests, self.sync._lease(lease))
 
     async def _claim_many(
@@ -166,9 +165,7 @@ class AsyncPostgresStore(AsyncStore):
     async def guard_many(
         self, guards: Sequence[Guard], lease: float | None = None
     ) -> list[GuardReply]:
-        for g in guards:
-            validate_key(g.entity, "entity")
-            validate_sequence(g.sequence)
+        check_guards(guards)
         return await self._guard_many(guards, self.sync._lease(lease)) if guards else []
 
     async def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
@@ -222,13 +219,7 @@ class AsyncPostgresStore(AsyncStore):
     ) -> list[bool]:
         """As PostgresStore.finish_many: the entities first, then the keys whose entity
         was still held (two round trips)."""
-        held = dict.fromkeys((c.key for c in completions), True)
-        if settles:
-            answers = await self.settle_many(settles, retention)
-            held.update(zip((s.key for s in settles), answers, strict=True))
-        sending = [c for c in completions if held[c.key]]
-        done = iter(await self.complete_many(sending, retention) if sending else ())
-        return [held[c.key] and next(done) for c in completions]
+        return await self._settle_then_complete(completions, settles, retention)
 
     # Transactional mode ---------------------------------------------------------------------------
 

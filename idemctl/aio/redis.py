@@ -28,9 +28,8 @@ from idemctl.model import (
     Holder,
     Record,
     Settle,
-    validate_key,
-    validate_sequence,
 )
+from idemctl.stores.base import check_claims, check_guards
 from idemctl.stores.redis import RedisStore
 from idemctl.stores.redis.connect import mendable
 from idemctl.stores.redis.core import Call, Op
@@ -127,8 +126,7 @@ class AsyncRedisStore(AsyncStore):
     async def claim_many(
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]:
-        for r in requests:
-            validate_key(r.key)
+        check_claims(requests)
         return await self._do(self.sync._claim_op(requests, self.sync._lease(lease)))
 
     async def complete(
@@ -193,9 +191,7 @@ class AsyncRedisStore(AsyncStore):
     async def guard_many(
         self, guards: Sequence[Guard], lease: float | None = None
     ) -> list[GuardReply]:
-        for g in guards:
-            validate_key(g.entity, "entity")
-            validate_sequence(g.sequence)
+        check_guards(guards)
         if not guards:
             return []
         return await self._do(self.sync._guard_op(guards, self.sync._lease(lease)))
@@ -216,13 +212,7 @@ class AsyncRedisStore(AsyncStore):
         """As RedisStore.finish_many: one script a key and its entity on one server; on a
         cluster the entities first, then the keys whose entity was still held."""
         if self.sync.cluster or not settles:
-            held = dict.fromkeys((c.key for c in completions), True)
-            if settles:
-                answers = await self.settle_many(settles, retention)
-                held.update(zip((s.key for s in settles), answers, strict=True))
-            sending = [c for c in completions if held[c.key]]
-            done = iter(await self.complete_many(sending, retention) if sending else ())
-            return [held[c.key] and next(done) for c in completions]
+            return await self._settle_then_complete(completions, settles, retention)
         finish, plain = self.sync._finish_op(completions, settles, self.sync._retention(retention))
         finished = await self._do(finish)
         if plain:

@@ -47,7 +47,7 @@ from idemctl.runner.outcome import (
     settled,
     stored_form,
 )
-from idemctl.runner.single import Invocation
+from idemctl.runner.single import Invocation, discarded, result_lost
 
 if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
@@ -145,21 +145,13 @@ async def run(
         order is not None
         and not (await store.settle_many([settle_of(outcome, order)], retention))[0]
     ):
-        lost = out_of_order(outcome, order)
-        logger.warning("%s", lost, extra={"idemctl": {"key": key, "outcome": "lease_lost"}})
-        return RunResult(Outcome.LEASE_LOST, key, error=lost, **done)
+        return result_lost(outcome, out_of_order(outcome, order), logger)
     try:
         record = await store.complete(
             key, outcome.owner, outcome.fencing_token, did.value, retention
         )
     except LeaseLost as lost:
-        discarded = LeaseLost(
-            f"result for {key!r} discarded: {lost} (the handler ran past its lease; "
-            "raise the lease or keep the heartbeat on)",
-            lost.record,
-        )
-        logger.warning("%s", discarded, extra={"idemctl": {"key": key, "outcome": "lease_lost"}})
-        return RunResult(Outcome.LEASE_LOST, key, error=discarded, record=lost.record, **done)
+        return result_lost(outcome, discarded(key, lost), logger)
     return RunResult(Outcome.EXECUTED, key, did.value, record, **done)
 
 
@@ -178,13 +170,11 @@ async def invoke(
 ) -> Invocation:
     """``idemctl.runner.invoke`` for asyncio: run ``handler`` for a key this attempt holds,
     with a heartbeat task, and record a failure; completing is the caller's."""
-    key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
+    key = acquired.key
     if exhausted(acquired, max_attempts):
         error: Exception = exhausted_error(acquired, max_attempts)
         return await _record_failure(store, acquired, error, False, retention, order=order)
-    ctx = Context(
-        key, token, acquired.attempt, acquired.takeover, owner, store, logger, order=order
-    )
+    ctx = Context.held(acquired, store, logger, order=order)
     guards = [] if order is None else [guard_of(acquired, order)]
     beat = (
         Heartbeat(store, store.default_lease if lease is None else lease, [acquired], guards)
@@ -320,18 +310,8 @@ async def _run_transactional(
             if exhausted(a, max_attempts):
                 failure = exhausted_error(a, max_attempts)
                 raise _Rollback
-            ctx = Context(
-                key,
-                a.fencing_token,
-                a.attempt,
-                a.takeover,
-                a.owner,
-                store,
-                logger,
-                unit.connection,
-                AsyncOutbox(unit.connection, store.outbox_table),
-                order,
-            )
+            outbox = AsyncOutbox(unit.connection, store.outbox_table)
+            ctx = Context.held(a, store, logger, unit.connection, outbox, order)
             try:
                 value = stored_form(await call(ctx, handler))
             except Exception as exc:

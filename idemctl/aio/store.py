@@ -138,6 +138,23 @@ class AsyncStore:
     ) -> list[bool]:
         return await self._thread(self.sync.finish_many, completions, settles, retention)
 
+    async def _settle_then_complete(
+        self,
+        completions: Sequence[Completion],
+        settles: Sequence[Settle],
+        retention: float | None,
+    ) -> list[bool]:
+        """``finish_many`` in two round trips on this store's own calls, as
+        ``BaseStore.finish_many``: the entities first, then the keys whose entity was
+        still held."""
+        held = dict.fromkeys((c.key for c in completions), True)
+        if settles:
+            answers = await self.settle_many(settles, retention)
+            held.update(zip((s.key for s in settles), answers, strict=True))
+        sending = [c for c in completions if held[c.key]]
+        done = iter(await self.complete_many(sending, retention) if sending else ())
+        return [held[c.key] and next(done) for c in completions]
+
     async def get_entity(self, entity: str) -> Entity | None:
         return await self._thread(self.sync.get_entity, entity)
 

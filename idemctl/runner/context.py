@@ -13,7 +13,7 @@ from idemctl.outbox.writer import AsyncOutbox, NoOutbox, Outbox
 
 if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
-    from idemctl.model import Order
+    from idemctl.model import Acquired, Order
     from idemctl.stores.base import Store
 
 NO_OUTBOX = NoOutbox(
@@ -48,6 +48,30 @@ class Context:
     order: Order | None = None
     """With the sequence guard: the entity and this event's sequence, which the guard let
     through (write the sequence into your own rows if you keep it there too)."""
+
+    @classmethod
+    def held(
+        cls,
+        a: Acquired,
+        store: Store | AsyncStore,
+        logger: logging.Logger,
+        connection: Any = None,
+        outbox: Outbox | AsyncOutbox = NO_OUTBOX,
+        order: Order | None = None,
+    ) -> Context:
+        """The context of the attempt that holds ``a``."""
+        return cls(
+            a.key,
+            a.fencing_token,
+            a.attempt,
+            a.takeover,
+            a.owner,
+            store,
+            logger,
+            connection,
+            outbox,
+            order,
+        )
 
     @property
     def sequence(self) -> int | None:

@@ -135,18 +135,8 @@ def _run_transactional(
             if exhausted(a, max_attempts):
                 failure = exhausted_error(a, max_attempts)
                 raise _Rollback
-            ctx = Context(
-                key,
-                a.fencing_token,
-                a.attempt,
-                a.takeover,
-                a.owner,
-                store,
-                logger,
-                unit.connection,
-                Outbox(unit.connection, store.outbox_table),
-                order,
-            )
+            outbox = Outbox(unit.connection, store.outbox_table)
+            ctx = Context.held(a, store, logger, unit.connection, outbox, order)
             try:
                 value = stored_form(call_in_context(ctx, handler))
             except Exception as exc:
@@ -244,9 +234,7 @@ def invoke(
     if exhausted(acquired, max_attempts):
         error: Exception = exhausted_error(acquired, max_attempts)
         return _record_failure(store, acquired, error, False, retention, order=order)
-    ctx = Context(
-        key, token, acquired.attempt, acquired.takeover, owner, store, logger, order=order
-    )
+    ctx = Context.held(acquired, store, logger, order=order)
     beat = (
         Heartbeat(
             store, store.default_lease if lease is None else lease, f"idemctl-heartbeat-{key}"
@@ -347,17 +335,31 @@ def _execute(
     if failed is not None:
         return failed
     if order is not None and not store.settle_many([settle_of(acquired, order)], retention)[0]:
-        lost = out_of_order(acquired, order)
-        logger.warning("%s", lost, extra={"idemctl": {"key": key, "outcome": "lease_lost"}})
-        return RunResult(Outcome.LEASE_LOST, key, error=lost, **done)
+        return result_lost(acquired, out_of_order(acquired, order), logger)
     try:
         record = store.complete(key, owner, token, did.value, retention)
     except LeaseLost as lost:
-        discarded = LeaseLost(
-            f"result for {key!r} discarded: {lost} (the handler ran past its lease; "
-            "raise the lease or keep the heartbeat on)",
-            lost.record,
-        )
-        logger.warning("%s", discarded, extra={"idemctl": {"key": key, "outcome": "lease_lost"}})
-        return RunResult(Outcome.LEASE_LOST, key, error=discarded, record=lost.record, **done)
+        return result_lost(acquired, discarded(key, lost), logger)
     return RunResult(Outcome.EXECUTED, key, did.value, record, **done)
+
+
+def discarded(key: str, lost: LeaseLost) -> LeaseLost:
+    """Why a handler's result was not stored: completing it found the lease ``lost``."""
+    return LeaseLost(
+        f"result for {key!r} discarded: {lost} (the handler ran past its lease; "
+        "raise the lease or keep the heartbeat on)",
+        lost.record,
+    )
+
+
+def result_lost(a: Acquired, lost: LeaseLost, logger: logging.Logger) -> RunResult:
+    """LEASE_LOST for a handler that finished after its key (or entity) was taken: logged."""
+    logger.warning("%s", lost, extra={"idemctl": {"key": a.key, "outcome": "lease_lost"}})
+    return RunResult(
+        Outcome.LEASE_LOST,
+        a.key,
+        error=lost,
+        record=lost.record,
+        attempt=a.attempt,
+        fencing_token=a.fencing_token,
+    )

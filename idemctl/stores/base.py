@@ -246,6 +246,19 @@ def new_owners(n: int) -> list[str]:
     return [f"{shared}{i:08x}" for i in range(n)]
 
 
+def check_claims(requests: Sequence[ClaimRequest]) -> None:
+    """InvalidKey for the first request whose key the rule refuses, before any is claimed."""
+    for r in requests:
+        validate_key(r.key)
+
+
+def check_guards(guards: Sequence[Guard]) -> None:
+    """InvalidKey or InvalidSequence for the first guard the rules refuse."""
+    for g in guards:
+        validate_key(g.entity, "entity")
+        validate_sequence(g.sequence)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -278,8 +291,7 @@ class BaseStore(ABC):
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]:
         """Claim each key, in order: InvalidKey before anything is claimed."""
-        for r in requests:
-            validate_key(r.key)
+        check_claims(requests)
         return self._claim_many(requests, self._lease(lease))
 
     @abstractmethod
@@ -335,9 +347,7 @@ class BaseStore(ABC):
         """``fail``, ``retention`` in seconds."""
 
     def guard_many(self, guards: Sequence[Guard], lease: float | None = None) -> list[GuardReply]:
-        for g in guards:
-            validate_key(g.entity, "entity")
-            validate_sequence(g.sequence)
+        check_guards(guards)
         return self._guard_many(guards, self._lease(lease)) if guards else []
 
     @abstractmethod
