@@ -8,6 +8,7 @@ server; the handlers' effects go to a table of the test's own, counted in rows."
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import traceback
 import uuid
@@ -478,6 +479,32 @@ def test_one_store_serves_one_event_loop_after_another(url: str) -> None:
             assert isinstance(replay, Completed) and replay.record.result == "ok"
 
     run(complete)
+
+
+def test_a_store_left_open_does_not_keep_asyncio_run_from_ending(
+    postgres_server: PostgresServer,
+) -> None:
+    """``asyncio.run`` ending with the store still open (no ``aclose()``) cancels the pool's
+    tasks while some still connect; psycopg_pool's workers take that for a failed attempt
+    and wait for more work, so without the store's warden closing the pool it never ended
+    (one run in four here, found by CI). Ten rounds, each bounded in a thread of its own."""
+
+    def round_() -> None:
+        url = postgres_server.url(schema=unique_schema())
+        with open_store(url) as sync:
+            sync.provision()
+        store = opened(url)
+
+        async def claim() -> None:
+            assert isinstance(await store.claim("k", lease=LONG), Acquired)
+
+        asyncio.run(claim())  # the store is never closed
+
+    for _ in range(10):
+        done = threading.Thread(target=round_, daemon=True)
+        done.start()
+        done.join(HANG)
+        assert not done.is_alive(), "asyncio.run did not end with the store left open"
 
 
 def test_aio_run_transactional_commits_with_the_key_and_records_failures(

@@ -249,7 +249,11 @@ class AsyncPool(PoolBase):
     psycopg's async connections. Nothing connects before the first ``connection()``.
 
     A pool belongs to the event loop that made it: used from another loop (a new
-    ``asyncio.run``), the store starts a pool of its own there."""
+    ``asyncio.run``), the store starts a pool of its own there. A pool still open when its
+    loop ends (``asyncio.run`` returning without ``aclose()``) is closed then by a task of
+    its own, the warden: psycopg_pool's workers take a cancellation that lands while they
+    connect for a failed connection attempt and wait for more work, so the loop's end,
+    which cancels every task and waits for them, would otherwise never come."""
 
     def __init__(self, settings: PoolSettings) -> None:
         super().__init__(settings)
@@ -259,6 +263,7 @@ class AsyncPool(PoolBase):
         self._pool_made = 0.0
         self._renew_due = False
         self._closing: set[asyncio.Task[None]] = set()
+        self._warden: asyncio.Task[None] | None = None
 
     def _new_pool(self) -> AsyncConnectionPool[Any]:
         self._pool_made = time.monotonic()
@@ -268,10 +273,11 @@ class AsyncPool(PoolBase):
         """This loop's pool, made (after a first, direct connection) or renewed as due."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            # The loop that made the pool is gone or elsewhere: its connections cannot be
-            # used from here. Start over in this one.
+            # The loop that made the pool is gone or elsewhere (its warden closed the pool
+            # as it ended): its connections cannot be used from here. Start over here.
             self._loop, self._pool, self._reached = loop, None, False
             self._reach_lock, self._renew_due, self._closing = asyncio.Lock(), False, set()
+            self._warden = None
         if not self._reached:
             await self._reach()
         assert self._pool is not None
@@ -301,6 +307,18 @@ class AsyncPool(PoolBase):
             self._pool = self._new_pool()
             await self._pool.open(wait=False)
             self._reached = True
+            if self._warden is None:
+                self._warden = asyncio.get_running_loop().create_task(
+                    self._close_at_loop_end(), name=f"{self._pool_args['name']} warden"
+                )
+
+    async def _close_at_loop_end(self) -> None:
+        """Wait until cancelled (by ``close()``, or by ``asyncio.run`` ending the loop), then
+        close what is open: the workers are told to stop rather than cancelled."""
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            await self.close()
 
     def _renew(self) -> None:
         """``Pool._renew``, at most once a second; done by the next ``connection()``, as
@@ -332,8 +350,11 @@ class AsyncPool(PoolBase):
         pool, loop = self._pool, self._loop
         self._pool, self._loop, self._reached = None, None, False
         closing, self._closing = self._closing, set()
+        warden, self._warden = self._warden, None
         if pool is None or loop is not asyncio.get_running_loop():
             return  # nothing opened, or opened on a loop that is gone
+        if warden is not None and warden is not asyncio.current_task():
+            warden.cancel()  # its close() finds nothing left to do
         await pool.close()
         if closing:
             await asyncio.gather(*closing, return_exceptions=True)
