@@ -10,7 +10,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, suppress
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, LeaseLost, StoreError
@@ -365,9 +365,12 @@ class Heartbeat:
         self._task = asyncio.create_task(self._beat(), name="idemctl-heartbeat")
 
     async def stop(self) -> None:
+        """Cancel the beats and wait for them to end. The caller's own cancellation still
+        reaches it (awaiting the cancelled task under ``suppress`` would swallow it)."""
         self._task.cancel()
-        with suppress(asyncio.CancelledError):
-            await self._task
+        await asyncio.wait([self._task])
+        if not self._task.cancelled() and self._task.exception() is not None:
+            log.warning("heartbeat stopped: %r", self._task.exception())
 
     async def _beat(self) -> None:
         while True:

@@ -122,6 +122,44 @@ def test_a_cancelled_handler_gives_its_key_back_at_once(url: str) -> None:
     assert record is not None and record.status is Status.IN_PROGRESS
 
 
+def test_a_cancellation_while_the_heartbeat_stops_is_not_swallowed(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task is cancelled just as the handler returns, while run waits for its heartbeat
+    task to end: run ends cancelled (the key given back), not as if nothing had happened."""
+    from idemctl.aio import runner
+
+    stopping = asyncio.Event()
+
+    async def slow_to_stop(self: runner.Heartbeat) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopping.set()
+            await asyncio.sleep(0.5)  # winding down takes a while: the window
+            raise
+
+    monkeypatch.setattr(runner.Heartbeat, "_beat", slow_to_stop)
+
+    async def main() -> tuple[Any, Any]:
+        async with aio.open_store(url) as store:
+
+            async def quick(ctx: Context) -> str:
+                await asyncio.sleep(0.05)  # the heartbeat task has started meanwhile
+                return "done"
+
+            task = asyncio.create_task(aio.run(store, "cancel-2", quick, lease=60))
+            await asyncio.wait_for(stopping.wait(), 30)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return await store.claim("cancel-2"), await store.get("cancel-2")
+
+    again, record = asyncio.run(main())
+    assert isinstance(again, Acquired) and again.attempt == 2 and again.takeover
+    assert record is not None and record.status is Status.IN_PROGRESS
+
+
 def test_idempotent_on_async_def(url: str) -> None:
     charged: list[tuple[str, int]] = []
 
