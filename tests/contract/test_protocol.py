@@ -149,6 +149,8 @@ def test_takeover_between_two_workers(backend: Backend) -> None:
     takes the key over and finishes it, and A is fenced out before B finishes and after."""
     worker_a, worker_b = backend.open(), backend.open()
     try:
+        # B connected first: its first call (a cluster's discovery) must not eat A's lease.
+        assert worker_b.get("payment-1") is None
         a = acquire(worker_a, "payment-1", fingerprint({"amount": 5}), lease=SHORT)
         assert isinstance(worker_b.claim("payment-1", fingerprint({"amount": 5})), Busy)
         time.sleep(WAIT)  # A stalls past its lease

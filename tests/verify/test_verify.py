@@ -298,11 +298,17 @@ def test_the_password_shows_nowhere_not_even_in_the_consumers_command_lines(
     command += ["--rate", "400"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
-    while proc.poll() is None:
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
         ps = subprocess.run(["ps", "-ewwo", "args"], capture_output=True, text=True, check=True)
         seen += [line for line in ps.stdout.splitlines() if "idemctl" in line and "consume" in line]
         time.sleep(0.5)
-    out, err = proc.communicate()
+    try:
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 0, err[-2000:]
     assert seen, "never saw a consume process"
     assert not [line for line in seen if password in line]
