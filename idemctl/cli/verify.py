@@ -68,7 +68,10 @@ def verify(
         typer.Option(
             "--kill-every",
             metavar="DUR",
-            help="SIGKILL a random consumer and restart it this often; 0: never",
+            help=(
+                "SIGKILL a random consumer and restart it this often, once a message was "
+                "handled since the last kill; 0: never"
+            ),
         ),
     ] = "2s",
     rebalance: Annotated[

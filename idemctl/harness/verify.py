@@ -708,6 +708,31 @@ REBALANCE_EVERY = 5.0
 into the run)."""
 
 
+class _Chaos:
+    """When to kill a consumer (every ``kill_every`` seconds) and, under --rebalance, when
+    one joins or leaves (1 s in, then every REBALANCE_EVERY). Either waits until a message
+    was handled since the last of them: each makes the group rebalance, and where that takes
+    longer than ``kill_every`` (a loaded machine) the group would never settle and the run
+    would make no progress at all."""
+
+    def __init__(self, started: float, kill_every: float, rebalance: bool) -> None:
+        self.kill_every = kill_every
+        self.next_kill = started + kill_every if kill_every > 0 else float("inf")
+        self.next_rebalance = started + 1.0 if rebalance else float("inf")
+        self.handled = 0  # messages handled at the last kill or rebalance
+
+    def due(self, now: float, handled: int) -> list[str]:
+        """What to do at ``now`` with ``handled`` messages handled: "kill", "rebalance"."""
+        acts = []
+        if now >= self.next_kill and handled > self.handled:
+            acts.append("kill")
+            self.next_kill, self.handled = now + self.kill_every, handled
+        if now >= self.next_rebalance and handled > self.handled:
+            acts.append("rebalance")
+            self.next_rebalance, self.handled = now + REBALANCE_EVERY, handled
+        return acts
+
+
 def run_verify(
     plan: Plan,
     on_step: Callable[[str], None] = lambda step: None,
@@ -801,8 +826,7 @@ class _Run:
         started = time.monotonic()
         producer.start()
         rng = random.Random(f"{self.id}-kills")
-        next_kill = started + plan.kill_every if plan.kill_every > 0 else float("inf")
-        next_rebalance = started + 1.0 if plan.rebalance else float("inf")  # a join, early
+        chaos = _Chaos(started, plan.kill_every, plan.rebalance)
         fault_at = started + 3.0 if self.fault is not None else float("inf")
         with self.kafka.offsets_reader(self.topic) as lag:
             while producer.is_alive() or lag() > 0:
@@ -813,14 +837,13 @@ class _Run:
                 if failed:
                     raise failed[0]
                 consumers.watch()
-                if now >= next_kill:
-                    consumers.kill_one(rng)
-                    self.progress.kills = len(consumers.killed)
-                    next_kill = now + plan.kill_every
-                if now >= next_rebalance:
-                    consumers.rebalance()
-                    self.progress.rebalances = consumers.rebalances
-                    next_rebalance = now + REBALANCE_EVERY
+                for act in chaos.due(now, self.progress.handled):
+                    if act == "kill":
+                        consumers.kill_one(rng)
+                        self.progress.kills = len(consumers.killed)
+                    else:
+                        consumers.rebalance()
+                        self.progress.rebalances = consumers.rebalances
                 if self.fault is not None and now >= fault_at:
                     fault_at = float("inf")
                     self._start_fault(self.fault, consumers)

@@ -6,7 +6,17 @@ import pytest
 
 from idemctl.errors import ConfigError
 from idemctl.harness.scratch import Scratch, with_option
-from idemctl.harness.verify import Effect, Fault, Plan, Report, _Messages, judge, percentile
+from idemctl.harness.verify import (
+    REBALANCE_EVERY,
+    Effect,
+    Fault,
+    Plan,
+    Report,
+    _Chaos,
+    _Messages,
+    judge,
+    percentile,
+)
 
 PLAN = Plan("sqlite:///x.db", "127.0.0.1:9092", batch_size=2, lease=5.0)
 
@@ -120,3 +130,25 @@ def test_percentiles() -> None:
     assert percentile([], 0.5) is None
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(100)], 0.99) == 99.0
+
+
+def test_kills_and_rebalances_wait_for_progress_since_the_last_of_them() -> None:
+    """On time while messages are handled; never twice without one handled in between, so
+    a group that takes longer to settle than --kill-every still gets work done."""
+    chaos = _Chaos(started=0.0, kill_every=2.0, rebalance=True)
+    assert chaos.due(0.5, 10) == []  # nothing due yet
+    assert chaos.due(1.0, 0) == []  # the join is due, but nothing was handled yet
+    assert chaos.due(1.0, 5) == ["rebalance"]
+    assert chaos.due(2.0, 5) == []  # the kill is due: nothing handled since the join
+    assert chaos.due(2.1, 6) == ["kill"]
+    stuck = [chaos.due(t, 6) for t in (4.2, 7.0, 30.0, 300.0)]
+    assert stuck == [[], [], [], []]  # the group settles before anything more happens
+    assert chaos.due(301.0, 7) == ["kill"]  # both due: the kill takes this progress
+    assert chaos.due(301.25, 8) == ["rebalance"]
+    assert chaos.due(301.25 + REBALANCE_EVERY - 0.1, 100) == ["kill"]
+    assert chaos.due(301.25 + REBALANCE_EVERY, 101) == ["rebalance"]
+
+
+def test_without_kills_or_rebalance_nothing_is_ever_due() -> None:
+    chaos = _Chaos(started=0.0, kill_every=0.0, rebalance=False)
+    assert [chaos.due(t, n) for t, n in ((1.0, 1), (10.0, 100), (1e6, 10**6))] == [[], [], []]

@@ -25,6 +25,10 @@ from tests.backends import unique_prefix, unique_schema
 from tests.cli.helpers import validate
 from tests.servers import KafkaBroker
 
+# verify runs under a bound of its own (--timeout, and the subprocess's 400 s), which says
+# more than pytest-timeout's 300 s would: its report and stderr.
+pytestmark = pytest.mark.timeout(480)
+
 MESSAGES = int(os.environ.get("IDEMCTL_VERIFY_MESSAGES", "3000"))
 FAST_GROUPS = [
     "--kafka-config", "session.timeout.ms=2000", "--kafka-config", "heartbeat.interval.ms=300",
