@@ -304,20 +304,20 @@ def test_inspect_missing_key_is_exit_5(target: Target) -> None:
 
 
 def test_list_filters(target: Target) -> None:
-    # Made before the sleep: at least 2s old when listed.
+    # Made before the sleep: at least 5 s old when listed.
     for n in (1, 2, 3):
         target.completed(f"a:{n}", result=n)
     stale = target.claim("b:stale", lease=STALE_LEASE)
     target.failed("c:fail", error="nope")
-    time.sleep(2.0)
-    # Made after it, and listed at once: younger than 1.5s, also when the tests run in
-    # parallel and the three listings below take their time.
+    time.sleep(5.0)
+    # Made after it, and listed at once: younger than 3 s, also when the tests run in
+    # parallel on a loaded machine and the three listings below take their time.
     target.completed("a:new")
     live = target.claim("b:live")
     old = ["a:1", "a:2", "a:3", "b:stale", "c:fail"]
-    assert listed(target.url, "--older-than", "1500ms") == old
-    assert listed(target.url, "--older-than", "1500ms", "--prefix", "a:") == ["a:1", "a:2", "a:3"]
-    assert listed(target.url, "--older-than", "1500ms", "--status", "in_progress") == ["b:stale"]
+    assert listed(target.url, "--older-than", "3s") == old
+    assert listed(target.url, "--older-than", "3s", "--prefix", "a:") == ["a:1", "a:2", "a:3"]
+    assert listed(target.url, "--older-than", "3s", "--status", "in_progress") == ["b:stale"]
 
     everything = sorted([*old, "a:new", "b:live"])
     assert listed(target.url) == everything
