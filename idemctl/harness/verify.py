@@ -706,30 +706,39 @@ class _StoreFault:
 REBALANCE_EVERY = 5.0
 """Seconds between a consumer joining and leaving, under --rebalance (the first joins 1 s
 into the run)."""
+STALLED = 15.0
+"""Seconds without a message handled after which a kill or a rebalance that is due goes
+ahead all the same."""
 
 
 class _Chaos:
     """When to kill a consumer (every ``kill_every`` seconds) and, under --rebalance, when
     one joins or leaves (1 s in, then every REBALANCE_EVERY). Either waits until a message
-    was handled since the last of them: each makes the group rebalance, and where that takes
-    longer than ``kill_every`` (a loaded machine) the group would never settle and the run
-    would make no progress at all."""
+    was handled since the last of them, or STALLED seconds have gone by without one. Each
+    makes the group rebalance: where that takes longer than ``kill_every`` (a loaded
+    machine) the group would never settle and the run would make no progress at all; and a
+    group that stopped fetching is set going again by the next rebalance."""
 
     def __init__(self, started: float, kill_every: float, rebalance: bool) -> None:
         self.kill_every = kill_every
         self.next_kill = started + kill_every if kill_every > 0 else float("inf")
         self.next_rebalance = started + 1.0 if rebalance else float("inf")
-        self.handled = 0  # messages handled at the last kill or rebalance
+        self.handled, self.last = 0, started  # at the last kill or rebalance
 
     def due(self, now: float, handled: int) -> list[str]:
         """What to do at ``now`` with ``handled`` messages handled: "kill", "rebalance"."""
         acts = []
-        if now >= self.next_kill and handled > self.handled:
-            acts.append("kill")
-            self.next_kill, self.handled = now + self.kill_every, handled
-        if now >= self.next_rebalance and handled > self.handled:
-            acts.append("rebalance")
-            self.next_rebalance, self.handled = now + REBALANCE_EVERY, handled
+        for act, at, every in (
+            ("kill", self.next_kill, self.kill_every),
+            ("rebalance", self.next_rebalance, REBALANCE_EVERY),
+        ):
+            if now >= at and (handled > self.handled or now - self.last >= STALLED):
+                acts.append(act)
+                self.handled, self.last = handled, now
+                if act == "kill":
+                    self.next_kill = now + every
+                else:
+                    self.next_rebalance = now + every
         return acts
 
 
