@@ -716,8 +716,9 @@ class _Chaos:
     one joins or leaves (1 s in, then every REBALANCE_EVERY). Either waits until a message
     was handled since the last of them, or STALLED seconds have gone by without one. Each
     makes the group rebalance: where that takes longer than ``kill_every`` (a loaded
-    machine) the group would never settle and the run would make no progress at all; and a
-    group that stopped fetching is set going again by the next rebalance."""
+    machine), kills on the clock alone would keep the group from ever settling. After
+    STALLED seconds with nothing handled, the chaos goes on all the same: a run without
+    progress is not held back by verify."""
 
     def __init__(self, started: float, kill_every: float, rebalance: bool) -> None:
         self.kill_every = kill_every
