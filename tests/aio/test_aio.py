@@ -99,8 +99,25 @@ def test_the_heartbeat_task_keeps_a_slow_handler_s_key(url: str) -> None:
     assert all(isinstance(s, Busy) for s in seen), seen
 
 
+async def cancelled_then_claimed(
+    store: aio.AsyncStore, key: str, handler: Any, cancel_when: Any
+) -> None:
+    """``aio.run`` of ``handler`` (lease 60 s), cancelled once ``cancel_when`` is set: the
+    run ends cancelled and the key is given back at once, a takeover (attempt 2: the
+    handler had started, and may have done part of its work)."""
+    task = asyncio.create_task(aio.run(store, key, handler, lease=60))
+    await asyncio.wait_for(cancel_when.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The lease was 60 s: only a release lets the next claim in now.
+    again, record = await store.claim(key), await store.get(key)
+    assert isinstance(again, Acquired) and again.attempt == 2 and again.takeover
+    assert record is not None and record.status is Status.IN_PROGRESS
+
+
 def test_a_cancelled_handler_gives_its_key_back_at_once(url: str) -> None:
-    async def main() -> tuple[Any, Any]:
+    async def main() -> None:
         async with aio.open_store(url) as store:
             started = asyncio.Event()
 
@@ -108,18 +125,9 @@ def test_a_cancelled_handler_gives_its_key_back_at_once(url: str) -> None:
                 started.set()
                 await asyncio.Event().wait()
 
-            task = asyncio.create_task(aio.run(store, "cancel-1", forever, lease=60))
-            await started.wait()
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            # The lease was 60 s: only a release lets the next claim in now.
-            return await store.claim("cancel-1"), await store.get("cancel-1")
+            await cancelled_then_claimed(store, "cancel-1", forever, started)
 
-    again, record = asyncio.run(main())
-    # takeover: the handler had started, and may have done part of its work.
-    assert isinstance(again, Acquired) and again.attempt == 2 and again.takeover
-    assert record is not None and record.status is Status.IN_PROGRESS
+    asyncio.run(main())
 
 
 def test_a_cancellation_while_the_heartbeat_stops_is_not_swallowed(
@@ -141,23 +149,15 @@ def test_a_cancellation_while_the_heartbeat_stops_is_not_swallowed(
 
     monkeypatch.setattr(runner.Heartbeat, "_beat", slow_to_stop)
 
-    async def main() -> tuple[Any, Any]:
+    async def quick(ctx: Context) -> str:
+        await asyncio.sleep(0.05)  # the heartbeat task has started meanwhile
+        return "done"
+
+    async def main() -> None:
         async with aio.open_store(url) as store:
+            await cancelled_then_claimed(store, "cancel-2", quick, stopping)
 
-            async def quick(ctx: Context) -> str:
-                await asyncio.sleep(0.05)  # the heartbeat task has started meanwhile
-                return "done"
-
-            task = asyncio.create_task(aio.run(store, "cancel-2", quick, lease=60))
-            await asyncio.wait_for(stopping.wait(), 30)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            return await store.claim("cancel-2"), await store.get("cancel-2")
-
-    again, record = asyncio.run(main())
-    assert isinstance(again, Acquired) and again.attempt == 2 and again.takeover
-    assert record is not None and record.status is Status.IN_PROGRESS
+    asyncio.run(main())
 
 
 def test_idempotent_on_async_def(url: str) -> None:
