@@ -721,25 +721,21 @@ class _Chaos:
     progress is not held back by verify."""
 
     def __init__(self, started: float, kill_every: float, rebalance: bool) -> None:
-        self.kill_every = kill_every
-        self.next_kill = started + kill_every if kill_every > 0 else float("inf")
-        self.next_rebalance = started + 1.0 if rebalance else float("inf")
+        self.every = {"kill": kill_every, "rebalance": REBALANCE_EVERY}
+        self.next = {
+            "kill": started + kill_every if kill_every > 0 else float("inf"),
+            "rebalance": started + 1.0 if rebalance else float("inf"),
+        }
         self.handled, self.last = 0, started  # at the last kill or rebalance
 
     def due(self, now: float, handled: int) -> list[str]:
         """What to do at ``now`` with ``handled`` messages handled: "kill", "rebalance"."""
         acts = []
-        for act, at, every in (
-            ("kill", self.next_kill, self.kill_every),
-            ("rebalance", self.next_rebalance, REBALANCE_EVERY),
-        ):
+        for act, at in self.next.items():
             if now >= at and (handled > self.handled or now - self.last >= STALLED):
                 acts.append(act)
+                self.next[act] = now + self.every[act]
                 self.handled, self.last = handled, now
-                if act == "kill":
-                    self.next_kill = now + every
-                else:
-                    self.next_rebalance = now + every
         return acts
 
 
