@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
-import click
 import typer
 import typer.main
 from rich.markup import escape
-from typer.core import TyperCommand
 
 from idemctl import __version__
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
+from idemctl.cli.help import QuietCommand, QuietGroup
 from idemctl.cli.render import CLI_LOGGER, LiveStatus, log_line, print_line
 from idemctl.config import Config, find_config, load_config
 from idemctl.durations import parse_duration
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     name="idemctl",
+    cls=QuietGroup,
     help="Effectively-once processing for Kafka consumers, and the tools to operate its stores.",
     epilog="**Exit codes**\n\n" + exit_code_table(markdown=True),
     no_args_is_help=True,
@@ -180,15 +180,29 @@ def _root(
     ctx: typer.Context,
     store: Annotated[
         str | None,
-        typer.Option("--store", help=STORE_HELP, envvar="IDEMCTL_STORE", show_default=False),
+        typer.Option(
+            "--store", metavar="URL", help=STORE_HELP, envvar="IDEMCTL_STORE", show_default=False
+        ),
     ] = None,
     config: Annotated[
         str | None,
-        typer.Option("--config", help=CONFIG_HELP, envvar="IDEMCTL_CONFIG", show_default=False),
+        typer.Option(
+            "--config",
+            metavar="FILE",
+            help=CONFIG_HELP,
+            envvar="IDEMCTL_CONFIG",
+            show_default=False,
+        ),
     ] = None,
     profile: Annotated[
         str | None,
-        typer.Option("--profile", help=PROFILE_HELP, envvar="IDEMCTL_PROFILE", show_default=False),
+        typer.Option(
+            "--profile",
+            metavar="NAME",
+            help=PROFILE_HELP,
+            envvar="IDEMCTL_PROFILE",
+            show_default=False,
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP, show_default=False)] = False,
     verbose: Annotated[
@@ -243,10 +257,11 @@ def _given(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> None:
     settings(ctx).merge(**{_SETTING.get(param.name, param.name): value})
 
 
-def _global(*decls: str, help_text: str, count: bool = False) -> Any:
+def _global(*decls: str, help_text: str, metavar: str | None = None, count: bool = False) -> Any:
     return typer.Option(
         *decls,
         help=help_text,
+        metavar=metavar,
         count=count,
         show_default=False,
         rich_help_panel=GLOBAL_PANEL,
@@ -256,9 +271,15 @@ def _global(*decls: str, help_text: str, count: bool = False) -> Any:
 
 
 def _global_options(
-    store_url: Annotated[str | None, _global("--store", help_text=STORE_HELP)] = None,
-    config: Annotated[str | None, _global("--config", help_text=CONFIG_HELP)] = None,
-    profile: Annotated[str | None, _global("--profile", help_text=PROFILE_HELP)] = None,
+    store_url: Annotated[
+        str | None, _global("--store", metavar="URL", help_text=STORE_HELP)
+    ] = None,
+    config: Annotated[
+        str | None, _global("--config", metavar="FILE", help_text=CONFIG_HELP)
+    ] = None,
+    profile: Annotated[
+        str | None, _global("--profile", metavar="NAME", help_text=PROFILE_HELP)
+    ] = None,
     as_json: Annotated[bool, _global("--json", help_text=JSON_HELP)] = False,
     verbose: Annotated[int, _global("--verbose", "-v", help_text=VERBOSE_HELP, count=True)] = 0,
     no_color: Annotated[bool, _global("--no-color", help_text=NO_COLOR_HELP)] = False,
@@ -274,7 +295,7 @@ GLOBAL_OPTIONS = tuple(typer.main.get_command(_options_only).params)
 """The global options as click parameters, made once and added to every command."""
 
 
-class GlobalOptionsCommand(TyperCommand):
+class GlobalOptionsCommand(QuietCommand):
     """A command that takes the global options after its own (``command()`` uses it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -417,8 +438,9 @@ BrokersOption = Annotated[
     str | None,
     typer.Option(
         "--brokers",
+        metavar="HOST:PORT[,...]",
         envvar="IDEMCTL_BROKERS",
-        help="HOST:PORT[,...]  [default: kafka: bootstrap.servers in idemctl.yaml, "
+        help="Kafka brokers  [default: kafka: bootstrap.servers in idemctl.yaml, "
         "else 127.0.0.1:9092]",
     ),
 ]
@@ -429,10 +451,14 @@ KafkaConfigOption = Annotated[
 
 
 MetricsPortOption = Annotated[
-    int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics at :PORT/metrics")
+    int | None,
+    typer.Option(
+        "--metrics-port", metavar="PORT", help="Serve Prometheus metrics at :PORT/metrics"
+    ),
 ]
 MetricsHostOption = Annotated[
-    str, typer.Option("--metrics-host", help="Address the metrics server listens on")
+    str,
+    typer.Option("--metrics-host", metavar="HOST", help="Address the metrics server listens on"),
 ]
 METRICS_HOST = "0.0.0.0"  # noqa: S104 - Prometheus scrapes from elsewhere
 
@@ -477,19 +503,14 @@ def kafka_settings(
 
 
 @contextmanager
-def stop_on_signals(err: Console, stop: Callable[[], None]) -> Iterator[None]:
+def stop_on_signals(current: Settings, stop: Callable[[], None]) -> Iterator[None]:
     """SIGTERM and Ctrl-C call ``stop`` (finish the work in hand, then return) inside the
     block, instead of interrupting it; the previous handlers come back after it. The line
     that says so follows the command's ``--log-format``."""
-    ctx = click.get_current_context(silent=True)
-    current = None if ctx is None else ctx.find_object(Settings)
 
     def handle(signum: int, frame: object) -> None:
-        text = f"{signal.Signals(signum).name}: finishing the batch in hand"
-        if current is not None:
-            note(current, text, fields={"signal": signal.Signals(signum).name})
-        else:
-            err.print(text)
+        name = signal.Signals(signum).name
+        note(current, f"{name}: finishing the batch in hand", fields={"signal": name})
         stop()
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -529,7 +550,7 @@ def run_to_end(
 
     with (
         serving(lambda registry: metrics(work, registry), metrics_host, metrics_port),
-        stop_on_signals(current.err, work.stop),
+        stop_on_signals(current, work.stop),
         status,
     ):
         return work.run()

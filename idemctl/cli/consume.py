@@ -49,13 +49,16 @@ def consume(
         str,
         typer.Option("--handler", metavar="MODULE:FUNCTION", help="fn(event) or fn(event, ctx)"),
     ],
-    topic: Annotated[list[str], typer.Option("--topic", help="Topic to read (repeatable)")],
-    group: Annotated[str, typer.Option("--group", help="Consumer group id")],
+    topic: Annotated[
+        list[str], typer.Option("--topic", metavar="TOPIC", help="Topic to read (repeatable)")
+    ],
+    group: Annotated[str, typer.Option("--group", metavar="GROUP", help="Consumer group id")],
     brokers: BrokersOption = None,
     key: Annotated[
         str,
         typer.Option(
             "--key",
+            metavar="STRATEGY",
             help="Key strategy: header:NAME, template:{field}:{field}, payload-hash, offset",
         ),
     ] = "header:idempotency-key",
@@ -63,6 +66,7 @@ def consume(
         str,
         typer.Option(
             "--on-missing-key",
+            metavar="ACTION",
             help="A message without a usable key, or with an unreadable payload: dlq, offset "
             "(topic-partition-offset as its key), skip or stop",
         ),
@@ -89,7 +93,9 @@ def consume(
     on_stale: Annotated[
         str,
         typer.Option(
-            "--on-stale", help="A stale event: skip (offset stored, logged at info) or dlq"
+            "--on-stale",
+            metavar="ACTION",
+            help="A stale event: skip (offset stored, logged at info) or dlq",
         ),
     ] = "skip",
     contiguous: Annotated[
@@ -126,6 +132,7 @@ def consume(
         str,
         typer.Option(
             "--dlq-oversize",
+            metavar="ACTION",
             help="A dead letter refused as too large: hold (its partition waits, with back-off, "
             "until the topic takes it) or truncate (write it with the payload cut to 64 KiB "
             "and a header saying so)",
@@ -151,16 +158,20 @@ def consume(
     ] = "60s",
     lease: Annotated[str, typer.Option("--lease", metavar="DUR", help="Lease per claim")] = "30s",
     max_attempts: Annotated[
-        int, typer.Option("--max-attempts", min=1, help="Runs before dead-lettering")
+        int, typer.Option("--max-attempts", metavar="N", min=1, help="Runs before dead-lettering")
     ] = 5,
     backoff: Annotated[
         str, typer.Option("--backoff", metavar="DUR", help="First retry delay, doubling")
     ] = "1s",
     dlq_topic: Annotated[
-        str | None, typer.Option("--dlq-topic", help="Dead-letter topic [default: TOPIC.dlq]")
+        str | None,
+        typer.Option("--dlq-topic", metavar="TOPIC", help="Dead-letter topic [default: TOPIC.dlq]"),
     ] = None,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", min=1, help="Messages per poll and store round trip")
+        int,
+        typer.Option(
+            "--batch-size", metavar="N", min=1, help="Messages per poll and store round trip"
+        ),
     ] = 100,
     complete_batch: Annotated[
         int,
@@ -183,13 +194,17 @@ def consume(
     concurrency: Annotated[
         int,
         typer.Option(
-            "--concurrency", min=1, help="Partitions handled side by side (for I/O-bound handlers)"
+            "--concurrency",
+            metavar="N",
+            min=1,
+            help="Partitions handled side by side (for I/O-bound handlers)",
         ),
     ] = 1,
     max_messages: Annotated[
         int | None,
         typer.Option(
             "--max-messages",
+            metavar="N",
             min=1,
             help="Stop after N messages are finished; never claims more than it will run",
         ),
@@ -308,9 +323,15 @@ def demo(
     ctx: typer.Context,
     brokers: Annotated[
         str | None,
-        typer.Option("--brokers", help="A real broker [default: start a local one (tansu)]"),
+        typer.Option(
+            "--brokers",
+            metavar="HOST:PORT",
+            help="A real broker [default: start a local one (tansu)]",
+        ),
     ] = None,
-    payments: Annotated[int, typer.Option("--payments", min=10, help="Payments to send")] = 1000,
+    payments: Annotated[
+        int, typer.Option("--payments", metavar="N", min=10, help="Payments to send")
+    ] = 1000,
 ) -> None:
     """See effectively-once happen: duplicates, two consumers, one killed mid-run.
 

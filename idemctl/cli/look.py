@@ -33,7 +33,7 @@ PAGE = 500
 def inspect(
     ctx: typer.Context,
     key: Annotated[
-        str | None, typer.Argument(metavar="KEY", help="The idempotency key", show_default=False)
+        str | None, typer.Argument(metavar="KEY", hidden=True, show_default=False)
     ] = None,
     entity: Annotated[
         str | None,
@@ -45,7 +45,7 @@ def inspect(
         ),
     ] = None,
 ) -> None:
-    """Show every field of one key's record, or of one entity with --entity.
+    """Show every field of KEY's record, or of one ENTITY's with --entity.
 
     Status, owner, fencing token, attempts, lease left, age, retention left, fingerprint,
     result and error; exact with --json. --entity ENTITY: the sequence guard's last applied
@@ -100,11 +100,14 @@ def list_(
         ),
     ] = None,
     prefix: Annotated[
-        str | None, typer.Option("--prefix", help="Only keys starting with this")
+        str | None, typer.Option("--prefix", metavar="PREFIX", help="Only keys starting with this")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=0, help="At most this many (0: all)")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", metavar="N", min=0, help="At most this many (0: all)")
+    ] = 50,
     cursor: Annotated[
-        str | None, typer.Option("--cursor", help="Go on from where the last page stopped")
+        str | None,
+        typer.Option("--cursor", metavar="CURSOR", help="Go on from where the last page stopped"),
     ] = None,
     entities: Annotated[
         bool,

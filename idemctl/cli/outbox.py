@@ -33,12 +33,14 @@ from idemctl.cli.common import (
     usage_error,
     use_log_format,
 )
+from idemctl.cli.help import QuietGroup
 from idemctl.cli.repair import DryRunOption, YesOption, changing
 from idemctl.durations import parse_duration
 from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
 
 outbox_app = typer.Typer(
     name="outbox",
+    cls=QuietGroup,
     help="The transactional outbox: publish its rows to Kafka, replay them, look, purge.",
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -50,11 +52,15 @@ TemplateOption = Annotated[
     str,
     typer.Option(
         "--topic-template",
+        metavar="TEMPLATE",
         help="Topic per row, from {aggregatetype}, {aggregateid} and {type}",
     ),
 ]
 BatchOption = Annotated[
-    int, typer.Option("--batch-size", min=1, help="Rows per transaction and acknowledgement wait")
+    int,
+    typer.Option(
+        "--batch-size", metavar="N", min=1, help="Rows per transaction and acknowledgement wait"
+    ),
 ]
 DeliveryTimeoutOption = Annotated[
     str,
@@ -186,7 +192,9 @@ def replay(
     ] = None,
     to_topic: Annotated[
         str | None,
-        typer.Option("--to-topic", help="Send every row here instead of its own topic"),
+        typer.Option(
+            "--to-topic", metavar="TOPIC", help="Send every row here instead of its own topic"
+        ),
     ] = None,
     brokers: BrokersOption = None,
     topic_template: TemplateOption = TEMPLATE_DEFAULT,

@@ -38,7 +38,7 @@ YesOption = Annotated[
 def unlock(
     ctx: typer.Context,
     key: Annotated[
-        str | None, typer.Argument(metavar="KEY", help="The key whose lease to free")
+        str | None, typer.Argument(metavar="KEY", hidden=True, show_default=False)
     ] = None,
     force: Annotated[
         bool,
@@ -56,7 +56,7 @@ def unlock(
     dry_run: DryRunOption = False,
     yes: YesOption = False,
 ) -> None:
-    """Free a stuck key's lease, or every expired lease with --stale.
+    """Free a stuck KEY's lease, or every expired lease with --stale.
 
     The next delivery can claim the key at once. Its fencing token stays, so the next
     claim gets token + 1 and the old owner can no longer complete. A live lease needs
@@ -102,7 +102,7 @@ def unlock(
 def forget(
     ctx: typer.Context,
     key: Annotated[
-        str | None, typer.Argument(metavar="KEY", help="The key to forget", show_default=False)
+        str | None, typer.Argument(metavar="KEY", hidden=True, show_default=False)
     ] = None,
     entity: Annotated[
         str | None,
@@ -119,7 +119,7 @@ def forget(
     ] = False,
     dry_run: DryRunOption = False,
 ) -> None:
-    """Forget a key so its next delivery runs the handler again, or an entity with --entity.
+    """Forget KEY so its next delivery runs the handler again, or an ENTITY with --entity.
 
     For completed or failed keys. An in-progress key needs --force (exit 6 without): its
     worker may still be running. What stays is a tombstone that keeps the key's fencing

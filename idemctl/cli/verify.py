@@ -22,6 +22,7 @@ from idemctl.cli.common import (
     store_fields,
     use_log_format,
 )
+from idemctl.drivers import require
 from idemctl.urls import redact_url
 
 
@@ -35,12 +36,16 @@ def verify(
     brokers: BrokersOption = None,
     kafka_config: KafkaConfigOption = None,
     messages: Annotated[
-        int, typer.Option("--messages", min=10, help="Messages to produce, duplicates included")
+        int,
+        typer.Option(
+            "--messages", metavar="N", min=10, help="Messages to produce, duplicates included"
+        ),
     ] = 20_000,
     duplicates: Annotated[
         float,
         typer.Option(
             "--duplicates",
+            metavar="SHARE",
             min=0.0,
             max=0.9,
             help="Share of the messages that repeat an earlier key (half of them in another "
@@ -51,6 +56,7 @@ def verify(
         int | None,
         typer.Option(
             "--poison",
+            metavar="N",
             min=0,
             help="Poison keys planted, each to be dead-lettered  [default: 20, or a tenth of "
             "--messages if fewer]",
@@ -58,10 +64,14 @@ def verify(
         ),
     ] = None,
     partitions: Annotated[
-        int, typer.Option("--partitions", min=1, help="Partitions of the scratch topic")
+        int,
+        typer.Option("--partitions", metavar="N", min=1, help="Partitions of the scratch topic"),
     ] = 6,
     consumers: Annotated[
-        int, typer.Option("--consumers", min=1, help="idemctl consume processes in the group")
+        int,
+        typer.Option(
+            "--consumers", metavar="N", min=1, help="idemctl consume processes in the group"
+        ),
     ] = 3,
     kill_every: Annotated[
         str,
@@ -110,6 +120,7 @@ def verify(
         int,
         typer.Option(
             "--batch-size",
+            metavar="N",
             min=1,
             help="consume's --batch-size: a SIGKILL may repeat up to this many effects",
         ),
@@ -117,7 +128,12 @@ def verify(
     lease: Annotated[str, typer.Option("--lease", metavar="DUR", help="consume's --lease")] = "5s",
     rate: Annotated[
         float,
-        typer.Option("--rate", min=0.0, help="Messages produced a second; 0: all at once"),
+        typer.Option(
+            "--rate",
+            metavar="PER_SECOND",
+            min=0.0,
+            help="Messages produced a second; 0: all at once",
+        ),
     ] = 0.0,
     timeout: Annotated[
         str,
@@ -156,6 +172,7 @@ def verify(
     """
     from idemctl.harness.verify import Plan, run_verify
 
+    require("confluent_kafka", "kafka", "idemctl verify")
     current = use_log_format(ctx, log_format)
     url, source = current.store_url()
     current.used_source = source

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from idemctl.model import Acquired, Record
 from idemctl.stores import open_store

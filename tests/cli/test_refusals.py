@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import Result
+from typer.testing import Result
 
 from idemctl.cli.exitcodes import ExitCode
 from tests.backends import unique_prefix, unique_schema, unique_table
