@@ -33,6 +33,7 @@ from idemctl.consume.event import Event
 from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.consume.traced import Tracing
 from idemctl.consume.watch import Watch, kafka_log, log
+from idemctl.drivers import require
 from idemctl.errors import (
     AttemptsExhausted,
     ConfigError,
@@ -170,6 +171,7 @@ class Consumer(Watch):
     def open(self) -> None:
         """Build the Kafka clients from the options: a setting librdkafka refuses is a
         ConfigError naming it, before anything is claimed. ``run`` opens them if needed."""
+        require("confluent_kafka", "kafka", "consuming Kafka")
         from confluent_kafka import Consumer as KafkaConsumer
         from confluent_kafka import KafkaException
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from idemctl.drivers import require
 from idemctl.errors import ConfigError
 from idemctl.harness.broker import brokers_or_local
 
@@ -83,6 +84,7 @@ def run_demo(
 ) -> Report:
     """Run the demo on ``store`` (``""``: a fresh SQLite file) and ``brokers`` (None: a
     local broker); ``on_step`` hears what happens, a line at a time."""
+    require("confluent_kafka", "demo", "idemctl demo")
     run = uuid.uuid4().hex[:8]
     topic, group = f"idemctl-demo-{run}", f"idemctl-demo-{run}"
     with tempfile.TemporaryDirectory(prefix="idemctl-demo-") as tmp:

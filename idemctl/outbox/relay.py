@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from idemctl import tracing
+from idemctl.drivers import require
 from idemctl.errors import ConfigError, StoreUnavailable
 from idemctl.metrics import Ready, Scraped, build_info, counter, store_answers
 from idemctl.model import canonical_json
@@ -87,6 +88,7 @@ def new_producer(
 ) -> Any:  # confluent_kafka.Producer
     """An idempotent producer: the broker drops its own retries' duplicates and keeps each
     partition's order; a message not acknowledged within ``delivery_timeout`` fails."""
+    require("confluent_kafka", "kafka", "publishing the outbox")
     from confluent_kafka import Producer
 
     return Producer(

@@ -13,28 +13,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(REPO),
-        ],
-        check=True,
-    )
-    (built,) = out.glob("idemctl-*.whl")
-    return built
-
-
 def shipped(folder: str) -> list[str]:
     return sorted(
         str(p.relative_to(REPO))
