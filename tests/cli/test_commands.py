@@ -745,7 +745,7 @@ def unreachable_url(name: str) -> str:
         "redis": f"redis://127.0.0.1:{port}/0",
         "redis-cluster": f"redis+cluster://127.0.0.1:{port}",
         "postgres": f"postgresql://app:pw@127.0.0.1:{port}/db?connect_timeout=1s",
-        "dynamodb": f"dynamodb://t?region=us-east-1&endpoint_url=http://127.0.0.1:{port}"
+        "dynamodb": f"dynamodb://tbl?region=us-east-1&endpoint_url=http://127.0.0.1:{port}"
         "&connect_timeout=1s&max_attempts=1",
     }[name]
 

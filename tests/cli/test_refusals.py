@@ -221,9 +221,11 @@ def test_dynamodb_refused_credentials_exit_2_with_the_reason(checking_moto: Chec
 
 
 def test_dynamodb_refused_port_exits_3_at_once(aws_credentials: None) -> None:
-    url = f"dynamodb://t?region=us-east-1&endpoint_url=http://127.0.0.1:{free_port()}"
+    url = f"dynamodb://tbl?region=us-east-1&endpoint_url=http://127.0.0.1:{free_port()}"
     on(url, "list")  # the first run imports the driver: not timed
     result, took = timed(url, "list")
     assert result.exit_code == ExitCode.STORE_UNREACHABLE, result.stdout + result.stderr
     assert "unreachable" in error_line(result)
-    assert took < 2.0  # botocore's retries of a refused connection are short
+    # A bound that catches a hang through read timeouts, not speed: botocore's retries of a
+    # refused connection took under 2 s with botocore 1.44 here, 3 s with 1.34 (the floor).
+    assert took < 10.0

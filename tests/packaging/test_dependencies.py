@@ -163,9 +163,19 @@ def _is_module(name: str) -> bool:
         return False
 
 
+LOCAL = {"__future__", "idemctl", "tests"} | {p.stem for p in (REPO / "examples").glob("*.py")}
+"""Names that are not distributions: the package, the tests, the examples (the docs tests
+import them)."""
+
+
 def third_party(name: str) -> bool:
     top = name.split(".", maxsplit=1)[0]
-    return top not in sys.stdlib_module_names and top not in ("__future__", "idemctl")
+    return top not in sys.stdlib_module_names and top not in LOCAL
+
+
+@functools.cache
+def _top_level() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
 
 
 @functools.cache
@@ -181,7 +191,7 @@ def _owners() -> dict[Path, str]:
 
 def distribution_of(name: str) -> str | None:
     """The installed distribution that provides module ``name``, or None."""
-    candidates = importlib.metadata.packages_distributions().get(name.split(".", maxsplit=1)[0], [])
+    candidates = _top_level().get(name.split(".", maxsplit=1)[0], [])
     if len(set(candidates)) == 1:
         return canonicalize_name(candidates[0])
     spec = importlib.util.find_spec(name) if candidates else None
@@ -191,11 +201,13 @@ def distribution_of(name: str) -> str | None:
     return None if owner is None else canonicalize_name(owner)
 
 
-def test_every_import_is_declared_by_the_install_that_needs_it() -> None:
-    wrong = []
-    checked = 0
-    for module, path in modules():
-        for name, line in imports(path):
+def undeclared(files: list[tuple[Path, set[str]]]) -> tuple[int, list[str]]:
+    """How many third-party imports ``files`` (each with the distributions it may import
+    from) make, and each one from a distribution not among its own."""
+    wrong, checked = [], 0
+    extras = list(pyproject()["optional-dependencies"])  # type: ignore[call-overload]
+    for path, allowed_here in files:
+        for name, line in dict.fromkeys(imports(path)):
             if not third_party(name):
                 continue
             checked += 1
@@ -203,17 +215,25 @@ def test_every_import_is_declared_by_the_install_that_needs_it() -> None:
             dist = distribution_of(name)
             if dist is None:
                 wrong.append(f"{where}, which no installed distribution provides")
-            elif dist not in allowed(module):
-                by = sorted(e for e in pyproject()["optional-dependencies"] if dist in declared(e))  # type: ignore[union-attr]
-                why = (
-                    f"only the extras {by} declare it"
-                    if by
-                    else "pyproject.toml declares it nowhere"
-                )
-                wrong.append(
-                    f"{where} from {dist}: {why}, and NEEDS gives {module} {sorted(needs(module))}"
-                )
+            elif dist not in allowed_here:
+                by = sorted(e for e in extras if dist in declared(e))
+                why = f"only the extras {by} declare it" if by else "no extra declares it"
+                wrong.append(f"{where} from {dist}, not allowed here: {why}")
+    return checked, wrong
+
+
+def test_every_import_is_declared_by_the_install_that_needs_it() -> None:
+    checked, wrong = undeclared([(path, allowed(module)) for module, path in modules()])
     assert checked > 50  # the walk found the imports: typer, rich, redis, psycopg, boto3, ...
+    assert wrong == []
+
+
+def test_every_test_import_is_declared_by_the_test_extra() -> None:
+    """The tests run on ``pip install '.[test]'`` alone, at the lowest versions too."""
+    checked, wrong = undeclared(
+        [(path, declared("test")) for path in sorted((REPO / "tests").rglob("*.py"))]
+    )
+    assert checked > 100
     assert wrong == []
 
 

@@ -643,9 +643,12 @@ def test_a_bad_url_option_is_a_config_error(
         open_store(moto_server.url(unique_table(), **{option: value}))
 
 
-def test_a_url_without_a_table_is_a_config_error(moto_server: MotoServer) -> None:
-    with pytest.raises(ConfigError, match="table"):
-        open_store(f"dynamodb://?region=us-east-1&endpoint_url={moto_server.endpoint_url}")
+@pytest.mark.parametrize("table", ["", "t", "ab", "no spaces", "x" * 256])
+def test_a_url_without_a_table_dynamodb_allows_is_a_config_error(
+    moto_server: MotoServer, table: str
+) -> None:
+    with pytest.raises(ConfigError, match="names no table DynamoDB allows"):
+        open_store(f"dynamodb://{table}?region=us-east-1&endpoint_url={moto_server.endpoint_url}")
 
 
 # Admin --------------------------------------------------------------------------------------------

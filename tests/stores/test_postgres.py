@@ -47,6 +47,7 @@ from idemctl.runner import Context, Outcome, run
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
 from idemctl.stores.postgres import PostgresStore
+from idemctl.stores.postgres.sql import provision_lock
 from tests.backends import Backend, unique_schema
 from tests.contract.race import race
 from tests.killing import claims_across_a_kill
@@ -347,6 +348,23 @@ def test_provision_from_several_workers_at_once(url: str, db: Any, schema: str) 
     finally:
         for s in stores:
             s.close()
+
+
+def test_provision_waits_out_another_provisioner(url: str, db: Any) -> None:
+    """A provisioner that holds the schema's lock longer than the claims' lock_timeout
+    (0.1 s; seen under load with four workers starting at once) is waited for."""
+    store = open_pg(url)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            with db.transaction():
+                db.execute(provision_lock(store.names))
+                later = pool.submit(store.provision)
+                time.sleep(0.5)
+                assert not later.done()  # waiting, not failed with LockTimeout
+            assert later.result(timeout=HANG).changed
+        assert isinstance(store.claim("k"), Acquired)
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +37,10 @@ from idemctl.stores.dynamodb.provision import DynamoDBProvisioning
 from idemctl.stores.machine import decide_claim, lease_lost
 from idemctl.urls import UrlOptions, redact_url
 
+TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
+"""What DynamoDB accepts as a table name (older botocore refuses shorter names itself, with
+a less helpful message; newer ones leave it to the service)."""
+
 
 class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
     scheme = "dynamodb"
@@ -44,9 +49,10 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
     def from_url(cls, url: str) -> DynamoDBStore:
         options = UrlOptions(url)
         table = options.parts.netloc or options.parts.path.strip("/")
-        if not table:
+        if not TABLE_NAME.fullmatch(table):
             raise ConfigError(
-                f"DynamoDB URL {redact_url(url)} names no table: dynamodb://TABLE?region=..."
+                f"DynamoDB URL {redact_url(url)} names no table DynamoDB allows "
+                f"({table!r}: 3 to 255 of a-z, A-Z, 0-9, '_', '-', '.'): dynamodb://TABLE?..."
             )
         settings: dict[str, Any] = {
             "region": options.text("region"),

@@ -83,6 +83,9 @@ from idemctl.urls import UrlOptions, redact_url
 ADMIN_LOCK_WAIT = 3.0
 """Seconds unlock and forget (of a key or an entity) wait for a row that another
 transaction holds; also how long a settle waits for an entity's row before it gives up."""
+PROVISION_LOCK_WAIT = 60.0
+"""Seconds provision waits for another provisioner of the schema (workers that all start
+at once) and for the locks its DDL needs, instead of the claims' lock_timeout."""
 # libpq options a URL may carry through to the connection.
 _LIBPQ = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "target_session_attrs")
 
@@ -552,6 +555,7 @@ class PostgresStore(BaseStore):
         statements.insert(0, lock)
         if not dry_run:
             with self.connection() as conn, conn.transaction():
+                conn.execute(lock_wait(PROVISION_LOCK_WAIT))
                 conn.execute(statements[0])
                 if self.schema_version_on(conn) > current:  # another process provisioned meanwhile
                     return Provisioning([], changed=False, notes=["provisioned concurrently"])
