@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -26,13 +25,13 @@ from rich.markup import escape
 from idemctl import __version__
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
 from idemctl.cli.help import QuietCommand, QuietGroup
+from idemctl.cli.logs import configure_logging
 from idemctl.cli.render import CLI_LOGGER, LiveStatus, log_line, print_line
 from idemctl.config import Config, find_config, load_config
 from idemctl.durations import parse_duration
-from idemctl.errors import ConfigError, IdemctlError, Refused
+from idemctl.errors import IdemctlError, Refused
 from idemctl.stores import DEFAULT_URL, open_store
 from idemctl.stores.base import SelfProvisioning
-from idemctl.urls import redact_text, secrets_in
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -318,7 +317,7 @@ def command(
         @functools.wraps(func)
         def wrapper(ctx: typer.Context, **params: Any) -> Any:
             current = settings(ctx)
-            _configure_logging(current)
+            configure_logging(current)
             try:
                 return func(ctx, **params)
             except (KeyboardInterrupt, typer.Abort):
@@ -556,76 +555,6 @@ def run_to_end(
         return work.run()
 
 
-def show_warnings(current: Settings, logger: str) -> None:
-    """A long-running command's own warnings (``logger``: dead letters, an unreachable store,
-    failed deliveries) go to stderr even without -v; the Kafka client's (``logger.kafka``)
-    only with -v."""
-    if current.verbose:
-        return  # -v logs everything already
-    own = logging.getLogger(logger)
-    for old in [h for h in own.handlers if getattr(h, "idemctl_warnings", False)]:
-        own.removeHandler(old)  # one per logger, on this run's stderr
-    handler = ConsoleHandler(current.err, _secrets(current), lambda: current.records_format)
-    handler.idemctl_warnings = True  # type: ignore[attr-defined]
-    handler.setLevel(logging.WARNING)
-    own.addHandler(handler)
-    own.setLevel(logging.WARNING)
-    kafka_log = logging.getLogger(f"{logger}.kafka")
-    kafka_log.propagate = False
-    kafka_log.addHandler(logging.NullHandler())
-
-
-class ConsoleHandler(logging.Handler):
-    """Log lines through the command's rich console, so they land above a live view
-    instead of through it, in the form ``log_format()`` names: ``text`` (a styled line on a
-    terminal), ``logfmt`` (``ts= level= msg= logger=`` and the record's fields) or ``json``
-    (an object a line, the same keys); ``auto``: text on a terminal, logfmt elsewhere.
-
-    A record's fields are what the library passed as ``extra={"idemctl": {...}}`` (key,
-    topic, partition, offset, outcome, reason...). ``secrets`` are hidden (``***``) in the
-    message and in every field, whatever the form."""
-
-    def __init__(
-        self,
-        console: Console,
-        secrets: list[str] | None = None,
-        log_format: Callable[[], str] = lambda: "auto",
-    ) -> None:
-        super().__init__()
-        self.console, self.secrets, self.log_format = console, secrets or [], log_format
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            message = redact_text(record.getMessage(), self.secrets)
-            level = record.levelname.lower()
-            form = self.log_format()
-            if form == "auto":
-                form = "text" if self.console.is_terminal else "logfmt"
-            if form == "text":
-                style = {"warning": "yellow", "error": "bold red"}.get(level, "dim")
-                source = f"[dim]{record.name}:[/] " if level in ("debug", "info") else ""
-                self.console.print(
-                    f"[{style}]{level}[/] {source}{escape(message)}",
-                    soft_wrap=True,
-                    highlight=False,
-                )
-                return
-            fields = {k: self._redact(v) for k, v in record_fields(record).items()}
-            line = log_line(form, level, message, fields, logger=record.name, at=record.created)
-            print_line(self.console, line)
-        except Exception:
-            self.handleError(record)
-
-    def _redact(self, value: Any) -> Any:
-        return redact_text(value, self.secrets) if isinstance(value, str) else value
-
-
-def record_fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields a library log call passed as ``extra={"idemctl": {...}}``."""
-    found = getattr(record, "idemctl", None)
-    return dict(found) if isinstance(found, dict) else {}
-
-
 def _pairs(items: list[str]) -> dict[str, str]:
     pairs = {}
     for item in items:
@@ -634,29 +563,6 @@ def _pairs(items: list[str]) -> dict[str, str]:
             raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--kafka-config")
         pairs[name.strip()] = value
     return pairs
-
-
-# Logs --------------------------------------------------------------------------------
-
-
-def _configure_logging(current: Settings) -> None:
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if getattr(h, "idemctl", False)]:
-        root.removeHandler(handler)
-    if not current.verbose:
-        return
-    handler = ConsoleHandler(current.err, _secrets(current), lambda: current.records_format)
-    handler.idemctl = True  # type: ignore[attr-defined]
-    root.addHandler(handler)
-    root.setLevel(logging.INFO if current.verbose == 1 else logging.DEBUG)
-
-
-def _secrets(current: Settings) -> list[str]:
-    """What log lines must hide: the store URL's password and secret options."""
-    try:
-        return secrets_in(current.store_url()[0])
-    except ConfigError:
-        return []  # the command reports it
 
 
 def one_of(ctx: typer.Context, key: str | None, entity: str | None) -> None:

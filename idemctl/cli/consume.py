@@ -26,10 +26,10 @@ from idemctl.cli.common import (
     note,
     run_to_end,
     settings,
-    show_warnings,
     store_fields,
     use_log_format,
 )
+from idemctl.cli.logs import show_warnings
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
 

@@ -28,12 +28,12 @@ from idemctl.cli.common import (
     note,
     run_to_end,
     settings,
-    show_warnings,
     store_fields,
     usage_error,
     use_log_format,
 )
 from idemctl.cli.help import QuietGroup
+from idemctl.cli.logs import show_warnings
 from idemctl.cli.repair import DryRunOption, YesOption, changing
 from idemctl.durations import parse_duration
 from idemctl.outbox.table import OutboxRow, OutboxTable, Selection

@@ -284,7 +284,7 @@ def _record(msg: str, level: int = logging.WARNING, **fields: Any) -> logging.Lo
 def test_secrets_are_hidden_in_every_form_and_field(form: str) -> None:
     from rich.console import Console
 
-    from idemctl.cli.common import ConsoleHandler
+    from idemctl.cli.logs import ConsoleHandler
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=250, no_color=True)
