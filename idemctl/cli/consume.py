@@ -215,10 +215,21 @@ def consume(
             "--exit-when-idle",
             metavar="DUR",
             help="Stop once the assigned partitions gave nothing for DUR (time without "
-            "partitions, held or cut off from the brokers does not count; in a group, more "
-            "than session.timeout.ms: a dead member's partitions come free only then)",
+            "partitions, held, behind their end or cut off from the brokers does not count; "
+            "in a group, more than session.timeout.ms: a dead member's partitions come free "
+            "only then)",
         ),
     ] = None,
+    stall_timeout: Annotated[
+        str,
+        typer.Option(
+            "--stall-timeout",
+            metavar="DUR",
+            help="A partition assigned, not held, behind its end and without progress for "
+            "DUR is stalled: a warning, idemctl_stalled_partitions, /readyz 503, then "
+            "resumed and sent back to its committed offset; 0: never",
+        ),
+    ] = "30s",
     kafka_config: KafkaConfigOption = None,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = METRICS_HOST,
@@ -270,6 +281,7 @@ def consume(
         max_messages=max_messages,
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
         join_timeout=duration(join_timeout, "--join-timeout"),
+        stall_timeout=duration(stall_timeout, "--stall-timeout"),
         dlq_breaker=dlq_breaker,
         trace_keys=trace_keys.value,
         dlq_oversize=dlq_oversize,

@@ -359,6 +359,7 @@ def consume_fields(summary: Summary) -> dict[str, Any]:
         **{name: counts[name] for name in shown},
         **{name: counts[name] for name in ("stale", "gaps") if name in counts},
         "paused_partitions": summary.paused,
+        "stalled_partitions": summary.stalled,
     }
 
 

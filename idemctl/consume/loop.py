@@ -97,7 +97,7 @@ class Consumer(Watch):
         *,
         on_progress: Callable[[Summary], None] | None = None,
     ) -> None:
-        super().__init__(on_progress)
+        super().__init__(on_progress, options.stall_timeout)
         self.store, self.handler, self.options = store, handler, options
         self.summary = Summary()
         self._strategy = key_strategy(options.key)
@@ -218,6 +218,8 @@ class Consumer(Watch):
                 if o.max_messages is not None:  # claim no message that will not run
                     want = min(want, o.max_messages - self.summary.finished)
                 fetched = self._kafka.consume(num_messages=want, timeout=o.poll_timeout)
+                self._polls += 1
+                self._resume_assigned()
                 if fetched:
                     self._down_since = None  # the brokers answer
                 messages = [m for m in fetched if m.error() is None or not self._error(m)]

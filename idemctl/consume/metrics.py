@@ -7,10 +7,13 @@
 - ``idemctl_store_call_duration_seconds{store,op}``: each claim (``claim_many``) and
   completion (``complete_many``) round trip;
 - gauges: ``idemctl_in_flight_leases`` (keys held now), ``idemctl_assigned_partitions``,
-  ``idemctl_paused_partitions``, ``idemctl_lag_messages`` (where the broker reports it);
+  ``idemctl_paused_partitions``, ``idemctl_stalled_partitions`` (the watchdog's, see
+  ``consume.stalls``), ``idemctl_lag_messages`` (where the broker reports it);
+- ``idemctl_stalls_total``: stalled partitions found and recovered;
 - ``idemctl_build_info``.
 
-``/readyz`` is ready while partitions are assigned and the store answers a read.
+``/readyz`` is ready while partitions are assigned, none is stalled, and the store answers
+a read.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ def register(consumer: Consumer, registry: CollectorRegistry) -> Ready:
     def ready() -> str | None:
         if not consumer.summary.partitions:
             return f"no partitions assigned ({consumer.summary.state})"
+        stalled = consumer.stalled
+        if stalled:
+            return "; ".join(stalled)
         return store_answers(consumer.store)
 
     return ready
@@ -89,6 +95,11 @@ def _families(consumer: Consumer) -> Iterator[Any]:
         "reason",
     )
     yield counter(
+        "idemctl_stalls",
+        "Partitions found stalled (assigned, not held, behind, no progress) and recovered.",
+        s.stalls,
+    )
+    yield counter(
         "idemctl_stale_events",
         "Events the sequence guard found stale (not run: a later one was applied).",
         s.counts["stale"],
@@ -97,6 +108,7 @@ def _families(consumer: Consumer) -> Iterator[Any]:
         ("idemctl_in_flight_leases", "Keys this consumer holds now.", consumer.in_flight),
         ("idemctl_assigned_partitions", "Partitions assigned now.", s.partitions),
         ("idemctl_paused_partitions", "Partitions held now (busy, retries).", s.paused),
+        ("idemctl_stalled_partitions", "Partitions stalled now, not held.", s.stalled),
         ("idemctl_lag_messages", "Messages behind the partitions' ends.", s.lag),
     )
     for name, text, value in gauges:

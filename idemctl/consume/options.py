@@ -70,6 +70,10 @@ class ConsumeOptions:
     trace_keys: str = "hash"
     """With tracing (the ``otel`` extra): ``idemctl.key`` on the spans as its SHA-256's
     first 16 hex digits (hash), as it is (raw), or not at all (none)."""
+    stall_timeout: float = 30.0
+    """Seconds a partition may be assigned, not held, behind its end and without progress
+    before it counts as stalled: it is reported and recovered (resumed, sent back to its
+    committed offset). 0: never."""
     dlq_breaker: int = 20
     """Stop (ConsumeStopped) when this many messages in a row are dead-lettered for the same
     reason: a storm says the consumer is misconfigured, not that the messages are bad.
@@ -106,6 +110,8 @@ class ConsumeOptions:
             raise ConfigError(f"--trace-keys {self.trace_keys!r}: use hash, raw or none")
         if self.gap_timeout < 0:
             raise ConfigError("--gap-timeout cannot be negative")
+        if self.stall_timeout < 0:
+            raise ConfigError("--stall-timeout cannot be negative")
 
 
 @dataclass
@@ -126,6 +132,10 @@ class Summary:
     """joining group, consuming, no partitions assigned, brokers unreachable for ..., stopped"""
     lag: int | None = None
     """Messages behind the end of the assigned partitions, where the broker reports it."""
+    stalled: int = 0
+    """Partitions stalled now: assigned, not held, behind their end, no progress."""
+    stalls: int = 0
+    """Stalled partitions found and recovered since the start."""
 
     @property
     def finished(self) -> int:

@@ -1,5 +1,12 @@
 """The consumer's view of Kafka: is there a group, are there partitions, are the brokers
-there, how far behind is it; what the live view and ``exit_when_idle`` go by."""
+there, how far behind is it, is a partition stalled; what the live view, ``/readyz`` and
+``exit_when_idle`` go by.
+
+librdkafka keeps a partition paused across a revoke and a new assignment: what idemctl
+paused (a hold) is resumed when the partition is revoked or lost, and every partition
+assigned is resumed once the assignment is in place, so that idemctl's holds and the
+client's pauses never disagree (a hold is made again, deliberately, when its message comes
+round again)."""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.stalls import Stalls
 from idemctl.errors import KafkaUnavailable
 
 log = logging.getLogger("idemctl.consume")
@@ -33,10 +41,14 @@ class Watch:
     _paused: dict[tuple[str, int], float]
     _resume_at: dict[tuple[str, int], int]
 
-    def __init__(self, on_progress: Callable[[Summary], None] | None) -> None:
+    def __init__(self, on_progress: Callable[[Summary], None] | None, stall_timeout: float) -> None:
         self._on_progress = on_progress
         self._partitions: set[tuple[str, int]] = set()
         """Assigned now: idle time counts only while there are some (item of a drain)."""
+        self._assigned: list[Any] = []
+        """Assigned by the last rebalance, to resume once the assignment is in place."""
+        self._stalls = Stalls(stall_timeout)
+        self._polls = 0
         self._joined = self._ever_assigned = False
         self._unassigned_since = self._idle_since = time.monotonic()
         self._down_since: float | None = None
@@ -59,6 +71,8 @@ class Watch:
             if o.join_timeout and now - started >= o.join_timeout:
                 raise KafkaUnavailable(self._no_partitions(now - started))
             return False
+        if self._down_since is None:
+            self._stalls.check(self._kafka, self._partitions, self._paused, self._polls, now)
         if o.exit_when_idle is None:
             return False
         if not self._partitions:
@@ -74,8 +88,8 @@ class Watch:
                 )
                 return True
             return False
-        if self._paused or self._down_since is not None:
-            self._idle_since = now  # held or cut off is not drained
+        if self._paused or self._down_since is not None or self._stalls.lagging():
+            self._idle_since = now  # held, cut off or behind is not drained
             return False
         return now - self._idle_since >= o.exit_when_idle
 
@@ -162,6 +176,8 @@ class Watch:
         summary = self.summary
         summary.paused = len(self._paused)
         summary.partitions = len(self._partitions)
+        summary.stalled = len(self._stalls.stalled)
+        summary.stalls = self._stalls.recovered
         if state is not None:
             summary.state = state
         elif self._down_since is not None and self._joined:
@@ -207,7 +223,13 @@ class Watch:
         log.warning("consumer error: %s", error)
         return True
 
+    @property
+    def stalled(self) -> list[str]:
+        """The partitions the watchdog finds stalled now, each with its offsets (``/readyz``)."""
+        return list(self._stalls.stalled.values())
+
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._assigned += partitions  # resumed after the poll: the assignment is then in place
         self._joined = True
         self._down_since = None  # a group coordinator answered
         self._partitions |= {(p.topic, p.partition) for p in partitions}
@@ -228,7 +250,26 @@ class Watch:
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
         self._forget_partitions(partitions)  # another member owns them now: commit nothing
 
+    def _resume_assigned(self) -> None:
+        """Resume what the last rebalance assigned: librdkafka may still have it paused from
+        a hold before the rebalance."""
+        from confluent_kafka import KafkaException
+
+        assigned, self._assigned = self._assigned, []
+        if assigned:
+            try:
+                self._kafka.resume(assigned)
+            except KafkaException as exc:  # revoked again meanwhile: its next assignment
+                log.debug("resume on assignment: %s", exc)
+
     def _forget_partitions(self, partitions: list[Any]) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            self._kafka.resume(partitions)  # no hold outlives the assignment it was made in
+        except KafkaException as exc:
+            log.debug("resume on revoke: %s", exc)
+        self._stalls.forget((p.topic, p.partition) for p in partitions)
         for p in partitions:
             tp = (p.topic, p.partition)
             self._paused.pop(tp, None)
