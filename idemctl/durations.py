@@ -6,6 +6,11 @@ import math
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+MAX_DURATION = 3650 * 86400.0
+"""The longest duration any option takes, 10 years: past it, clocks' arithmetic (a
+timestamp in milliseconds, a timeout a thread waits) overflows."""
+MAX_TIMEOUT_MS = (2**31 - 1) / 1000
+"""The longest timeout librdkafka and PostgreSQL take: 2^31 - 1 ms, about 24.8 days."""
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 
@@ -32,6 +37,19 @@ def parse_duration(text: str | float | int) -> float:
         raise ValueError(f"duration must be a finite number of seconds: {text!r}")
     if seconds < 0:
         raise ValueError(f"duration must not be negative: {text!r}")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"duration {text!r} is longer than {format_duration(MAX_DURATION)}")
+    return seconds
+
+
+def check_duration(what: str, seconds: float, least: float, most: float = MAX_DURATION) -> float:
+    """``seconds`` when it lies in [``least``, ``most``], else ValueError naming ``what``
+    and the range, as people write durations."""
+    if not least <= seconds <= most:
+        raise ValueError(
+            f"{what} {format_duration(seconds)} is out of range: use from "
+            f"{format_duration(least)} to {format_duration(most)}"
+        )
     return seconds
 
 

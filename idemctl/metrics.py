@@ -116,7 +116,12 @@ def serve(registry: CollectorRegistry, ready: Ready, host: str, port: int) -> Th
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes and probes are not news
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:  # taken, or an address this machine does not have
+        from idemctl.errors import ConfigError
+
+        raise ConfigError(f"metrics: cannot listen on {host}:{port}: {exc.strerror}") from None
     threading.Thread(target=server.serve_forever, name="idemctl-metrics", daemon=True).start()
     return server
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
-from idemctl.durations import parse_duration
+from idemctl.durations import MAX_DURATION, check_duration, parse_duration
 from idemctl.errors import ConfigError
 
 # "scheme://user:secret@host": the secret runs to the last "@", as urlsplit reads it, so a
@@ -54,14 +54,21 @@ class UrlOptions:
     def text(self, name: str, default: str | None = None) -> str | None:
         return self._options.pop(name, default)
 
-    def duration(self, name: str, default: float) -> float:
+    def duration(
+        self, name: str, default: float, least: float = 0.0, most: float = MAX_DURATION
+    ) -> float:
+        """A duration from ``least`` to ``most`` seconds; absent is ``default``."""
         raw = self._options.pop(name, None)
         if raw is None:
             return default
         try:
-            return parse_duration(raw)
+            seconds = parse_duration(raw)
         except ValueError as exc:
             raise ConfigError(f"store URL option {name}: {exc}") from None
+        try:
+            return check_duration(f"store URL option {name}", seconds, least, most)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def whole(self, name: str, default: int, minimum: int = 0) -> int:
         """A whole number of at least ``minimum``; blank or absent is ``default``."""

@@ -29,7 +29,7 @@ from idemctl.cli.logs import configure_logging
 from idemctl.cli.render import CLI_LOGGER, LiveStatus, log_line, print_line
 from idemctl.config import Config, find_config, load_config
 from idemctl.durations import parse_duration
-from idemctl.errors import IdemctlError, Refused
+from idemctl.errors import ConfigError, IdemctlError, Refused
 from idemctl.stores import DEFAULT_URL, open_store
 from idemctl.stores.base import SelfProvisioning
 
@@ -422,13 +422,14 @@ def usage_error(ctx: typer.Context, option: str, message: str) -> typer.BadParam
 
 
 def duration(value: str | None, option: str) -> float:
-    """A ``--older-than``-style option's seconds, or a usage error naming the option."""
+    """A ``--older-than``-style option's seconds, or ConfigError naming the option (exit 2,
+    one line)."""
     if value is None:
         return 0.0
     try:
         return parse_duration(value)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=option) from None
+        raise ConfigError(f"{option}: {exc}") from None
 
 
 # Kafka -------------------------------------------------------------------------------
@@ -452,7 +453,9 @@ KafkaConfigOption = Annotated[
 MetricsPortOption = Annotated[
     int | None,
     typer.Option(
-        "--metrics-port", metavar="PORT", help="Serve Prometheus metrics at :PORT/metrics"
+        "--metrics-port",
+        metavar="PORT",
+        help="Serve Prometheus metrics at :PORT/metrics (1 to 65535)",
     ),
 ]
 MetricsHostOption = Annotated[
@@ -483,8 +486,13 @@ LogFormatOption = Annotated[
 ]
 
 
-def use_log_format(ctx: typer.Context, log_format: LogFormat) -> Settings:
-    """The command's settings, its log lines in ``log_format`` from now on."""
+def use_log_format(
+    ctx: typer.Context, log_format: LogFormat, metrics_port: int | None = None
+) -> Settings:
+    """The command's settings, its log lines in ``log_format`` from now on; a long-running
+    command's ``--metrics-port`` is checked first, before anything is opened."""
+    if metrics_port is not None and not 1 <= metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {metrics_port}: use a port from 1 to 65535")
     current = settings(ctx)
     current.log_format = log_format.value
     return current

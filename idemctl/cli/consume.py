@@ -170,7 +170,9 @@ def consume(
     batch_size: Annotated[
         int,
         typer.Option(
-            "--batch-size", metavar="N", min=1, help="Messages per poll and store round trip"
+            "--batch-size",
+            metavar="N",
+            help="Messages per poll and store round trip (1 to 1000000)",
         ),
     ] = 100,
     complete_batch: Annotated[
@@ -257,7 +259,7 @@ def consume(
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
     from idemctl.consume.metrics import register as consume_metrics
 
-    current = use_log_format(ctx, log_format)
+    current = use_log_format(ctx, log_format, metrics_port)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     options = ConsumeOptions(
         brokers=brokers,

@@ -39,8 +39,9 @@ MEANINGS: dict[ExitCode, str] = {
         "the guarantee, a poison message not dead-lettered)"
     ),
     ExitCode.USAGE: (
-        "usage error or bad configuration (URL, scheme, missing driver, config file, "
-        "credentials or database the server refused)"
+        "usage error or bad configuration (URL, scheme, missing driver, config file, a "
+        "setting out of its range, credentials or database the server refused), before "
+        "anything is written"
     ),
     ExitCode.STORE_UNREACHABLE: "store unreachable",
     ExitCode.NOT_PROVISIONED: "store not provisioned: run 'idemctl init'",

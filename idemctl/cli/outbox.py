@@ -59,7 +59,9 @@ TemplateOption = Annotated[
 BatchOption = Annotated[
     int,
     typer.Option(
-        "--batch-size", metavar="N", min=1, help="Rows per transaction and acknowledgement wait"
+        "--batch-size",
+        metavar="N",
+        help="Rows per transaction and acknowledgement wait (1 to 100000)",
     ),
 ]
 DeliveryTimeoutOption = Annotated[
@@ -110,7 +112,7 @@ def relay(
     from idemctl.outbox.relay import Relay, RelayOptions
     from idemctl.outbox.relay import register_metrics as relay_metrics
 
-    current = use_log_format(ctx, log_format)
+    current = use_log_format(ctx, log_format, metrics_port)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     options = RelayOptions(
         brokers=brokers,

@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.errors import ConfigError
 from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy, order_strategy
+from idemctl.stores.base import LEASE_RANGE, in_range
+
+MAX_BATCH = 1_000_000
+"""Messages one poll may ask librdkafka for."""
+MAX_CONCURRENCY = 1024
+"""Handler threads one consumer may run."""
 
 
 @dataclass
@@ -89,12 +96,21 @@ class ConsumeOptions:
                 "--max-attempts, --batch-size, --complete-batch and --concurrency must be at "
                 "least 1"
             )
+        if self.batch_size > MAX_BATCH:
+            raise ConfigError(
+                f"--batch-size {self.batch_size}: at most {MAX_BATCH} (librdkafka's limit for "
+                "one poll)"
+            )
+        if self.concurrency > MAX_CONCURRENCY:
+            raise ConfigError(f"--concurrency {self.concurrency}: at most {MAX_CONCURRENCY}")
+        if self.lease is not None:
+            in_range("--lease", self.lease, LEASE_RANGE)
         if self.dlq_oversize not in ("hold", "truncate"):
             raise ConfigError(f"--dlq-oversize {self.dlq_oversize!r}: use hold or truncate")
         if self.complete_wait < 0:
             raise ConfigError("--complete-wait cannot be negative")
-        if self.dlq_timeout <= 0:
-            raise ConfigError("--dlq-timeout must be more than 0")
+        if not 0 < self.dlq_timeout <= MAX_TIMEOUT_MS:
+            raise ConfigError("--dlq-timeout must be more than 0 and at most 24d20h")
         if self.dlq_breaker < 0 or self.join_timeout < 0:
             raise ConfigError("--dlq-breaker and --join-timeout cannot be negative")
         key_strategy(self.key)  # fails early on a bad strategy

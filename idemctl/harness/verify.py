@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 from idemctl.errors import ConfigError, KafkaUnavailable, Refused
 from idemctl.harness.recorder import LEDGER
 from idemctl.harness.scratch import Scratch, option
+from idemctl.stores.base import LEASE_RANGE, in_range
 from idemctl.urls import split_url
 
 HANDLER = "idemctl.harness.recorder:record"
@@ -90,6 +91,7 @@ class Plan:
     def check(self) -> None:
         if self.messages < 10:
             raise ConfigError("--messages must be at least 10")
+        in_range("--lease", self.lease, LEASE_RANGE)
         if not 0 <= self.duplicates <= 0.9:
             raise ConfigError("--duplicates is a share of --messages, between 0 and 0.9")
         if self.poison < 0 or self.poison > self.messages // 10:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl import tracing
 from idemctl.drivers import require
+from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.errors import ConfigError, StoreUnavailable
 from idemctl.metrics import Ready, Scraped, build_info, counter, store_answers
 from idemctl.model import canonical_json
@@ -81,6 +82,14 @@ def message(row: OutboxRow) -> dict[str, Any]:
         "value": None if row.payload is None else canonical_json(row.payload),
         "headers": [("id", str(row.id)), ("type", row.type), *row.headers.items()],
     }
+
+
+def batch_rows(n: int) -> int:
+    """``n``, rows a relay or replay takes at a time, when it fits in librdkafka's producer
+    queue (100,000 messages by default); else ConfigError."""
+    if not 1 <= n <= 100_000:
+        raise ConfigError(f"--batch-size {n}: use from 1 to 100000")
+    return n
 
 
 def new_producer(
@@ -260,10 +269,9 @@ class RelayOptions:
     kafka_config: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError("--batch-size must be at least 1")
-        if self.delivery_timeout <= 0:
-            raise ConfigError("the delivery timeout must be more than 0")
+        batch_rows(self.batch_size)
+        if not 0 < self.delivery_timeout <= MAX_TIMEOUT_MS:
+            raise ConfigError("--delivery-timeout must be more than 0 and at most 24d20h")
         self.topic_of = TopicTemplate(self.topic_template)
 
 

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from idemctl.outbox.relay import DEFAULT_TOPIC_TEMPLATE, TopicTemplate, new_producer, publish
+from idemctl.outbox.relay import (
+    DEFAULT_TOPIC_TEMPLATE,
+    TopicTemplate,
+    batch_rows,
+    new_producer,
+    publish,
+)
 from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
 
 if TYPE_CHECKING:
@@ -42,7 +48,7 @@ class Replay:
         self.topic_of: Callable[[OutboxRow], str] = (
             template if to_topic is None else lambda _row: to_topic
         )
-        self.batch_size = batch_size
+        self.batch_size = batch_rows(batch_size)
 
     def count(self) -> int:
         return self.table.count(self.selection)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Protocol, Self, TypeAlias, runtime_checkable
 
-from idemctl.errors import LeaseLost
+from idemctl.durations import MAX_DURATION, check_duration
+from idemctl.errors import ConfigError, LeaseLost
 from idemctl.model import (
     JSON,
     ClaimOutcome,
@@ -45,6 +46,10 @@ DEFAULT_LEASE = 30.0
 """Seconds a claim holds a key before another worker may take it over."""
 DEFAULT_RETENTION = 7 * 86400.0
 """Seconds a completed or failed key is remembered: Kafka's default topic retention."""
+LEASE_RANGE = (0.001, 7 * 86400.0)
+"""A lease from 1 ms (what Redis counts in) to 7 days (a heartbeat extends a longer run)."""
+RETENTION_RANGE = (0.001, MAX_DURATION)
+"""A retention from 1 ms to 10 years: 0 would remember no key at all."""
 CLOCK_SKEW_TOLERANCE = 5.0
 """Seconds ``check()`` lets a store's clock differ from this machine's before it warns."""
 
@@ -263,6 +268,14 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def in_range(what: str, seconds: float, bounds: tuple[float, float]) -> float:
+    """``seconds``, or ConfigError naming ``what`` and the range it must lie in."""
+    try:
+        return check_duration(what, seconds, *bounds)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 class BaseStore(ABC):
     """What every backend shares: defaults, batch fallbacks, context management."""
 
@@ -273,14 +286,16 @@ class BaseStore(ABC):
         self, url: str, *, lease: float = DEFAULT_LEASE, retention: float = DEFAULT_RETENTION
     ) -> None:
         self.url = redact_url(url)
-        self.default_lease = lease
-        self.default_retention = retention
+        self.default_lease = in_range("lease", lease, LEASE_RANGE)
+        self.default_retention = in_range("retention", retention, RETENTION_RANGE)
 
     def _lease(self, lease: float | None) -> float:
-        return self.default_lease if lease is None else lease
+        return self.default_lease if lease is None else in_range("lease", lease, LEASE_RANGE)
 
     def _retention(self, retention: float | None) -> float:
-        return self.default_retention if retention is None else retention
+        if retention is None:
+            return self.default_retention
+        return in_range("retention", retention, RETENTION_RANGE)
 
     def claim(
         self, key: str, fingerprint: str | None = None, lease: float | None = None

@@ -10,7 +10,13 @@ from dataclasses import replace
 from typing import Any
 
 from idemctl.model import Entity, Finding, Provisioning, Record, canonical_json
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query
+from idemctl.stores.base import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    LEASE_RANGE,
+    RETENTION_RANGE,
+    Query,
+)
 from idemctl.stores.rows import RowStore
 from idemctl.urls import UrlOptions
 
@@ -97,8 +103,8 @@ class MemoryStore(RowStore):
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
         options = UrlOptions(url)
-        lease = options.duration("lease", DEFAULT_LEASE)
-        retention = options.duration("retention", DEFAULT_RETENTION)
+        lease = options.duration("lease", DEFAULT_LEASE, *LEASE_RANGE)
+        retention = options.duration("retention", DEFAULT_RETENTION, *RETENTION_RANGE)
         options.finish()
         return cls(url, lease=lease, retention=retention)
 

@@ -18,10 +18,17 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.errors import ConfigError, NotProvisioned, StoreError, StoreUnavailable
 from idemctl.model import Entity, Finding, Provisioning, Record, Stats, Status
 from idemctl.resources import read_resource
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, Query
+from idemctl.stores.base import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    LEASE_RANGE,
+    RETENTION_RANGE,
+    Query,
+)
 from idemctl.stores.rows import RowStore
 from idemctl.urls import UrlOptions, redact_url
 
@@ -257,10 +264,10 @@ class SQLiteStore(RowStore):
             )
         settings: dict[str, Any] = {
             "synchronous": options.choice("synchronous", _SYNCHRONOUS, "full"),
-            "busy_timeout": options.duration("busy_timeout", 10.0),
+            "busy_timeout": options.duration("busy_timeout", 10.0, 0.0, MAX_TIMEOUT_MS),
             "auto_provision": options.flag("auto_provision", True),
-            "lease": options.duration("lease", DEFAULT_LEASE),
-            "retention": options.duration("retention", DEFAULT_RETENTION),
+            "lease": options.duration("lease", DEFAULT_LEASE, *LEASE_RANGE),
+            "retention": options.duration("retention", DEFAULT_RETENTION, *RETENTION_RANGE),
         }
         options.finish()
         return cls(parts.path[1:], url=url, **settings)

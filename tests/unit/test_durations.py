@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from idemctl.durations import format_duration, parse_duration
+from idemctl.durations import MAX_DURATION, check_duration, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -96,3 +96,18 @@ def test_format_duration_of_negative_seconds_has_a_minus_sign() -> None:
 @pytest.mark.parametrize("text", ["250ms", "30s", "1m30s", "2d1h", "7d"])
 def test_format_then_parse_round_trips(text: str) -> None:
     assert format_duration(parse_duration(text)) == text
+
+
+@pytest.mark.parametrize("text", ["99999999999d", "1e300", "3651d"])
+def test_a_duration_past_ten_years_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="longer than 3650d"):
+        parse_duration(text)
+    assert parse_duration("3650d") == MAX_DURATION
+
+
+def test_check_duration_names_the_setting_and_its_range() -> None:
+    assert check_duration("lease", 0.5, 0.001, 7 * 86400) == 0.5
+    with pytest.raises(ValueError, match=r"^lease 0ms is out of range: use from 1ms to 7d$"):
+        check_duration("lease", 0, 0.001, 7 * 86400)
+    with pytest.raises(ValueError, match="lease 8d is out of range"):
+        check_duration("lease", 8 * 86400, 0.001, 7 * 86400)

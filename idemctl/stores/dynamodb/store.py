@@ -20,7 +20,13 @@ from idemctl.model import (
     Record,
     canonical_json,
 )
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, new_owner
+from idemctl.stores.base import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    LEASE_RANGE,
+    RETENTION_RANGE,
+    new_owner,
+)
 from idemctl.stores.dynamodb.admin import DynamoDBAdmin
 from idemctl.stores.dynamodb.core import DEFAULT_CONCURRENCY
 from idemctl.stores.dynamodb.items import (
@@ -49,6 +55,11 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
     def from_url(cls, url: str) -> DynamoDBStore:
         options = UrlOptions(url)
         table = options.parts.netloc or options.parts.path.strip("/")
+        if options.parts.netloc and options.parts.path.strip("/"):
+            raise ConfigError(
+                f"DynamoDB URL {redact_url(url)}: nothing may follow the table name "
+                f"({options.parts.path!r}): dynamodb://TABLE?region=..."
+            )
         if not TABLE_NAME.fullmatch(table):
             raise ConfigError(
                 f"DynamoDB URL {redact_url(url)} names no table DynamoDB allows "
@@ -57,10 +68,10 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
         settings: dict[str, Any] = {
             "region": options.text("region"),
             "endpoint_url": options.text("endpoint_url"),
-            "lease": options.duration("lease", DEFAULT_LEASE),
-            "retention": options.duration("retention", DEFAULT_RETENTION),
-            "connect_timeout": options.duration("connect_timeout", 2.0),
-            "read_timeout": options.duration("read_timeout", 5.0),
+            "lease": options.duration("lease", DEFAULT_LEASE, *LEASE_RANGE),
+            "retention": options.duration("retention", DEFAULT_RETENTION, *RETENTION_RANGE),
+            "connect_timeout": options.duration("connect_timeout", 2.0, 0.001),
+            "read_timeout": options.duration("read_timeout", 5.0, 0.001),
             "max_attempts": options.whole("max_attempts", 3, minimum=1),
             "concurrency": options.whole("concurrency", DEFAULT_CONCURRENCY, minimum=1),
         }

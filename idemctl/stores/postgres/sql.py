@@ -127,9 +127,26 @@ class Names:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+MAX_NAME = 62
+"""Bytes in a name idemctl makes: PostgreSQL cuts identifiers at 63 bytes (cut names
+collide: "type ... already exists"), and names a table's array type '_' + the table's."""
+
+
 def names(schema: str = DEFAULT_SCHEMA, prefix: str = "") -> Names:
     """The names of the store at ``postgresql://...?schema=&prefix=``; ConfigError when the
-    schema or prefix cannot make an identifier."""
+    schema or prefix cannot make an identifier, or makes one PostgreSQL would cut."""
+    longest = max((f.name for f in fields(Names) if f.name != "schema"), key=len)
+    if len(schema.encode()) > MAX_NAME + 1:
+        raise ConfigError(
+            f"PostgreSQL schema {schema!r} is {len(schema.encode())} bytes: at most "
+            f"{MAX_NAME + 1} (PostgreSQL cuts longer names)"
+        )
+    if len((prefix + longest).encode()) > MAX_NAME:
+        raise ConfigError(
+            f"PostgreSQL prefix {prefix!r} is {len(prefix.encode())} bytes: at most "
+            f"{MAX_NAME - len(longest)}, so that every name it starts ({prefix + longest!r} "
+            f"the longest) stays within {MAX_NAME} bytes and PostgreSQL cuts none"
+        )
     return Names(
         quote_ident(schema),
         **{f.name: quote_ident(prefix + f.name) for f in fields(Names) if f.name != "schema"},

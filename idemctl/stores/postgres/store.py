@@ -19,7 +19,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode, urlunsplit
 
 import psycopg
 
@@ -61,6 +60,7 @@ from idemctl.stores.base import (
 )
 from idemctl.stores.machine import check_forgettable, entity_locked, unlocked
 from idemctl.stores.postgres import flows, transactional
+from idemctl.stores.postgres import url as postgres_url
 from idemctl.stores.postgres.flows import drive
 from idemctl.stores.postgres.pool import LockTimeout, Pool, PoolSettings
 from idemctl.stores.postgres.sql import (
@@ -78,7 +78,6 @@ from idemctl.stores.postgres.sql import (
     utc,
 )
 from idemctl.stores.postgres.transactional import Unit
-from idemctl.urls import UrlOptions, redact_url
 
 ADMIN_LOCK_WAIT = 3.0
 """Seconds unlock and forget (of a key or an entity) wait for a row that another
@@ -86,8 +85,6 @@ transaction holds; also how long a settle waits for an entity's row before it gi
 PROVISION_LOCK_WAIT = 60.0
 """Seconds provision waits for another provisioner of the schema (workers that all start
 at once) and for the locks its DDL needs, instead of the claims' lock_timeout."""
-# libpq options a URL may carry through to the connection.
-_LIBPQ = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "target_session_attrs")
 
 
 class PostgresStore(BaseStore):
@@ -109,6 +106,8 @@ class PostgresStore(BaseStore):
         connect_timeout: float = 5.0,
     ) -> None:
         super().__init__(url, lease=lease, retention=retention)
+        if pool_min > pool_max:
+            raise ConfigError(f"pool_min={pool_min} exceeds pool_max={pool_max}")
         self.schema, self.prefix = schema, prefix
         self.names = names(schema, prefix)
         self.keys_table = self.names.keys_table
@@ -127,26 +126,7 @@ class PostgresStore(BaseStore):
 
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
-        options = UrlOptions(url)
-        parts = options.parts
-        settings: dict[str, Any] = {
-            "schema": options.text("schema", DEFAULT_SCHEMA) or DEFAULT_SCHEMA,
-            "prefix": options.text("prefix", "") or "",
-            "lease": options.duration("lease", DEFAULT_LEASE),
-            "retention": options.duration("retention", DEFAULT_RETENTION),
-            "lock_timeout": options.duration("lock_timeout", 0.1),
-            "statement_timeout": options.duration("statement_timeout", 10.0),
-            "connect_timeout": options.duration("connect_timeout", 5.0),
-        }
-        settings["pool_min"] = options.whole("pool_min", 1)
-        settings["pool_max"] = options.whole("pool_max", 8, minimum=1)
-        libpq = {n: v for n in _LIBPQ if (v := options.text(n)) is not None}
-        options.finish()
-        if not parts.hostname and not parts.path.strip("/"):
-            raise ConfigError(f"PostgreSQL URL {redact_url(url)} names no host or database")
-        conninfo = urlunsplit(
-            parts._replace(scheme="postgresql", query=urlencode(libpq), fragment="")
-        )
+        conninfo, settings = postgres_url.from_url(url)
         return cls(conninfo, url=url, **settings)
 
     # Plumbing --------------------------------------------------------------------------------

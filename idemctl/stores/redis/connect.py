@@ -42,8 +42,9 @@ def target(url: str, options: UrlOptions) -> Target:
     parts = options.parts
     cluster = parts.scheme == "redis+cluster"
     client_options: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
-    for name in _CLIENT_DURATIONS:
-        client_options[name] = options.duration(name, client_options.get(name, 0.0))
+    for name in _CLIENT_DURATIONS:  # a socket timeout of 0 would make every read fail at once
+        least = 0.0 if name == "health_check_interval" else 0.001
+        client_options[name] = options.duration(name, client_options.get(name, 0.0), least)
     for name in _CLIENT_TEXTS:
         value = options.text(name)
         if value is not None:
@@ -51,6 +52,13 @@ def target(url: str, options: UrlOptions) -> Target:
     options.finish()
     if not parts.hostname:
         raise ConfigError(f"Redis URL {redact_url(url)} names no host")
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        raise ConfigError(
+            f"Redis URL {redact_url(url)}: the path is the database number, not {database!r}"
+        )
+    if cluster and database not in ("", "0"):
+        raise ConfigError(f"Redis URL {redact_url(url)}: a Redis Cluster has database 0 only")
     plain = urlunsplit(parts._replace(scheme="redis" if cluster else parts.scheme, query=""))
     return Target(plain, cluster, client_options)
 

@@ -29,6 +29,11 @@ def translate(exc: BaseException, url: str) -> StoreError | ConfigError:
         return StoreUnavailable(f"Redis at {url} is unreachable: {exc}")
     if isinstance(exc, ResponseError) and "NOPERM" in str(exc):
         return ConfigError(f"Redis at {url} denied a command to this user: {exc}")
+    if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+        return ConfigError(
+            f"Redis at {url} has no such database: {exc} (the server's 'databases' setting "
+            "says how many; 16 by default, 0 to 15)"
+        )
     return StoreError(f"Redis at {url}: {exc}")
 
 

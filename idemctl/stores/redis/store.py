@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.model import (
     ClaimOutcome,
     ClaimRequest,
@@ -17,7 +18,13 @@ from idemctl.model import (
     canonical_json,
     parse_json,
 )
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, new_owners
+from idemctl.stores.base import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    LEASE_RANGE,
+    RETENTION_RANGE,
+    new_owners,
+)
 from idemctl.stores.machine import lease_lost
 from idemctl.stores.redis.admin import RedisAdmin
 from idemctl.stores.redis.connect import connect, target
@@ -37,10 +44,10 @@ class RedisStore(RedisAdmin, RedisEntities, RedisProvisioning):
         options = UrlOptions(url)
         settings: dict[str, Any] = {
             "prefix": options.text("prefix", "idem:"),
-            "lease": options.duration("lease", DEFAULT_LEASE),
-            "retention": options.duration("retention", DEFAULT_RETENTION),
+            "lease": options.duration("lease", DEFAULT_LEASE, *LEASE_RANGE),
+            "retention": options.duration("retention", DEFAULT_RETENTION, *RETENTION_RANGE),
             "durable": options.flag("durable", False),
-            "durable_timeout": options.duration("durable_timeout", 1.0),
+            "durable_timeout": options.duration("durable_timeout", 1.0, 0.001, MAX_TIMEOUT_MS),
         }
         settings["replicas"] = options.whole("replicas", 0)
         to = target(url, options)
