@@ -105,14 +105,105 @@ local function lease_live(rec, now)
   return rec.status == 'in_progress' and rec.owner ~= '' and num(rec.lease) ~= nil and num(rec.lease) > now
 end
 
+-- How many of KEYS are records (or entities): all of them, but for the index's four keys
+-- that a script changing records gets last (see indexed()).
+local RECORDS = #KEYS
+
 -- fn(key, per-key values...) for every key; `shared` values lead ARGV, then `width` per key.
 local function each(shared, width, fn)
   local out = {}
-  for i, key in ipairs(KEYS) do
+  for i = 1, RECORDS do
+    local key = KEYS[i]
     local base = shared + (i - 1) * width
     out[i] = fn(key, unpack(ARGV, base + 1, base + width))
   end
   return out
+end
+
+-- The index: what the operator's commands read instead of every key. Every script that
+-- changes a record gets its four keys after the records' (one set per server; on a cluster
+-- one per hash slot, named so as to live in the records' slot):
+--   LIVE   sorted set: each in-progress record's key, scored by its lease (ms since the
+--          epoch), as the record has it
+--   COUNTS hash: c, f, t, e: how many completed, failed, and forgotten records (tombstones,
+--          past retention) there are, and entities; and c:SECOND, f:SECOND, t:SECOND,
+--          e:SECOND: how many of them the TTL removes at the end of that second (the
+--          ceiling of their TTL's end: an entity's expires, as for completed and failed)
+--   DUE    sorted set: the SECONDs COUNTS has fields for, scored by themselves
+--   GONE   sorted set: each tombstone's key, scored by the end of its retention (what
+--          purge walks)
+-- A tombstone (forget.lua) carries gone: ms since the epoch when its TTL ends. A record the
+-- index counts carries n = '1' (records written before the index have none:
+-- `idemctl init` counts them, see index.lua). Redis removes a record when its TTL ends and
+-- runs no script then: settle() takes a second's records out of the counts once that second
+-- is over, so a record is counted at most a second past the end of its TTL. A record still
+-- there at the very end of its second (Redis removes it just after) finds its field gone:
+-- uncount() leaves the counts alone, as settle() took it out already.
+local LIVE, COUNTS, DUE, GONE
+
+local function indexed()
+  LIVE, COUNTS, DUE, GONE = KEYS[#KEYS - 3], KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+  RECORDS = #KEYS - 4
+end
+
+-- Where rec (a record or an entity) is counted: 'i' (in LIVE), or 'c', 'f', 't' or 'e'
+-- with the second its TTL ends; nil when it is not counted.
+local function counted(rec)
+  if rec == nil or rec.n ~= '1' then return nil end
+  local status, gone, expires = rec.status or '', rec.gone or '', rec.expires or ''
+  if status == '' then return 'e', math.ceil(tonumber(expires) / 1000) end
+  if gone ~= '' then return 't', math.ceil(tonumber(gone) / 1000) end
+  if status == 'in_progress' then return 'i' end
+  if expires == '' then return nil end
+  return string.sub(status, 1, 1), math.ceil(tonumber(expires) / 1000)
+end
+
+-- Take rec (as it is before a change) out of the index.
+local function uncount(key, rec)
+  local class, second = counted(rec)
+  if class == nil then return end
+  if class == 'i' then
+    redis.call('ZREM', LIVE, key)
+    return
+  end
+  if class == 't' then redis.call('ZREM', GONE, key) end
+  local field = class .. ':' .. int(second)
+  if redis.call('HEXISTS', COUNTS, field) == 1 then  -- else settled: c/f/t no longer hold it
+    redis.call('HINCRBY', COUNTS, field, -1)
+    redis.call('HINCRBY', COUNTS, class, -1)
+  end
+end
+
+-- Put rec (as just written, with n = '1') in the index.
+local function count(key, rec)
+  local class, second = counted(rec)
+  if class == 'i' then
+    redis.call('ZADD', LIVE, tonumber(rec.lease), key)
+    return
+  end
+  if class == 't' then redis.call('ZADD', GONE, tonumber(rec.expires), key) end
+  local s = int(second)
+  redis.call('HINCRBY', COUNTS, class .. ':' .. s, 1)
+  redis.call('HINCRBY', COUNTS, class, 1)
+  redis.call('ZADD', DUE, second, s)
+end
+
+-- Take up to `limit` seconds that are over out of the counts;
+-- returns how many it took.
+local function settle(now, limit)
+  local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', math.floor(now / 1000), 'LIMIT', 0, limit)
+  for _, s in ipairs(due) do
+    for _, class in ipairs({'c', 'f', 't', 'e'}) do
+      local field = class .. ':' .. s
+      local n = tonumber(redis.call('HGET', COUNTS, field))
+      if n ~= nil then
+        if n ~= 0 then redis.call('HINCRBY', COUNTS, class, -n) end  -- never '-0'
+        redis.call('HDEL', COUNTS, field)
+      end
+    end
+    redis.call('ZREM', DUE, s)
+  end
+  return #due
 end
 
 -- An entity whose hold is live: a holder whose lock has not ended.
@@ -127,8 +218,8 @@ end
 local function complete_record(key, rec, owner, result, retention, now)
   local at = int(now)
   rec.status, rec.owner, rec.lease, rec.updated, rec.completed = 'completed', '', '', at, at
-  rec.expires, rec.result, rec.done_by, rec.error, rec.retriable =
-    int(now + retention), result, owner, '', '0'
+  rec.expires, rec.result, rec.done_by, rec.error, rec.retriable, rec.n =
+    int(now + retention), result, owner, '', '0', '1'
   redis.call('SET', key, cjson.encode(rec), 'PX', retention)
 end
 
@@ -142,11 +233,13 @@ end
 -- The holder's event (sequence) was applied: advance the entity (only upwards), free it,
 -- and keep it for retention ms.
 local function advance_entity(key, rec, sequence, holder, retention, now)
+  uncount(key, rec)
   local seq = tonumber(sequence)
   if rec.seq == '' or seq > tonumber(rec.seq) then
     rec.seq, rec.key, rec.applied = int(seq), holder, int(now)
   end
-  rec.holder, rec.holder_token, rec.lock, rec.updated, rec.expires =
-    '', '', '', int(now), int(now + retention)
+  rec.holder, rec.holder_token, rec.lock, rec.updated, rec.expires, rec.n =
+    '', '', '', int(now), int(now + retention), '1'
   redis.call('SET', key, cjson.encode(rec), 'PX', retention)
+  count(key, rec)
 end

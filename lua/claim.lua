@@ -14,8 +14,10 @@
 --   completed | failed | busy | mismatch   not acquired; the record says why
 -- A retried call (same owner token) gets its first reply again; the same key twice in one
 -- batch is busy the second time.
+indexed()
 local lease, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now, now_us = now_ms_us()
+settle(now, 2)  -- the TTL's work, a little at a time, so the operator's stats find little
 
 local function acquired(how, rec)
   return {how, rec.token, rec.attempts, rec.lease}
@@ -28,13 +30,17 @@ return each(2, 2, function(key, fp, owner)
     -- record at all (never seen, purged, expired by TTL) the clock starts it: every token
     -- the key had was at most TIME in µs when it was claimed.
     local token = now_us
-    if rec ~= nil then token = tonumber(rec.token) + 1 end
+    if rec ~= nil then
+      token = tonumber(rec.token) + 1
+      uncount(key, rec)
+    end
     -- Built whole and written directly, not through write(): the commonest call, and the
     -- varargs cost it about 2 µs.
     local at = int(now)
     rec = {status = 'in_progress', fp = fp, owner = owner, token = int(token), attempts = '1',
-      lease = int(now + lease), created = at, updated = at, how = 'acquired'}
+      lease = int(now + lease), created = at, updated = at, how = 'acquired', n = '1'}
     redis.call('SET', key, cjson.encode(rec), 'PX', lease + retention)
+    redis.call('ZADD', LIVE, now + lease, key)
     return acquired('acquired', rec)
   end
   if rec.status == 'in_progress' and rec.owner == owner then
@@ -56,9 +62,11 @@ return each(2, 2, function(key, fp, owner)
   if rec.status == 'in_progress' then how = 'takeover' end
   local fingerprint = rec.fp
   if fingerprint == '' then fingerprint = fp end
+  uncount(key, rec)
   write(key, rec, lease + retention, 'status', 'in_progress', 'fp', fingerprint, 'owner', owner,
     'token', int(tonumber(rec.token) + 1), 'attempts', int(tonumber(rec.attempts) + 1),
     'lease', int(now + lease), 'updated', int(now), 'completed', '', 'expires', '',
-    'how', how, 'done_by', '')
+    'how', how, 'done_by', '', 'n', '1')
+  count(key, rec)
   return acquired(how, rec)
 end)

@@ -8,6 +8,7 @@
 -- {'ok', record} (the record's JSON text) for a retried complete, whose stored result may
 -- not be this call's; with '0', {'ok'} for both. Otherwise {'lost', record} when that
 -- owner and token no longer hold the key ({'lost'} alone when the record is gone).
+indexed()
 local retention, full = tonumber(ARGV[1]), ARGV[2] == '1'
 local now = now_ms()
 
@@ -24,7 +25,9 @@ return each(2, 3, function(key, owner, token, result)
   if not holds(rec, owner, token, now) then
     return reply('lost', rec)
   end
+  uncount(key, rec)
   complete_record(key, rec, owner, result, retention, now)
+  count(key, rec)
   if full then return {'done', rec.created, rec.attempts, rec.fp, rec.completed} end
   return {'ok'}
 end)

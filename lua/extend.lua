@@ -4,6 +4,7 @@
 -- ARGV[2]        retention, ms (an in-progress record's TTL is lease + retention)
 -- then per key:  owner token, fencing token
 -- Reply, per key: {'ok', record} (the record's JSON text) or {'lost', record}.
+indexed()
 local lease, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 
@@ -12,6 +13,7 @@ return each(2, 2, function(key, owner, token)
   if not holds(rec, owner, token, now) then
     return reply('lost', rec)
   end
-  write(key, rec, lease + retention, 'lease', int(now + lease), 'updated', int(now))
+  write(key, rec, lease + retention, 'lease', int(now + lease), 'updated', int(now), 'n', '1')
+  count(key, rec)  -- the lease's new end; a record from before the index joins it
   return reply('ok', rec)
 end)

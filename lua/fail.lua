@@ -4,6 +4,7 @@
 -- then per key:  owner token, fencing token, error text, '1' if a later claim may run the
 --                key again ('0': failed for good)
 -- Reply, per key: {'ok', record} or {'lost', record}, as complete.lua. A retried fail is 'ok'.
+indexed()
 local retention = tonumber(ARGV[1])
 local now = now_ms()
 
@@ -15,7 +16,10 @@ return each(1, 4, function(key, owner, token, err, retriable)
   if not holds(rec, owner, token, now) then
     return reply('lost', rec)
   end
+  uncount(key, rec)
   write(key, rec, retention, 'status', 'failed', 'owner', '', 'lease', '', 'updated', int(now),
-    'expires', int(now + retention), 'error', err, 'retriable', retriable, 'done_by', owner)
+    'expires', int(now + retention), 'error', err, 'retriable', retriable, 'done_by', owner,
+    'n', '1')
+  count(key, rec)
   return reply('ok', rec)
 end)

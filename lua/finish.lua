@@ -8,9 +8,10 @@
 -- complete.lua and settle.lua), and both are written now, or were by the same call before
 -- (a retry); else 0, and nothing is written. A cluster, whose two keys may live on two
 -- nodes, runs settle.lua and then complete.lua instead.
+indexed()
 local retention = tonumber(ARGV[1])
 local now = now_ms()
-local n = #KEYS / 2
+local n = RECORDS / 2
 local out = {}
 
 for i = 1, n do
@@ -24,7 +25,9 @@ for i = 1, n do
     local entity = get_record(ekey)
     if holds(rec, owner, token, now) and entity_held(entity, holder, token, now) then
       advance_entity(ekey, entity, sequence, holder, retention, now)
+      uncount(rkey, rec)
       complete_record(rkey, rec, owner, result, retention, now)
+      count(rkey, rec)
       out[i] = 1
     else
       out[i] = 0

@@ -6,6 +6,7 @@
 -- ARGV[2]        retention, ms: the tombstone's TTL
 -- Reply, per key: {code, record} with the record as it was (its JSON text); code is
 --   ok | missing | in_progress (refused: an attempt may still be working on it)
+indexed()
 local force, retention = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 
@@ -18,7 +19,9 @@ return each(2, 0, function(key)
     return reply('in_progress', rec)
   end
   local before = TEXT[rec]
+  uncount(key, rec)
   write(key, rec, retention, 'owner', '', 'lease', '', 'updated', int(now), 'expires', int(now),
-    'result', '', 'done_by', '')
+    'result', '', 'done_by', '', 'gone', int(now + retention), 'n', '1')
+  count(key, rec)
   return {'ok', before}
 end)

@@ -5,6 +5,7 @@
 -- {code, entity} with the entity as it was (its JSON text); code is
 --   ok     removed
 --   held   refused: an attempt holds it (a live hold) and force was not given
+indexed()
 local force = ARGV[1]
 local now = now_ms()
 
@@ -16,6 +17,7 @@ return each(1, 0, function(key)
   if entity_locked(rec, now) and force ~= '1' then
     return reply('held', rec)
   end
+  uncount(key, rec)
   redis.call('DEL', key)
   return reply('ok', rec)
 end)

@@ -11,11 +11,13 @@
 --           token asking again extend the hold, a later token of the same key takes it
 -- An entity past retention is as if never seen. The same entity twice in one batch: the
 -- second sees what the first wrote.
+indexed()
 local lease, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 
 return each(2, 3, function(key, sequence, holder, token)
   local rec = get_record(key)
+  local stored = rec
   if rec ~= nil and retention_over(rec, now) then rec = nil end
   local last = ''
   if rec ~= nil then last = rec.seq end
@@ -29,12 +31,14 @@ return each(2, 3, function(key, sequence, holder, token)
     return {'busy', last, rec.holder}
   end
   local ends = now + lease
+  uncount(key, stored)
   if rec == nil then
     rec = {seq = '', key = '', applied = ''}
   end
   -- Fields set in place and one SET, not write()'s varargs: a guard per message.
-  rec.holder, rec.holder_token, rec.lock, rec.updated, rec.expires =
-    holder, int(t), int(ends), int(now), int(ends + retention)
+  rec.holder, rec.holder_token, rec.lock, rec.updated, rec.expires, rec.n =
+    holder, int(t), int(ends), int(now), int(ends + retention), '1'
   redis.call('SET', key, cjson.encode(rec), 'PX', lease + retention)
+  count(key, rec)
   return {'go', last, ''}
 end)

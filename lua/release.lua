@@ -5,6 +5,7 @@
 -- Reply, per key: {'ok', record} (the record's JSON text) or {'lost', record}.
 -- The fencing token stays, so the next claim gets token + 1 and the released owner stays
 -- fenced out; so do the attempts, unless ARGV[1] takes the claim's back.
+indexed()
 local now = now_ms()
 
 local unrun = tonumber(ARGV[1])
@@ -16,6 +17,7 @@ return each(1, 2, function(key, owner, token)
   end
   local attempts = math.max(tonumber(rec.attempts) - unrun, 0)
   write(key, rec, nil, 'owner', '', 'lease', int(now), 'updated', int(now),
-        'attempts', int(attempts))
+        'attempts', int(attempts), 'n', '1')
+  count(key, rec)
   return reply('ok', rec)
 end)

@@ -7,6 +7,7 @@
 -- nobody took it meanwhile), 0 when they no longer do: fenced like complete.lua. The
 -- entity advances only to a sequence above its last; letting go keeps its TTL.
 local retention = tonumber(ARGV[1])
+indexed()
 local now = now_ms()
 
 return each(1, 4, function(key, sequence, holder, token, applied)

@@ -8,6 +8,7 @@
 --   not_in_progress   completed or failed: there is no lease
 --   live              the lease is live and force was not given
 --   skipped           'stale': not stale long enough, or already freed
+indexed()
 local mode, arg = ARGV[1], ARGV[2]
 local now = now_ms()
 
@@ -28,7 +29,8 @@ return each(2, 0, function(key)
     return reply('live', rec)
   end
   if rec.owner ~= '' then
-    write(key, rec, nil, 'owner', '', 'lease', int(now), 'updated', int(now))
+    write(key, rec, nil, 'owner', '', 'lease', int(now), 'updated', int(now), 'n', '1')
+    count(key, rec)
   end
   return reply('ok', rec)
 end)

@@ -46,16 +46,28 @@ def unique_prefix() -> str:
     return f"t-{uuid.uuid4().hex}:"
 
 
+def _provisioned(url: str) -> Callable[[], Store]:
+    """Opens the store at ``url``, provisioned: on Redis, ``init`` marks the index ready, so
+    the operator's operations read it (fakeredis, never provisioned, walks every key)."""
+
+    def open_provisioned() -> Store:
+        store = open_store(url)
+        store.provision()
+        return store
+
+    return open_provisioned
+
+
 def _redis(request: pytest.FixtureRequest) -> Backend:
     server = request.getfixturevalue("redis_server")
     url = f"redis://127.0.0.1:{server.port}/0?prefix={unique_prefix()}"
-    return Backend("redis", url, lambda: open_store(url))
+    return Backend("redis", url, _provisioned(url))
 
 
 def _redis_cluster(request: pytest.FixtureRequest) -> Backend:
     cluster = request.getfixturevalue("redis_cluster")
     url = f"redis+cluster://127.0.0.1:{cluster.port}?prefix={unique_prefix()}"
-    return Backend("redis-cluster", url, lambda: open_store(url))
+    return Backend("redis-cluster", url, _provisioned(url))
 
 
 def _fakeredis(request: pytest.FixtureRequest) -> Backend:

@@ -523,6 +523,8 @@ def test_stats_counts_what_was_made(target: Target) -> None:
     # Redis and DynamoDB tell their TTL to drop a record past retention (Redis does at
     # once; moto never does); SQLite and PostgreSQL keep it until purged.
     past = 0 if target.name.startswith("redis") else 2
+    if target.name.startswith("redis"):  # its index counts a record until its second is over
+        time.sleep(1.0)
 
     result = on(target.url, "stats", "--json")
     assert result.exit_code == 0, result.stderr

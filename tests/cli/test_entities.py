@@ -326,6 +326,8 @@ def test_stats_counts_entities(target: Target) -> None:
     hold(target, "acct:3", 1, "a3")
     apply(target, "acct:gone", 1, "g", retention=SHORT)
     time.sleep(PAST)
+    if target.name.startswith("redis"):  # its index counts a record until its second is over
+        time.sleep(1.0)
 
     result = on(target.url, "stats", "--json")
     assert result.exit_code == 0, result.stderr

@@ -56,6 +56,9 @@ SCRIPTS = (
     "settle",
     "forget_entity",
     "finish",
+    "prune",
+    "index",
+    "stats",
 )
 
 
@@ -126,7 +129,9 @@ def test_each_record_is_one_json_string_under_its_hash_tag(
     store: Store, raw: Any, prefix: str
 ) -> None:
     a = acquire(store, "order-1", fp=fingerprint({"amount": 10}))
-    assert raw.keys(f"{prefix}*") == [f"{prefix}{{order-1}}"]
+    assert raw.keys(f"{prefix}{{*") == [f"{prefix}{{order-1}}"]
+    # Beside the records, the index the operator's commands read (see lua/_lib.lua).
+    assert raw.zrange(f"{prefix}idx:live", 0, -1) == [f"{prefix}{{order-1}}"]
     rkey = f"{prefix}{{order-1}}"
     assert raw.type(rkey) == "string"
     fields = json.loads(raw.get(rkey))
@@ -137,7 +142,9 @@ def test_each_record_is_one_json_string_under_its_hash_tag(
     # The hash tag: the record hashes to the slot of the idempotency key itself.
     assert key_slot(rkey.encode()) == key_slot(b"order-1")
     store.complete("order-1", a.owner, a.fencing_token, {"charge": "ch_1"})
-    assert raw.keys(f"{prefix}*") == [rkey]
+    assert raw.keys(f"{prefix}{{*") == [rkey]
+    assert raw.zrange(f"{prefix}idx:live", 0, -1) == []
+    assert raw.hget(f"{prefix}idx:counts", "c") == "1"
     fields = json.loads(raw.get(rkey))
     assert fields["status"] == "completed"
     assert json.loads(fields["result"]) == {"charge": "ch_1"}
@@ -211,7 +218,7 @@ def test_cluster_batch_lands_on_every_primary_and_every_operation_works(
         port_of_slot = {slot: r[2][1] for r in ranges for slot in range(int(r[0]), int(r[1]) + 1)}
         held: dict[int, set[str]] = {}
         for node, server in zip(nodes, redis_cluster.nodes, strict=True):
-            rkeys = set(node.scan_iter(match=f"{prefix}*", count=1000))
+            rkeys = set(node.scan_iter(match=f"{prefix}{{*", count=1000))
             held[server.port] = rkeys
             for rkey in rkeys:
                 key = rkey[len(prefix) + 1 : -1]
@@ -222,6 +229,15 @@ def test_cluster_batch_lands_on_every_primary_and_every_operation_works(
         assert sorted(k for ks in held.values() for k in ks) == sorted(
             f"{prefix}{{{k}}}" for k in keys
         )
+        # The index lives beside the records: each in-progress key is listed in its own
+        # slot's LIVE, on the primary that holds the record.
+        for node, server in zip(nodes, redis_cluster.nodes, strict=True):
+            for zkey in node.scan_iter(match=f"{prefix}idx:live{{*", count=1000):
+                slot = node.execute_command("CLUSTER KEYSLOT", zkey)
+                assert port_of_slot[slot] == server.port
+                members = node.zrange(zkey, 0, -1)
+                assert members and all(m in held[server.port] for m in members)
+                assert {node.execute_command("CLUSTER KEYSLOT", m) for m in members} == {slot}
 
         # The batch forms across nodes.
         done = store.complete_many(
@@ -294,8 +310,8 @@ def test_ttl_is_lease_plus_retention_in_progress_and_retention_when_finished(
     f = acquire(store, "k3")
     store.fail("k3", f.owner, f.fencing_token, "nope", retriable=False, retention=75)
     assert raw.pttl(f"{prefix}{{k3}}") == pytest.approx(75_000, abs=5_000)
-    # No record is ever left without a TTL.
-    assert all(raw.pttl(k) > 0 for k in raw.keys(f"{prefix}*"))
+    # No record is ever left without a TTL (the index's keys have none: see lua/_lib.lua).
+    assert all(raw.pttl(k) > 0 for k in raw.keys(f"{prefix}{{*"))
 
 
 def test_a_retried_complete_returns_the_first_stored_record(store: Store) -> None:
@@ -415,7 +431,8 @@ def test_each_entity_is_one_json_string_out_of_the_records_namespace(
     a = acquire(store, "k")
     assert go(store, "acct:1", MAX_SEQUENCE - 1, a, lease=30) is Verdict.GO
     ekey = f"{prefix}entity:{{acct:1}}"
-    assert sorted(raw.keys(f"{prefix}*")) == sorted([f"{prefix}{{k}}", ekey])
+    index = set(raw.keys(f"{prefix}idx:*"))
+    assert sorted(set(raw.keys(f"{prefix}*")) - index) == sorted([f"{prefix}{{k}}", ekey])
     assert raw.keys(f"{prefix}{{*") == [f"{prefix}{{k}}"]  # what key scans match
     assert raw.type(ekey) == "string"
     # The hash tag: a cluster routes the entity by its own name.
@@ -449,7 +466,7 @@ def test_each_entity_is_one_json_string_out_of_the_records_namespace(
     assert store.stats().total == 2
     assert store.purge() == 0
     assert raw.exists(ekey) == 1
-    assert all(raw.pttl(k) > 0 for k in raw.keys(f"{prefix}*"))
+    assert all(raw.pttl(k) > 0 for k in set(raw.keys(f"{prefix}*")) - index)
 
 
 def test_an_entity_past_retention_is_dropped_by_its_ttl(

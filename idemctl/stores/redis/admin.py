@@ -9,17 +9,20 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
 from idemctl.errors import InvalidCursor, KeyNotFound
-from idemctl.model import Page, Record, Stats, validate_key
+from idemctl.model import Page, Record, Stats, Status, validate_key
 from idemctl.stores import redis as package
 from idemctl.stores.base import Progress, Query, Scan, stats_of
 from idemctl.stores.machine import check_forgettable, live_lease, not_unlockable
 from idemctl.stores.redis.client import ClusterNode
-from idemctl.stores.redis.core import RedisCore, glob_escape
+from idemctl.stores.redis.core import glob_escape
+from idemctl.stores.redis.index import RedisIndex
 from idemctl.stores.redis.records import fields_of, parse_reply, text, to_record
 
 
-class RedisAdmin(RedisCore):
-    """The operator's operations: a part of RedisStore."""
+class RedisAdmin(RedisIndex):
+    """The operator's operations: a part of RedisStore. Once ``idemctl init`` has counted
+    the records (``index_ready``), stats, the in-progress pages, unlock_stale and purge read
+    the index; other pages walk the keyspace."""
 
     def get(self, key: str) -> Record | None:
         return self._live(key, *self._read(self._rkey(key)))
@@ -72,6 +75,12 @@ class RedisAdmin(RedisCore):
                 yield at, records
 
     def _scan_page(self, scan: Scan) -> Page:
+        in_progress = scan.stale_only or scan.released_only or scan.status is Status.IN_PROGRESS
+        if in_progress and self.index_ready():
+            return self._index_page(scan)
+        return self._walk_page(scan)
+
+    def _walk_page(self, scan: Scan) -> Page:
         """Pages in SCAN order, sorted by key within each SCAN batch. A cursor is the
         position of a batch and the last key taken from it: SCAN cannot stop mid-batch,
         so the next page scans that batch again and goes on after that key. A full page
@@ -99,7 +108,9 @@ class RedisAdmin(RedisCore):
             found += batch
         return Page(found, None)
 
-    def stats(self) -> Stats:
+    def stats(self, exact: bool = False) -> Stats:
+        if not exact and self.index_ready():
+            return self._index_stats()
         with self._guard():
             now = self._now()
         return stats_of([r for _, records in self._iterate() for r in records], now)
@@ -126,6 +137,9 @@ class RedisAdmin(RedisCore):
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> list[str]:
+        if self.index_ready():
+            return self._index_unlock_stale(older_than, dry_run, progress)
+
         def stale(now: datetime) -> Query:
             return Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
 
@@ -158,6 +172,9 @@ class RedisAdmin(RedisCore):
     def purge(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> int:
+        if self.index_ready():
+            return self._index_purge(older_than, dry_run, progress)
+
         def over(now: datetime) -> Query:
             return Query(retention_over_at=now - timedelta(seconds=older_than))
 

@@ -7,9 +7,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any, TypeAlias, TypeVar
 
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from idemctl.errors import ConfigError
 from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, BaseStore
@@ -21,6 +23,29 @@ from idemctl.stores.redis.records import server_time
 from idemctl.stores.redis.scripts import Item, ScriptRunner
 
 T = TypeVar("T")
+
+INDEX_NAMES = ("live", "counts", "due", "gone")
+SLOTS = 16384
+
+
+@cache
+def _slot_tags() -> list[str]:
+    """For each of a cluster's hash slots, a short text that hashes to it: a key with it
+    in braces lives in that slot (the first 314,737 numbers in hex cover all 16,384)."""
+    tags: list[str | None] = [None] * SLOTS
+    left, n = SLOTS, 0
+    while left:
+        tag = f"{n:x}"
+        slot = key_slot(tag.encode())
+        if tags[slot] is None:
+            tags[slot] = tag
+            left -= 1
+        n += 1
+    return [t for t in tags if t is not None]
+
+
+def slot_tag(slot: int) -> str:
+    return _slot_tags()[slot]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +93,13 @@ class RedisCore(BaseStore):
         self.replicas = replicas
         self.durable_timeout = durable_timeout
         self._scripts = ScriptRunner(
-            client, self._cluster, direct, self.url, replicas=replicas, timeout=durable_timeout
+            client,
+            self._cluster,
+            direct,
+            self.url,
+            index=self._index_keys,
+            replicas=replicas,
+            timeout=durable_timeout,
         )
         self.scripts = self._scripts.scripts
         self.target: Target | None = None
@@ -79,6 +110,27 @@ class RedisCore(BaseStore):
 
     def _key_of(self, rkey: str) -> str:
         return rkey[len(self.prefix) + 1 : -1]
+
+    def _index_keys(self, rkey: str) -> tuple[str, ...]:
+        """The index's keys (lua/_lib.lua's LIVE, COUNTS, DUE, GONE) for Redis key
+        ``rkey``: the store's own on one server; on a cluster, those of rkey's hash slot."""
+        if self._cluster is None:
+            return self._index_of("")
+        return self._index_of(slot_tag(self._cluster.keyslot(rkey)))
+
+    def _index_of(self, tag: str) -> tuple[str, ...]:
+        braces = f"{{{tag}}}" if tag else ""
+        return tuple(f"{self.prefix}idx:{name}{braces}" for name in INDEX_NAMES)
+
+    def _indexes(self) -> list[tuple[str, ...]]:
+        """Every set of the index's keys: one on one server, one per hash slot on a cluster."""
+        if self._cluster is None:
+            return [self._index_of("")]
+        return [self._index_of(slot_tag(slot)) for slot in range(SLOTS)]
+
+    def _ready_key(self) -> str:
+        """Set once ``idemctl init`` has counted every record written before the index."""
+        return f"{self.prefix}idx:ready"
 
     def _nodes(self) -> list[ClusterNode | None]:
         """What a SCAN walks: every primary of a cluster, or the one server (None)."""

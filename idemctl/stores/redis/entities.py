@@ -18,14 +18,15 @@ from idemctl.stores import redis as package
 from idemctl.stores.base import batched
 from idemctl.stores.machine import entity_locked
 from idemctl.stores.redis.client import Client
-from idemctl.stores.redis.core import Op, RedisCore, glob_escape
+from idemctl.stores.redis.core import Op, glob_escape
+from idemctl.stores.redis.index import RedisIndex
 from idemctl.stores.redis.records import entity_fields_of, text, to_entity
 
 ENTITIES = "entity:"
 """What follows the store's prefix in an entity's Redis key, before its ``{name}``."""
 
 
-class RedisEntities(RedisCore):
+class RedisEntities(RedisIndex):
     """The sequence guard: a part of RedisStore."""
 
     def _ekey(self, entity: str) -> str:
@@ -81,6 +82,8 @@ class RedisEntities(RedisCore):
         return EntityPage(page, page[-1].entity if len(found) > limit and page else None)
 
     def count_entities(self) -> int:
+        if self.index_ready():
+            return self._index_entities()
         with self._guard():
             now = self._now()
         return sum(

@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from idemctl.errors import StoreError
 from idemctl.model import Finding, Provisioning
 from idemctl.stores.base import server_clock_finding
-from idemctl.stores.redis.core import RedisCore
+from idemctl.stores.redis.index import RedisIndex
 
 
-class RedisProvisioning(RedisCore):
+class RedisProvisioning(RedisIndex):
     """provision() and check(): a part of RedisStore."""
 
     def _loaded(self) -> dict[str, bool]:
@@ -25,12 +25,27 @@ class RedisProvisioning(RedisCore):
         statements = [
             f"SCRIPT LOAD {name}.lua  -- sha1 {self.scripts[name].sha}" for name in missing
         ]
+        ready = self.index_ready()
+        if not ready:
+            statements.append(
+                f"SCAN {self.prefix}{{* and {self.prefix}entity:{{*, EVALSHA index.lua on each "
+                f"batch  -- count the records written before the index; "
+                f"SET {self._ready_key()}"
+            )
+        notes = [] if missing else ["all Lua scripts are loaded"]
         if not dry_run and missing:
             with self._guard():
                 self._scripts.load()
-        notes = [] if missing else ["all Lua scripts are loaded"]
+        if not dry_run and not ready:
+            counted = self.build_index()
+            notes.append(f"index built: {counted} record(s) written before it counted")
+        if ready:
+            notes.append("the index is ready")
         return Provisioning(
-            statements, changed=bool(missing) and not dry_run, dry_run=dry_run, notes=notes
+            statements,
+            changed=bool(statements) and not dry_run,
+            dry_run=dry_run,
+            notes=notes,
         )
 
     def check(self) -> list[Finding]:

@@ -10,7 +10,7 @@ again after loading them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,18 @@ SCRIPT_NAMES = (
     "settle",
     "forget_entity",
     "finish",
+    "prune",
+    "index",
+    "stats",
 )
+INDEX_ONLY = frozenset(("stats",))
+"""The scripts that read the index alone: an item's key names the index (any of its keys)."""
+INDEXED = frozenset(SCRIPT_NAMES) - INDEX_ONLY
+"""The scripts that change records or entities: they get the index's keys after theirs
+(see lua/_lib.lua's indexed())."""
+
+IndexKeys = Callable[[str], tuple[str, ...]]
+"""The index's keys for a Redis key: those in its hash slot on a cluster."""
 MAX_CALL_KEYS = 500
 """Keys per script call on one server: Redis runs nothing else while a script runs."""
 
@@ -78,6 +89,7 @@ class ScriptRunner:
         direct: Connections | None,
         url: str,
         *,
+        index: IndexKeys,
         replicas: int,
         timeout: float,
     ) -> None:
@@ -91,6 +103,8 @@ class ScriptRunner:
         self._nodes: dict[str, Connections] = {}
         """A cluster's nodes' own connections, by node name."""
         self.scripts = load_scripts()
+        self._by_sha = {script.sha: script.name for script in self.scripts.values()}
+        self._index = index
 
     def load(self) -> None:
         for script in self.scripts.values():
@@ -252,8 +266,15 @@ class ScriptRunner:
     ) -> list[Any]:
         """EVALSHA's arguments for the items at ``group``: the keys, the shared values, then
         each key's own values in key order (as lua/_lib.lua's each() reads them). An item
-        whose key is a pair (finish.lua's entity and record) gives both keys, in order."""
+        whose key is a pair (finish.lua's entity and record) gives both keys, in order. A
+        script that changes records gets the index's keys for their slot after them; one
+        that reads the index alone gets those keys only."""
         keys = [k for i in group for k in _keys(items[i][0])]
+        name = self._by_sha[sha]
+        if name in INDEX_ONLY:
+            keys = list(self._index(keys[0]))
+        elif name in INDEXED:
+            keys += self._index(keys[-1])
         args: list[Any] = [sha, len(keys), *keys, *shared]
         for i in group:
             args += items[i][1]

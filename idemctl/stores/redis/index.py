@@ -1,0 +1,310 @@
+"""The index the operator's commands read on Redis instead of every key (see lua/_lib.lua):
+LIVE (in-progress keys by lease), COUNTS (completed, failed and tombstones, by the second
+their TTL ends), DUE and GONE (tombstones by the end of their retention). The scripts that
+change records keep it; ``idemctl init`` counts the records written before it and then
+marks the store ready. Until then the operator's commands read every key, as before.
+
+What each command costs with the index: ``stats`` one script per index (one on a server,
+one per hash slot on a cluster) plus a read of each in-progress record; ``list --stale``,
+``list --status in_progress``, ``unlock --stale`` read the in-progress keys; ``purge``
+reads the tombstones. None of them grows with the completed keys the store holds."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from idemctl.errors import InvalidCursor
+from idemctl.model import Page, Record, Stats, Status
+from idemctl.stores.base import Progress, Query, Scan
+from idemctl.stores.redis.core import RedisCore, glob_escape
+from idemctl.stores.redis.records import fields_of, text, to_record
+
+SETTLE = 100_000
+"""Seconds one stats script takes out of the counts at most (a day is 86,400)."""
+
+Position = tuple[int, float, str]
+"""Where a walk of an index's sorted sets is: the index's number, a score, a member."""
+
+
+def _chunk() -> int:
+    """Members read from a sorted set at a time, records read in one round trip, keys in one
+    script call: an admin batch, SCAN_COUNT (read at each call: it may be set)."""
+    from idemctl.stores import redis as package
+
+    return package.SCAN_COUNT
+
+
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+class RedisIndex(RedisCore):
+    """Reading the index: a part of RedisStore."""
+
+    def index_ready(self) -> bool:
+        """Whether every record is counted: ``idemctl init`` ran since the index came."""
+        with self._guard():
+            return bool(self._client.exists(self._ready_key()))
+
+    def build_index(self) -> int:
+        """Count the records and entities written before the index (one SCAN of the
+        keyspace; index.lua leaves those already counted alone, so this may run while
+        consumers work, and again), then mark the store ready; how many it counted."""
+        from idemctl.stores import redis as package
+
+        counted = 0
+        patterns = [glob_escape(self.prefix) + p for p in ("{*", "entity:{*")]
+        with self._guard():
+            for node in self._nodes():
+                client = self._client if node is None else node.redis_connection
+                for pattern in patterns:
+                    cursor = None
+                    while cursor != 0:
+                        cursor, found = client.scan(
+                            cursor or 0, match=pattern, count=package.SCAN_COUNT, _type="string"
+                        )
+                        items = [(text(k), ()) for k in found]
+                        if items:
+                            counted += sum(int(r) for r in self._scripts.call("index", (), items))
+            self._client.set(self._ready_key(), str(_ms(self._now())))
+        return counted
+
+    # Walks -----------------------------------------------------------------------------
+
+    def _walk(
+        self, which: int, high: float, after: Position | None = None
+    ) -> Iterator[tuple[Position, str]]:
+        """The members of every index's sorted set ``which`` (0: LIVE, 3: GONE) scored at
+        most ``high``, in (index, score, member) order, each with its position; after
+        ``after`` when given."""
+        indexes = self._indexes()
+        first = after[0] if after else 0
+        for number in self._nonempty(which, high, first):
+            zkey = indexes[number][which]
+            since = after if after is not None and after[0] == number else None
+            for score, member in self._zwalk(zkey, high, since):
+                yield (number, score, member), member
+
+    def _nonempty(self, which: int, high: float, first: int) -> list[int]:
+        """The numbers (from ``first``) of the indexes whose set ``which`` has a member scored
+        at most ``high``: on a cluster one ZCOUNT per slot, pipelined."""
+        indexes = self._indexes()
+        if len(indexes) == 1:
+            return [0] if first == 0 else []
+        numbers = list(range(first, len(indexes)))
+        found: list[int] = []
+        with self._guard():
+            for start in range(0, len(numbers), 4096):
+                part = numbers[start : start + 4096]
+                pipe = self._client.pipeline(transaction=False)
+                top = "+inf" if high == float("inf") else high
+                for n in part:
+                    pipe.execute_command("ZCOUNT", indexes[n][which], "-inf", top)
+                found += [n for n, count in zip(part, pipe.execute(), strict=True) if count]
+        return found
+
+    def _zwalk(self, zkey: str, high: float, after: Position | None) -> Iterator[tuple[float, str]]:
+        """Sorted set ``zkey``'s members scored at most ``high``, in (score, member) order
+        after ``after``'s score and member, an admin batch at a time. Each batch starts
+        again from the last member given, by score, so members the caller moved or removed
+        meanwhile shift nothing; only a run of equal scores longer than a batch is paged
+        by offset."""
+        seen: tuple[float, str] | None = (after[1], after[2]) if after is not None else None
+        low: float | str = seen[0] if seen is not None else "-inf"
+        top: float | str = "+inf" if high == float("inf") else high
+        offset, size = 0, _chunk()
+        while True:
+            with self._guard():
+                pipe = self._client.pipeline(transaction=False)
+                pipe.execute_command(
+                    "ZRANGEBYSCORE", zkey, low, top, "WITHSCORES", "LIMIT", offset, size
+                )
+                (reply,) = pipe.execute()
+            chunk = _pairs(reply)
+            fresh = [pair for pair in chunk if seen is None or pair > seen]
+            for pair in fresh:
+                seen = pair
+                yield pair
+            if len(chunk) < size:
+                return
+            if fresh and seen is not None:
+                low, offset = seen[0], 0
+            else:  # a batch of equal scores, all given already
+                offset += size
+
+    def _records(self, rkeys: Sequence[str]) -> list[Record | None]:
+        """The records at ``rkeys`` (None where there is none), in one round trip."""
+        if not rkeys:
+            return []
+        with self._guard():
+            if self._cluster is None:
+                texts = self._client.mget(list(rkeys))
+            else:  # MGET refuses keys of several slots
+                pipe = self._client.pipeline(transaction=False)
+                for rkey in rkeys:
+                    pipe.get(rkey)
+                texts = pipe.execute()
+        out: list[Record | None] = []
+        for rkey, raw in zip(rkeys, texts, strict=True):
+            fields = fields_of(raw)
+            out.append(None if fields is None else to_record(self._key_of(rkey), fields))
+        return out
+
+    def _chunks(
+        self, which: int, high: float, after: Position | None = None
+    ) -> Iterator[list[tuple[Position, str, Record | None]]]:
+        """_walk's members an admin batch at a time, each with its record."""
+        batch: list[tuple[Position, str]] = []
+        size = _chunk()
+        for item in self._walk(which, high, after):
+            batch.append(item)
+            if len(batch) == size:
+                yield self._with_records(batch)
+                batch = []
+        if batch:
+            yield self._with_records(batch)
+
+    def _with_records(
+        self, batch: list[tuple[Position, str]]
+    ) -> list[tuple[Position, str, Record | None]]:
+        records = self._records([member for _, member in batch])
+        return [(at, m, r) for (at, m), r in zip(batch, records, strict=True)]
+
+    def _prune(self, rkeys: Sequence[str]) -> None:
+        """Take keys whose record is gone (or no longer in progress) out of LIVE: the
+        script looks again, as a claim may have come meanwhile."""
+        if rkeys:
+            self._scripts.call("prune", (), [(rkey, ()) for rkey in rkeys])
+
+    # The operator's reads ----------------------------------------------------------------
+
+    def _settled(self) -> list[list[int]]:
+        """Every index's stats.lua reply, once the seconds that are over are settled."""
+        items = [(keys[0], ()) for keys in self._indexes()]
+        while True:  # a day's seconds at most a call; more only after a long quiet
+            replies = self._scripts.call("stats", (SETTLE,), items)
+            if all(int(r[5]) < SETTLE for r in replies):
+                return [[int(x) for x in r] for r in replies]
+
+    @staticmethod
+    def _counts(replies: list[list[int]]) -> tuple[int, int, int, int]:
+        """Completed, failed, tombstones and entities, over every index."""
+        c, f, t, e = (sum(r[i] for r in replies) for i in range(4))
+        return c, f, t, e
+
+    def _index_entities(self) -> int:
+        return self._counts(self._settled())[3]
+
+    def _index_stats(self) -> Stats:
+        replies = self._settled()
+        with self._guard():
+            now = self._now()
+        completed, failed, gone, _ = self._counts(replies)
+        in_progress = stale = released = 0
+        oldest: datetime | None = None
+        dead: list[str] = []
+        for chunk in self._chunks(0, float("inf")):
+            for _, member, record in chunk:
+                if record is None or record.status is not Status.IN_PROGRESS:
+                    dead.append(member)
+                    continue
+                in_progress += 1
+                if record.stale(now):
+                    stale += 1
+                elif record.released():
+                    released += 1
+                if oldest is None or record.created_at < oldest:
+                    oldest = record.created_at
+        self._prune(dead)
+        by_status = {
+            Status.IN_PROGRESS: in_progress,
+            Status.COMPLETED: completed,
+            Status.FAILED: failed,
+        }
+        return Stats(sum(by_status.values()), by_status, stale, oldest, gone, released)
+
+    def _index_page(self, scan: Scan) -> Page:
+        """A page of in-progress keys (stale, released, or all) from LIVE, in (slot, lease,
+        key) order; the cursor is the position of the last key given."""
+        with self._guard():
+            now = self._now()
+        query = scan.query(now)
+        high = _ms(now) if scan.stale_only else float("inf")
+        found: list[Record] = []
+        last: Position | None = None
+        for chunk in self._chunks(0, high, _parse_position(scan.cursor)):
+            for at, _, record in chunk:
+                if record is None or not query.matches(record):
+                    continue
+                if len(found) == scan.limit and last is not None:
+                    return Page(found, _position(last))
+                found.append(record)
+                last = at
+        return Page(found, None)
+
+    def _index_unlock_stale(
+        self, older_than: float, dry_run: bool, progress: Progress | None
+    ) -> list[str]:
+        with self._guard():
+            now = self._now()
+        cutoff = now - timedelta(seconds=older_than)
+        stale = Query(lease_expired_at=cutoff, owned=True, live_at=now)
+        keys: list[str] = []
+        for chunk in self._chunks(0, _ms(cutoff)):
+            batch = [r for _, _, r in chunk if r is not None and stale.matches(r)]
+            if dry_run or not batch:
+                keys += [r.key for r in batch]
+                continue
+            # The script looks at each key again: it may have been claimed meanwhile.
+            shared = ("stale", round(older_than * 1000))
+            replies = self._call("unlock", shared, [(r.key, ()) for r in batch])
+            freed = zip(batch, replies, strict=True)
+            keys += [r.key for r, reply in freed if text(reply[0]) == "ok"]
+            if progress is not None:
+                progress(len(batch))
+        return sorted(keys)
+
+    def _index_purge(self, older_than: float, dry_run: bool, progress: Progress | None) -> int:
+        with self._guard():
+            now = self._now()
+        cutoff = now - timedelta(seconds=older_than)
+        over = Query(retention_over_at=cutoff)
+        purged = 0
+        for chunk in self._chunks(3, _ms(cutoff)):
+            batch = [r for _, _, r in chunk if r is not None and over.matches(r)]
+            if dry_run:
+                purged += len(batch)
+                continue
+            # Every key goes to the script, which deletes what is still over and takes keys
+            # whose TTL ended out of GONE.
+            shared = (round(older_than * 1000),)
+            replies = self._scripts.call("purge", shared, [(m, ()) for _, m, _ in chunk])
+            purged += sum(int(r) for r in replies)
+            if progress is not None:
+                progress(len(chunk))
+        return purged
+
+
+def _pairs(reply: list[Any]) -> list[tuple[float, str]]:
+    """ZRANGEBYSCORE ... WITHSCORES as (score, member) pairs: redis-py gives pairs, or the
+    flat list the server sent."""
+    if reply and isinstance(reply[0], (list, tuple)):
+        return [(float(score), text(member)) for member, score in reply]
+    return [(float(reply[i + 1]), text(reply[i])) for i in range(0, len(reply), 2)]
+
+
+def _position(at: Position) -> str:
+    number, score, member = at
+    return f"live:{number}:{score:.0f}:{member}"
+
+
+def _parse_position(cursor: str | None) -> Position | None:
+    if cursor is None:
+        return None
+    match = re.fullmatch(r"live:(\d+):(-?\d+):(.*)", cursor, re.S)
+    if match is None:
+        raise InvalidCursor(f"not a cursor of this Redis store's in-progress keys: {cursor!r}")
+    return int(match[1]), float(match[2]), match[3]
