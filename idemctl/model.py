@@ -9,7 +9,7 @@ import hashlib
 import json
 import json.scanner
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -348,15 +348,23 @@ class Page:
 @dataclass(frozen=True)
 class Stats:
     total: int
-    by_status: dict[Status, int]
+    by_status: Mapping[Status, int | None]
+    """None where the store cannot tell without reading every record (counted_by
+    ``approximate``: DynamoDB's completed and failed)."""
     stale: int
     """In-progress keys whose owner's lease expired and nobody freed (see Record.stale)."""
     oldest_in_progress: datetime | None
     """created_at of the oldest in-progress key."""
-    past_retention: int = 0
-    """Records kept physically after retention, waiting for ``purge``."""
+    past_retention: int | None = 0
+    """Records kept physically after retention, waiting for ``purge`` (None: not known,
+    as by_status)."""
     released: int = 0
     """In-progress keys with no owner, waiting for their next delivery (Record.released)."""
+    counted_by: str = "scan"
+    """How the counts were made: ``scan`` (every record read), ``query`` (the database
+    counted its rows), ``index`` (Redis's counters and in-progress index: exact, a record
+    counted up to a second past its TTL), ``approximate`` (DynamoDB's item count, refreshed
+    about every six hours, with the in-progress keys exact from the index)."""
 
 
 @dataclass(frozen=True)

@@ -185,8 +185,8 @@ class AsyncStore:
             self.sync.scan, status, stale_only, prefix, limit, cursor, older_than, released_only
         )
 
-    async def stats(self) -> Stats:
-        return await self._thread(self.sync.stats)
+    async def stats(self, exact: bool = False) -> Stats:
+        return await self._thread(self.sync.stats, exact)
 
     async def unlock(self, key: str, force: bool = False) -> Record:
         return await self._thread(self.sync.unlock, key, force)

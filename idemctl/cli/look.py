@@ -216,7 +216,17 @@ def _list_entities(ctx: typer.Context, prefix: str | None, limit: int, cursor: s
 
 
 @command()
-def stats(ctx: typer.Context) -> None:
+def stats(
+    ctx: typer.Context,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Count by reading every record, where the store keeps counts otherwise "
+            "(Redis's index, DynamoDB's item count): slow on a large store.",
+        ),
+    ] = False,
+) -> None:
     """Count records by status, stale and released leases, the oldest in-progress key's age,
     and the sequence guard's entities.
 
@@ -227,7 +237,7 @@ def stats(ctx: typer.Context) -> None:
     """
     current = settings(ctx)
     with cli_store(ctx) as store:
-        counts = store.stats()
+        counts = store.stats(exact=exact)
         try:
             entities: int | None = store.count_entities()
         except NotProvisioned:  # keys provisioned, the guard's table not yet

@@ -212,7 +212,7 @@ def stats_json(
     return {
         **where,
         "total": stats.total,
-        "by_status": {s.value: stats.by_status.get(s, 0) for s in Status},
+        "by_status": {s.value: stats.by_status.get(s) for s in Status},
         "stale": stats.stale,
         "released": stats.released,
         "oldest_in_progress_at": iso_time(oldest),
@@ -221,6 +221,7 @@ def stats_json(
         ),
         "past_retention": stats.past_retention,
         "entities": entities,
+        "counted_by": stats.counted_by,
     }
 
 
@@ -230,7 +231,8 @@ def stats_table(stats: Stats, at: datetime, entities: int | None) -> Table:
     grid.add_column(justify="right")
     grid.add_column()
     for status in Status:
-        grid.add_row(status.value, str(stats.by_status.get(status, 0)), "", style=STYLE[status])
+        count = stats.by_status.get(status)
+        grid.add_row(status.value, "-" if count is None else str(count), "", style=STYLE[status])
     grid.add_row("total", str(stats.total), "")
     stale = "expired, never freed (worker gone?): idemctl list --stale; idemctl unlock --stale"
     released = "freed, waiting for the next delivery to claim them: idemctl list --released"
@@ -256,7 +258,18 @@ def stats_table(stats: Stats, at: datetime, entities: int | None) -> Table:
         grid.add_row(
             "past retention", str(stats.past_retention), "kept until purged: idemctl purge"
         )
+    grid.add_row("counted by", stats.counted_by, COUNTED_BY.get(stats.counted_by, ""))
     return grid
+
+
+COUNTED_BY = {
+    "scan": "every record read",
+    "query": "the database counted its rows",
+    "index": "the store's counters (a record counts up to a second past its TTL): "
+    "stats --exact reads every record",
+    "approximate": "DynamoDB's item count, refreshed about every six hours; in progress "
+    "exact: stats --exact scans the table",
+}
 
 
 def findings_table(findings: list[Finding]) -> Table:

@@ -257,7 +257,7 @@ class RowStore(BaseStore):
         records = records[:limit]
         return Page(records, records[-1].key if more and records else None)
 
-    def stats(self) -> Stats:
+    def stats(self, exact: bool = False) -> Stats:
         now = self.now()
         with self._transaction(write=False) as tx:
             records = tx.select(Query())

@@ -353,7 +353,7 @@ class SQLiteStore(RowStore):
                 self._conn.execute("ROLLBACK")
                 raise self._translate(exc) from exc
 
-    def stats(self) -> Stats:
+    def stats(self, exact: bool = False) -> Stats:
         now = _ms(self.now())
         with self._transaction(write=False):
             rows = self._conn.execute(
@@ -375,7 +375,9 @@ class SQLiteStore(RowStore):
             stale += stale_count or 0
             released += released_count or 0
             oldest = _dt(oldest_ms) if oldest_ms is not None else oldest
-        return Stats(sum(by_status.values()), by_status, stale, oldest, past, released)
+        return Stats(
+            sum(by_status.values()), by_status, stale, oldest, past, released, counted_by="query"
+        )
 
     def _schema_version(self) -> int | None:
         if not self._exists():

@@ -29,6 +29,14 @@ SCHEMAS = ROOT / "schemas"
 SCHEMA_BASE = "https://idemctl.dev/schemas/"
 
 STORES = ["sqlite", "redis", "redis-cluster", "postgres", "dynamodb"]
+COUNTED_BY = {
+    "sqlite": "query",
+    "postgres": "query",
+    "redis": "index",
+    "redis-cluster": "index",
+    "dynamodb": "scan",
+}
+"""What ``stats`` says it counted by on each store, provisioned."""
 """The real stores every command runs on (memory:// lives in one process: each CLI call
 would open a new, empty one)."""
 

@@ -20,6 +20,7 @@ import pytest
 import idemctl
 from idemctl.cli.exitcodes import ExitCode
 from tests.cli.helpers import (  # noqa: F401 - fixtures
+    COUNTED_BY,
     Target,
     bare_fixture,
     json_doc,
@@ -543,6 +544,7 @@ def test_stats_counts_what_was_made(target: Target) -> None:
         "oldest_in_progress_age_seconds": document["oldest_in_progress_age_seconds"],
         "past_retention": past,
         "entities": 0,
+        "counted_by": COUNTED_BY[target.name],
     }
 
     # Stores keep milliseconds or microseconds: compare the instant, not the spelling.
@@ -588,7 +590,7 @@ def test_stats_empty_store(target: Target) -> None:
         "store": target.store.url, "store_source": "--store", "total": 0,
         "by_status": {"in_progress": 0, "completed": 0, "failed": 0}, "stale": 0,
         "released": 0, "oldest_in_progress_at": None, "oldest_in_progress_age_seconds": None,
-        "past_retention": 0, "entities": 0,
+        "past_retention": 0, "entities": 0, "counted_by": COUNTED_BY[target.name],
     }  # fmt: skip
     shown = grid(on(target.url, "stats").stdout)
     assert shown["total"] == ["0"]

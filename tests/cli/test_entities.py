@@ -24,6 +24,7 @@ import pytest
 from idemctl.cli.exitcodes import ExitCode
 from idemctl.model import Acquired, Entity, Guard, Settle, Verdict
 from tests.cli.helpers import (  # noqa: F401 - fixtures
+    COUNTED_BY,
     ENTITY_COLUMNS,
     ENTITY_ROWS,
     STORES,
@@ -337,7 +338,7 @@ def test_stats_counts_entities(target: Target) -> None:
         "by_status": {"in_progress": 1, "completed": 3, "failed": 0}, "stale": 0,
         "released": 0, "oldest_in_progress_at": document["oldest_in_progress_at"],
         "oldest_in_progress_age_seconds": document["oldest_in_progress_age_seconds"],
-        "past_retention": 0, "entities": 3,
+        "past_retention": 0, "entities": 3, "counted_by": COUNTED_BY[target.name],
     }  # fmt: skip
     cells = grid(on(target.url, "stats").stdout)
     assert cells["entities"] == ["3", "last applied sequence per entity: idemctl list --entities"]

@@ -80,7 +80,7 @@ class DynamoDBAdmin(DynamoDBEntities):
                 break
         return Page(found, None)
 
-    def stats(self) -> Stats:
+    def stats(self, exact: bool = False) -> Stats:
         return stats_of([r for records, _ in self._scan() for r in records], datetime.now(UTC))
 
     def _free(self, record: Record, lease_ended_by: int | None, now: int | None = None) -> bool:

@@ -367,7 +367,7 @@ class PostgresStore(BaseStore):
         records = [record_of(r) for r in rows[: scan.limit]]
         return Page(records, records[-1].key if len(rows) > scan.limit else None)
 
-    def stats(self) -> Stats:
+    def stats(self, exact: bool = False) -> Stats:
         rows = self._fetch(
             f"""SELECT status::text, count(*),
                        count(*) FILTER (WHERE status = 'in_progress'
@@ -390,7 +390,9 @@ class PostgresStore(BaseStore):
             past = self._fetch(f"SELECT count(*) FROM {self.keys_table} WHERE expires_at <= now()")[
                 0
             ][0]
-        return Stats(sum(by_status.values()), by_status, stale, oldest, past, released)
+        return Stats(
+            sum(by_status.values()), by_status, stale, oldest, past, released, counted_by="query"
+        )
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[tuple[psycopg.Connection[Any], Record, datetime]]:

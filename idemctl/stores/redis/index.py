@@ -224,7 +224,9 @@ class RedisIndex(RedisCore):
             Status.COMPLETED: completed,
             Status.FAILED: failed,
         }
-        return Stats(sum(by_status.values()), by_status, stale, oldest, gone, released)
+        return Stats(
+            sum(by_status.values()), by_status, stale, oldest, gone, released, counted_by="index"
+        )
 
     def _index_page(self, scan: Scan) -> Page:
         """A page of in-progress keys (stale, released, or all) from LIVE, in (slot, lease,
