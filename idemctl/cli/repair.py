@@ -21,8 +21,9 @@ from idemctl.cli.common import (
     store_fields,
     usage_error,
 )
-from idemctl.errors import EntityNotFound, KeyNotFound
+from idemctl.errors import ConfigError, EntityNotFound, KeyNotFound
 from idemctl.model import Record, validate_key
+from idemctl.pacing import MAX_RATE, paced
 from idemctl.stores.base import Store
 from idemctl.stores.machine import check_forgettable, entity_locked, unlocked
 
@@ -196,15 +197,30 @@ def purge(
             help="Only records whose retention ended at least DUR ago",
         ),
     ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            "--rate",
+            metavar="KEYS/S",
+            help="Delete at most this many records a second, on average over batches of "
+            "500 (1-1000000), to spare the consumers beside it",
+        ),
+    ] = None,
     dry_run: DryRunOption = False,
     yes: YesOption = False,
 ) -> None:
     """Delete records past retention, freeing their space.
 
     Such records already count as never seen. Redis and DynamoDB expire records by TTL
-    themselves, so there it finds little.
+    themselves, so there it finds little (on Redis: the tombstones `forget` leaves).
+    Each batch is its own transaction, script call or request, holding nothing across
+    batches; on PostgreSQL it skips rows a claim holds (SKIP LOCKED), so it never waits on
+    or deadlocks a consumer. Interrupted (Ctrl-C), it stops after a whole batch: run it
+    again for the rest.
     """
     older = duration(older_than, "--older-than")
+    if rate is not None and not 1 <= rate <= MAX_RATE:
+        raise ConfigError(f"--rate {rate:g}: a rate is 1-{MAX_RATE:.0f} records a second")
     with cli_store(ctx) as store:
         found = store.purge(older, dry_run=True)
         if dry_run or not found:
@@ -212,7 +228,8 @@ def purge(
             return
         question = f"Delete {found} record(s) past retention on {store.url}?"
         with changing(ctx, question, yes, "purging", found) as advance:
-            purged = store.purge(older, progress=advance)
+            pace = advance if rate is None else paced(rate, advance)
+            purged = store.purge(older, progress=pace)
         _report(ctx, "purge", store.url, None, count=purged)
 
 

@@ -132,6 +132,7 @@ class Store(Protocol):
         ``exact``: count by reading every record where the store keeps counts otherwise
         (Redis's index, DynamoDB's item count): slow on a large store (Stats.counted_by)."""
         ...
+
     def unlock(self, key: str, force: bool = False) -> Record: ...
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None

@@ -88,6 +88,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("sqlite", ["--store", "{url:}", *CONSUME, "--batch-size", "1000000000"], "at most 1000000"),
     ("sqlite", ["--store", "{url:}", *CONSUME, "--batch-size", "0"], "at least 1"),
     ("sqlite", ["--store", "{url:}", *CONSUME, "--metrics-port", "70000"], "port from 1 to 65535"),
+    ("sqlite", ["--store", "{url:}", "purge", "--rate", "0"], "a rate is 1-1000000"),
     ("redis", ["--store", "{url:lease=0}", "init"], "lease 0ms is out of range"),
     ("redis", ["--store", "{url:socket_timeout=0}", "init"], "socket_timeout 0ms is out of range"),
     ("redis", ["--store", "{db:99}", "init"], "has no such database"),

@@ -1142,7 +1142,7 @@ def test_purge(target: Target) -> None:
         )
         assert "nothing changed: not confirmed" in declined.stderr
         assert past() == expected
-        agreed = on(target.url, "purge", input="y\n")
+        agreed = on(target.url, "purge", "--rate", "1000", input="y\n")  # paced, whole
         assert agreed.exit_code == 0, agreed.stderr
         assert agreed.stdout.strip() == (
             f"purged {expected} record(s) past retention on {target.store.url}"
