@@ -40,7 +40,7 @@ return each(2, 2, function(key, fp, owner)
     rec = {status = 'in_progress', fp = fp, owner = owner, token = int(token), attempts = '1',
       lease = int(now + lease), created = at, updated = at, how = 'acquired', n = '1'}
     redis.call('SET', key, cjson.encode(rec), 'PX', lease + retention)
-    redis.call('ZADD', LIVE, now + lease, key)
+    count(key, rec)
     return acquired('acquired', rec)
   end
   if rec.status == 'in_progress' and rec.owner == owner then
