@@ -102,6 +102,7 @@ class RedisCore(BaseStore):
             timeout=durable_timeout,
         )
         self.scripts = self._scripts.scripts
+        self._all_indexes: list[tuple[str, ...]] | None = None
         self.target: Target | None = None
         """The client's settings, when the store was opened by URL (``idemctl.aio``'s too)."""
 
@@ -124,9 +125,10 @@ class RedisCore(BaseStore):
 
     def _indexes(self) -> list[tuple[str, ...]]:
         """Every set of the index's keys: one on one server, one per hash slot on a cluster."""
-        if self._cluster is None:
-            return [self._index_of("")]
-        return [self._index_of(slot_tag(slot)) for slot in range(SLOTS)]
+        if self._all_indexes is None:
+            tags = [""] if self._cluster is None else [slot_tag(slot) for slot in range(SLOTS)]
+            self._all_indexes = [self._index_of(tag) for tag in tags]
+        return self._all_indexes
 
     def _ready_key(self) -> str:
         """Set once ``idemctl init`` has counted every record written before the index."""

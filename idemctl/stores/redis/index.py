@@ -75,36 +75,32 @@ class RedisIndex(RedisCore):
     # Walks -----------------------------------------------------------------------------
 
     def _walk(
-        self, which: int, high: float, after: Position | None = None
+        self,
+        which: int,
+        high: float,
+        after: Position | None = None,
+        numbers: list[int] | None = None,
     ) -> Iterator[tuple[Position, str]]:
         """The members of every index's sorted set ``which`` (0: LIVE, 3: GONE) scored at
         most ``high``, in (index, score, member) order, each with its position; after
-        ``after`` when given."""
+        ``after`` when given; only those ``numbers`` when given."""
         indexes = self._indexes()
         first = after[0] if after else 0
-        for number in self._nonempty(which, high, first):
+        for number in numbers if numbers is not None else self._nonempty(which, first):
             zkey = indexes[number][which]
             since = after if after is not None and after[0] == number else None
             for score, member in self._zwalk(zkey, high, since):
                 yield (number, score, member), member
 
-    def _nonempty(self, which: int, high: float, first: int) -> list[int]:
-        """The numbers (from ``first``) of the indexes whose set ``which`` has a member scored
-        at most ``high``: on a cluster one ZCOUNT per slot, pipelined."""
-        indexes = self._indexes()
-        if len(indexes) == 1:
+    def _nonempty(self, which: int, first: int) -> list[int]:
+        """The numbers (from ``first``) of the indexes whose set ``which`` (0: LIVE, 3:
+        GONE) has members: on a cluster, read from each slot's stats script (settling
+        nothing), sent to every node at once."""
+        if self._cluster is None:
             return [0] if first == 0 else []
-        numbers = list(range(first, len(indexes)))
-        found: list[int] = []
-        with self._guard():
-            for start in range(0, len(numbers), 4096):
-                part = numbers[start : start + 4096]
-                pipe = self._client.pipeline(transaction=False)
-                top = "+inf" if high == float("inf") else high
-                for n in part:
-                    pipe.execute_command("ZCOUNT", indexes[n][which], "-inf", top)
-                found += [n for n, count in zip(part, pipe.execute(), strict=True) if count]
-        return found
+        column = 4 if which == 0 else 6
+        replies = self._settled(settle=0)
+        return [n for n in range(first, len(replies)) if replies[n][column]]
 
     def _zwalk(self, zkey: str, high: float, after: Position | None) -> Iterator[tuple[float, str]]:
         """Sorted set ``zkey``'s members scored at most ``high``, in (score, member) order
@@ -154,12 +150,16 @@ class RedisIndex(RedisCore):
         return out
 
     def _chunks(
-        self, which: int, high: float, after: Position | None = None
+        self,
+        which: int,
+        high: float,
+        after: Position | None = None,
+        numbers: list[int] | None = None,
     ) -> Iterator[list[tuple[Position, str, Record | None]]]:
         """_walk's members an admin batch at a time, each with its record."""
         batch: list[tuple[Position, str]] = []
         size = _chunk()
-        for item in self._walk(which, high, after):
+        for item in self._walk(which, high, after, numbers):
             batch.append(item)
             if len(batch) == size:
                 yield self._with_records(batch)
@@ -181,13 +181,14 @@ class RedisIndex(RedisCore):
 
     # The operator's reads ----------------------------------------------------------------
 
-    def _settled(self) -> list[list[int]]:
-        """Every index's stats.lua reply, once the seconds that are over are settled."""
+    def _settled(self, settle: int = SETTLE) -> list[list[int]]:
+        """Every index's stats.lua reply, once the seconds that are over are settled (up
+        to ``settle`` a call: a day's seconds; more only after a long quiet)."""
         items = [(keys[0], ()) for keys in self._indexes()]
-        while True:  # a day's seconds at most a call; more only after a long quiet
-            replies = self._scripts.call("stats", (SETTLE,), items)
-            if all(int(r[5]) < SETTLE for r in replies):
-                return [[int(x) for x in r] for r in replies]
+        while True:
+            replies = [[int(x) for x in r] for r in self._scripts.call("stats", (settle,), items)]
+            if not settle or all(r[5] < settle for r in replies):
+                return replies
 
     @staticmethod
     def _counts(replies: list[list[int]]) -> tuple[int, int, int, int]:
@@ -206,7 +207,8 @@ class RedisIndex(RedisCore):
         in_progress = stale = released = 0
         oldest: datetime | None = None
         dead: list[str] = []
-        for chunk in self._chunks(0, float("inf")):
+        live = [n for n, reply in enumerate(replies) if reply[4]]
+        for chunk in self._chunks(0, float("inf"), numbers=live):
             for _, member, record in chunk:
                 if record is None or record.status is not Status.IN_PROGRESS:
                     dead.append(member)
