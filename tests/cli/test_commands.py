@@ -658,7 +658,8 @@ def test_doctor_warns_of_redis_defaults_and_unloaded_scripts_without_failing(
     tmp_path: Path,
 ) -> None:
     """A Redis with the AOF on and its default appendfsync everysec, whose scripts nobody
-    loaded yet: two warnings (the fsync trade-off; scripts load on first use), exit 0."""
+    loaded yet and whose index nobody built: three warnings (the fsync trade-off; scripts
+    load on first use; the operator's commands read every key until init), exit 0."""
     from tests.backends import unique_prefix
     from tests.servers import RedisServer
 
@@ -670,7 +671,13 @@ def test_doctor_warns_of_redis_defaults_and_unloaded_scripts_without_failing(
         document = json_doc(result, "doctor.schema.json")
         assert document["ok"] is True
         found = {f["name"]: f for f in document["findings"]}
-        assert {n for n, f in found.items() if f["level"] != "ok"} == {"appendfsync", "scripts"}
+        assert {n for n, f in found.items() if f["level"] != "ok"} == {
+            "appendfsync",
+            "scripts",
+            "index",
+        }
+        assert "read every key" in found["index"]["detail"]
+        assert "idemctl init" in found["index"]["fix"]
         fsync, scripts = found["appendfsync"], found["scripts"]
         assert (fsync["level"], fsync["ok"], fsync["detail"]) == (
             "warn",
@@ -687,7 +694,13 @@ def test_doctor_warns_of_redis_defaults_and_unloaded_scripts_without_failing(
         assert re.search(r"WARN\s+scripts\s+not loaded yet", shown.stdout)
         assert "note: a crash of the server's machine" in shown.stdout
         assert "FAIL" not in shown.stdout
-        assert "all checks passed, 2 warning(s)" in shown.stderr
+        assert "all checks passed, 3 warning(s)" in shown.stderr
+        assert on(url, "init").exit_code == ExitCode.OK
+        ready = {
+            f["name"]: f
+            for f in json_doc(on(url, "doctor", "--json"), "doctor.schema.json")["findings"]
+        }
+        assert ready["index"]["level"] == "ok" and ready["index"]["detail"].startswith("ready")
 
         server.cli("CONFIG", "SET", "appendfsync", "no")  # this one is a failure
         fails = on(url, "doctor", "--json")

@@ -65,6 +65,18 @@ class RedisProvisioning(RedisIndex):
         findings.append(Finding("connection", True, detail + (", cluster" if self.cluster else "")))
         findings.append(server_clock_finding(skew))
         findings += self._config_findings()
+        ready = self.index_ready()
+        findings.append(  # a warning: the commands still work, reading every key
+            Finding(
+                "index",
+                True,
+                "ready: stats, the in-progress listings, unlock --stale and purge read it"
+                if ready
+                else "not built: stats, list --stale and unlock --stale read every key",
+                None if ready else "'idemctl init' counts the records written before it, once",
+                warning=not ready,
+            )
+        )
         missing = [n for n, ok in self._loaded().items() if not ok]
         findings.append(  # not loaded yet is no problem: each loads on its first use
             Finding(
