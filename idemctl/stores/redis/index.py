@@ -1,8 +1,9 @@
 """The index the operator's commands read on Redis instead of every key (see lua/_lib.lua):
-LIVE (in-progress keys by lease), COUNTS (completed, failed and tombstones, by the second
-their TTL ends), DUE and GONE (tombstones by the end of their retention). The scripts that
-change records keep it; ``idemctl init`` counts the records written before it and then
-marks the store ready. Until then the operator's commands read every key, as before.
+LIVE (in-progress keys by lease), COUNTS and DUE (completed, failed, tombstones and
+entities, by the second their TTL ends), GONE (tombstones by the end of their retention).
+The scripts that change records keep it; ``idemctl init`` counts the records written
+before it and then marks the store ready. Until then the operator's commands read every
+key, as before.
 
 What each command costs with the index: ``stats`` one script per index (one on a server,
 one per hash slot on a cluster) plus a read of each in-progress record; ``list --stale``,
@@ -53,8 +54,6 @@ class RedisIndex(RedisCore):
         """Count the records and entities written before the index (one SCAN of the
         keyspace; index.lua leaves those already counted alone, so this may run while
         consumers work, and again), then mark the store ready; how many it counted."""
-        from idemctl.stores import redis as package
-
         counted = 0
         patterns = [glob_escape(self.prefix) + p for p in ("{*", "entity:{*")]
         with self._guard():
@@ -64,7 +63,7 @@ class RedisIndex(RedisCore):
                     cursor = None
                     while cursor != 0:
                         cursor, found = client.scan(
-                            cursor or 0, match=pattern, count=package.SCAN_COUNT, _type="string"
+                            cursor or 0, match=pattern, count=_chunk(), _type="string"
                         )
                         items = [(text(k), ()) for k in found]
                         if items:
