@@ -142,10 +142,13 @@ def claimer(url: str, stop: threading.Event, latencies: list[float], errors: lis
                 errors.append(f"{type(exc).__name__}: {exc}")
 
 
-def purge_beside_claims(base: str, rows: int, baseline_s: float = 5.0) -> dict[str, Any]:
+def purge_beside_claims(
+    base: str, rows: int, rate: int | None, baseline_s: float = 10.0
+) -> dict[str, Any]:
     """PostgreSQL: ``rows`` keys completed with a retention of a millisecond (all past
-    retention), then a claimer runs alone for ``baseline_s``, then beside `idemctl purge
-    --yes` until the purge ends."""
+    retention; the 1 in STALE_EVERY that ``fill`` would leave in progress are left out),
+    then a claimer runs alone for ``baseline_s``, then beside `idemctl purge --yes
+    [--rate RATE]` until the purge ends."""
     url = store_url("postgres", base)
     filled = fill(url, rows, retention=0.001)
     before: list[float] = []
@@ -161,8 +164,9 @@ def purge_beside_claims(base: str, rows: int, baseline_s: float = 5.0) -> dict[s
     thread = threading.Thread(target=claimer, args=(url, stop, during, errors))
     thread.start()
     started = time.perf_counter()
+    paced = [] if rate is None else ["--rate", str(rate)]
     purge = subprocess.run(
-        [*IDEMCTL, "--store", url, "purge", "--yes", "--json"],
+        [*IDEMCTL, "--store", url, "purge", "--yes", "--json", *paced],
         capture_output=True,
         text=True,
         check=False,
@@ -175,6 +179,7 @@ def purge_beside_claims(base: str, rows: int, baseline_s: float = 5.0) -> dict[s
     purged = json.loads(purge.stdout)["count"]
     p99_before, p99_during = percentile(before, 0.99), percentile(during, 0.99)
     return {
+        "rate": rate,
         "rows": rows,
         "fill_s": filled,
         "purged": purged,
@@ -213,10 +218,11 @@ def report(data: dict[str, Any]) -> None:
     console.print(table)
     for verdict in verdicts:
         console.print(f"  {verdict} (target <= {TARGET}x)", highlight=False)
-    purge = data.get("purge")
-    if purge:
+    for purge in data["purges"]:
+        paced = f" --rate {purge['rate']:,}" if purge["rate"] else ""
         console.print(
-            f"PostgreSQL purge of {purge['purged']:,} expired rows in {purge['purge_s']:.1f} s "
+            f"PostgreSQL purge{paced} of {purge['purged']:,} expired rows in "
+            f"{purge['purge_s']:.1f} s "
             f"beside a claimer: claim p99 {purge['p99_during_ms']:.2f} ms during / "
             f"{purge['p99_before_ms']:.2f} ms before = {purge['p99_ratio']:.2f}x (target <= "
             f"{TARGET}x: {'met' if purge['p99_ratio'] <= TARGET else 'NOT met'}); p50 "
@@ -232,18 +238,22 @@ def main() -> int:
     parser.add_argument("--stores", default="redis,postgres,sqlite")
     parser.add_argument("--sizes", default="50000,500000")
     parser.add_argument("--purge-rows", type=int, default=1_000_000, help="0: no purge run")
+    parser.add_argument(
+        "--purge-rates", default="0,50000", help="a purge run for each (0: unpaced), its own rows"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     stores = [s for s in args.stores.split(",") if s]
     sizes = sorted(int(s) for s in args.sizes.split(","))
     stop_on_sigterm()
-    data: dict[str, Any] = {"commands": [], "purge": None}
+    rates = [int(r) or None for r in args.purge_rates.split(",") if r]
+    data: dict[str, Any] = {"commands": [], "purges": []}
     with tempfile.TemporaryDirectory() as tmp:
         for store in stores:
             with server_for(store, tmp) as base:
                 data["commands"] += command_times(store, base, sizes)
                 if store == "postgres" and args.purge_rows:
-                    data["purge"] = purge_beside_claims(base, args.purge_rows)
+                    data["purges"] += [purge_beside_claims(base, args.purge_rows, r) for r in rates]
     report(data)
     if args.json:
         print(json.dumps(data, indent=2))

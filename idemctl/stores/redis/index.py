@@ -235,7 +235,8 @@ class RedisIndex(RedisCore):
         with self._guard():
             now = self._now()
         query = scan.query(now)
-        high = _ms(now) if scan.stale_only else float("inf")
+        # A stale lease ended; a released key's lease was set to the moment it was freed.
+        high = _ms(now) if scan.stale_only or scan.released_only else float("inf")
         found: list[Record] = []
         last: Position | None = None
         for chunk in self._chunks(0, high, _parse_position(scan.cursor)):
