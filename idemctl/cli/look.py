@@ -238,10 +238,12 @@ def stats(
     current = settings(ctx)
     with cli_store(ctx) as store:
         counts = store.stats(exact=exact)
+        entities: int | None = None
         try:
-            entities: int | None = store.count_entities()
+            if counts.counted_by != "approximate":  # DynamoDB: counting them is a Scan
+                entities = store.count_entities()
         except NotProvisioned:  # keys provisioned, the guard's table not yet
-            entities = None
+            pass
         url = store.url
     at = render.now()
     if current.json:

@@ -249,7 +249,9 @@ def stats_table(stats: Stats, at: datetime, entities: int | None) -> Table:
         "-" if oldest is None else format_duration((at - oldest).total_seconds()),
         "" if oldest is None else f"created {stamp(oldest)}",
     )
-    if entities is None:
+    if entities is None and stats.counted_by == "approximate":
+        grid.add_row("entities", "-", "counted by a scan: idemctl stats --exact")
+    elif entities is None:
         grid.add_row("entities", "-", "no sequence guard table yet: idemctl init")
     else:
         guarded = "last applied sequence per entity: idemctl list --entities"

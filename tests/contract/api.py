@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from idemctl import aio
+from idemctl.model import Status
 from idemctl.runner import Context, RunResult
 from idemctl.runner import run as run_sync
 from idemctl.stores.base import Store
@@ -81,3 +82,19 @@ def run(store: Any, key: str, handler: Callable[[Context], Any], **options: Any)
         return handler(ctx)
 
     return store.call(aio.run(store.store, key, handle, **options))
+
+
+def counts(store: Any) -> Any:
+    """``store.stats()`` as every record counts, where the store's own counts are
+    approximate (DynamoDB's item count): there its exact in-progress part must agree with
+    a scan's, and the scan's counts are returned."""
+    stats = store.stats()
+    if stats.counted_by != "approximate":
+        return stats
+    exact = store.stats(exact=True)
+    in_progress = ("stale", "released", "oldest_in_progress")
+    assert {f: getattr(stats, f) for f in in_progress} == {
+        f: getattr(exact, f) for f in in_progress
+    }
+    assert stats.by_status[Status.IN_PROGRESS] == exact.by_status[Status.IN_PROGRESS]
+    return exact

@@ -29,7 +29,7 @@ from idemctl import (
 from idemctl.runner import Outcome
 from idemctl.stores.base import Store
 from tests.backends import Backend
-from tests.contract.api import run
+from tests.contract.api import counts, run
 
 SHORT = 0.4  # a lease or retention that the test waits out
 WAIT = 0.7  # long enough for SHORT to pass on any store's clock
@@ -387,7 +387,7 @@ def test_scan_filters_and_pages(store: Store) -> None:
 
 def test_stats(store: Store) -> None:
     _fill(store)
-    stats = store.stats()
+    stats = counts(store)
     assert stats.total == 6
     assert stats.by_status == {Status.COMPLETED: 3, Status.FAILED: 1, Status.IN_PROGRESS: 2}
     assert stats.stale == 1
@@ -403,7 +403,7 @@ def test_stale_and_released_keys_are_told_apart(store: Store) -> None:
     _fill(store)  # tenant-b/1 live, tenant-b/2 stale
     gone = acquire(store, "tenant-c/1")
     store.release("tenant-c/1", gone.owner, gone.fencing_token)
-    stats = store.stats()
+    stats = counts(store)
     assert (stats.stale, stats.released) == (1, 1)
     assert _scan_all(store, stale_only=True) == ["tenant-b/2"]
     assert _scan_all(store, released_only=True) == ["tenant-c/1"]
@@ -412,7 +412,7 @@ def test_stale_and_released_keys_are_told_apart(store: Store) -> None:
     assert _scan_all(store, released_only=True, stale_only=True) == []
 
     assert store.unlock_stale() == ["tenant-b/2"]
-    stats = store.stats()  # freed: released now, not stale any more
+    stats = counts(store)  # freed: released now, not stale any more
     assert (stats.stale, stats.released) == (0, 2)
     assert stats.by_status[Status.IN_PROGRESS] == 3
     assert _scan_all(store, stale_only=True) == []
@@ -425,7 +425,7 @@ def test_stale_and_released_keys_are_told_apart(store: Store) -> None:
 
     store.unlock("tenant-b/1", force=True)  # a forced unlock releases a live lease too
     acquire(store, "tenant-b/2")  # claimed again: neither stale nor released
-    stats = store.stats()
+    stats = counts(store)
     assert (stats.stale, stats.released) == (0, 2)
     assert _scan_all(store, released_only=True) == ["tenant-b/1", "tenant-c/1"]
     assert _scan_all(store, stale_only=True) == []
@@ -558,7 +558,7 @@ def test_purge_removes_only_records_past_retention(store: Store) -> None:
     assert purged == would and sum(handled) == purged
     assert store.get("old-1") is None and store.get("old-2") is None
     assert _scan_all(store) == ["kept", "running"]
-    assert store.stats().past_retention == 0
+    assert counts(store).past_retention == 0
 
 
 # The fencing counter never goes backwards ----------------------------------------------------
@@ -585,7 +585,7 @@ def test_forget_keeps_the_fencing_counter(store: Store) -> None:
     # As if never seen: gone from get, scan and the live counts, and from the admin commands.
     assert store.get("k1") is None
     assert _scan_all(store) == []
-    stats = store.stats()
+    stats = counts(store)
     assert stats.total == 0 and stats.past_retention == 1
     with pytest.raises(KeyNotFound):
         store.forget("k1", force=True)
@@ -622,7 +622,7 @@ def test_purge_never_turns_the_fencing_counter_back(store: Store) -> None:
     # The forgotten key's tombstone is past retention like any record and goes with purge;
     # "done" went by its TTL on Redis already.
     assert store.purge() in (1, 2)
-    assert store.stats().past_retention == 0
+    assert counts(store).past_retention == 0
     for key, held in (("done", done), ("forgotten", forgotten)):
         again = acquire(store, key)
         assert again.fencing_token > held.fencing_token, key
@@ -674,7 +674,7 @@ def test_one_key_rule_refuses_the_same_keys_on_every_store(store: Store, name: s
     ran: list[str] = []
     with pytest.raises(InvalidKey):
         run(store, key, lambda ctx: ran.append(ctx.key))
-    assert ran == [] and store.stats().total == 0  # nothing claimed
+    assert ran == [] and counts(store).total == 0  # nothing claimed
 
 
 def test_one_key_rule_accepts_512_bytes_of_any_printable_unicode(store: Store) -> None:

@@ -15,10 +15,11 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from idemctl.errors import InvalidCursor, KeyNotFound, StoreError
-from idemctl.model import Page, Record, Stats
+from idemctl.model import Page, Record, Stats, Status
 from idemctl.stores import dynamodb as package
 from idemctl.stores.base import Progress, Query, Scan, stats_of
 from idemctl.stores.dynamodb.entities import DynamoDBEntities
+from idemctl.stores.dynamodb.inprogress import DynamoDBInProgress
 from idemctl.stores.dynamodb.items import (
     ENTITY_PREFIX,
     from_ms,
@@ -31,8 +32,9 @@ from idemctl.stores.dynamodb.items import (
 from idemctl.stores.machine import check_forgettable, unlocked
 
 
-class DynamoDBAdmin(DynamoDBEntities):
-    """The operator's operations: a part of DynamoDBStore."""
+class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
+    """The operator's operations: a part of DynamoDBStore. Where the table has the index of
+    in-progress keys (``inprogress``), their listings, unlock_stale and stats Query it."""
 
     def get(self, key: str) -> Record | None:
         if is_entity_key(key):  # no key can be: an entity's item
@@ -64,7 +66,11 @@ class DynamoDBAdmin(DynamoDBEntities):
                 return
 
     def _scan_page(self, scan: Scan) -> Page:
-        """Records in DynamoDB's scan order (not by key), at most ``limit`` a page."""
+        """Records in DynamoDB's scan order (not by key), at most ``limit`` a page; in-progress
+        keys from the index where the table has it."""
+        in_progress = scan.stale_only or scan.released_only or scan.status is Status.IN_PROGRESS
+        if in_progress and self._has_index():
+            return self._index_page(scan)
         query, limit = scan.query(datetime.now(UTC)), scan.limit
         found: list[Record] = []
         for records, after in self._scan(_start_key(scan.cursor)):
@@ -81,6 +87,8 @@ class DynamoDBAdmin(DynamoDBEntities):
         return Page(found, None)
 
     def stats(self, exact: bool = False) -> Stats:
+        if not exact and self._has_index():
+            return self._index_stats()
         return stats_of([r for records, _ in self._scan() for r in records], datetime.now(UTC))
 
     def _free(self, record: Record, lease_ended_by: int | None, now: int | None = None) -> bool:
@@ -124,12 +132,25 @@ class DynamoDBAdmin(DynamoDBEntities):
             for i in range(0, len(matching), size):
                 yield matching[i : i + size]
 
+    def _stale_batches(self, stale: Query, cutoff: int) -> Iterator[list[Record]]:
+        """The stale records, at most ITEMS_PER_BATCH at a time: from the index where the
+        table has it (only leases ended by ``cutoff``, ms), else from a scan."""
+        if not self._has_index():
+            yield from self._batches(stale)
+            return
+        size = package.ITEMS_PER_BATCH
+        for _, records in self._in_progress(cutoff):
+            matching = [r for r in records if stale.matches(r)]
+            for i in range(0, len(matching), size):
+                yield matching[i : i + size]
+
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> list[str]:
         cutoff = datetime.fromtimestamp(time.time() - older_than, UTC)
+        stale = Query(lease_expired_at=cutoff, owned=True)
         keys: list[str] = []
-        for batch in self._batches(Query(lease_expired_at=cutoff, owned=True)):
+        for batch in self._stale_batches(stale, to_ms(cutoff.timestamp())):
             # Each is freed by a conditional write: skipped if claimed meanwhile.
             keys += (r.key for r in batch if dry_run or self._free(r, to_ms(cutoff.timestamp())))
             if batch and not dry_run and progress is not None:
@@ -153,7 +174,7 @@ class DynamoDBAdmin(DynamoDBEntities):
         try:
             self._update(
                 key,
-                "SET #exp = :now, #up = :now, #ttl = :ttl REMOVE #ow, #lease, #res, #by",
+                "SET #exp = :now, #up = :now, #ttl = :ttl REMOVE #ow, #lease, #res, #by, #ips",
                 "#tok = :tok",
                 values,
                 "NONE",

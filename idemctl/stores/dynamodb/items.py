@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import zlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +40,8 @@ NAMES = {
     "#lock": "lock_expires_at",
     "#ver": "version",
     "#sby": "settled_by",
+    # The sparse index of in-progress keys (see ``shard_of``):
+    "#ips": "ip_shard",
 }
 """The attributes' names in expressions (``#st``) and on the item (``status``)."""
 
@@ -48,6 +51,18 @@ No idempotency key can: keys hold no control characters (``validate_key``), and 
 one. So entities share the table (its TTL, its provisioning) and never meet a key."""
 
 _STATUSES = {status.value for status in Status}
+
+
+SHARDS = 16
+"""The partitions of the in-progress index (GSI ``in_progress``): a key in progress carries
+``ip_shard``, one of SHARDS values by a hash of the key, so that no one partition of the
+index takes every claim's write; a reader queries each."""
+INDEX = "in_progress"
+
+
+def shard_of(key: str) -> dict[str, str]:
+    """The ``ip_shard`` attribute value of ``key`` while it is in progress."""
+    return s(str(zlib.crc32(key.encode()) % SHARDS))
 
 
 def names_in(expression: str) -> dict[str, str]:

@@ -9,13 +9,14 @@ import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from botocore.exceptions import BotoCoreError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from idemctl.errors import NotProvisioned, StoreError
 from idemctl.model import Finding, Provisioning
 from idemctl.resources import read_resource
 from idemctl.stores.base import CLOCK_SKEW_TOLERANCE
-from idemctl.stores.dynamodb.core import DynamoDBCore
+from idemctl.stores.dynamodb.inprogress import DynamoDBInProgress
+from idemctl.stores.dynamodb.items import INDEX, names_in, s, shard_of, value_of
 
 GUARD_NOTE = (
     "the sequence guard needs nothing more: its entities are items of this table "
@@ -23,7 +24,11 @@ GUARD_NOTE = (
 )
 
 
-class DynamoDBProvisioning(DynamoDBCore):
+INDEX_WAIT = 600.0
+"""Seconds ``init`` waits for DynamoDB to build the in-progress index on an existing table."""
+
+
+class DynamoDBProvisioning(DynamoDBInProgress):
     """provision() and check(): a part of DynamoDBStore."""
 
     def spec(self) -> dict[str, Any]:
@@ -57,6 +62,14 @@ class DynamoDBProvisioning(DynamoDBCore):
         if not exists or not self._ttl_enabled():
             ttl = {"TableName": self.table, "TimeToLiveSpecification": spec["TimeToLive"]}
             steps.append(f"UpdateTimeToLive {json.dumps(ttl)}")
+        add_index = exists and self.index_status() is None
+        if add_index:
+            steps.append(f"UpdateTable {json.dumps(self._index_update(spec))}")
+            steps.append(f"wait until index {INDEX} is ACTIVE")
+            steps.append(
+                "Scan for keys in progress without ip_shard, and set it on each "
+                "(conditional on the item unchanged)"
+            )
         if not steps:
             return Provisioning(
                 [],
@@ -79,7 +92,65 @@ class DynamoDBProvisioning(DynamoDBCore):
                     raise StoreError(f"table {self.table} did not become ACTIVE: {exc}") from exc
             if not self._ttl_enabled():
                 self._call("update_time_to_live", TimeToLiveSpecification=spec["TimeToLive"])
+            if add_index:
+                self._call("update_table", **self._index_update(spec))
+                self._wait_for_index()
+                marked = self._mark_in_progress()
+                steps.append(f"marked {marked} key(s) in progress")
+            self._index_active = None  # asked again at the next read
         return Provisioning(steps, changed=not dry_run, dry_run=dry_run, notes=[GUARD_NOTE])
+
+    def _index_update(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """UpdateTable's arguments that add the in-progress index to a table made before it."""
+        create = spec["CreateTable"]
+        return {
+            "AttributeDefinitions": [
+                a for a in create["AttributeDefinitions"] if a["AttributeName"] != "key"
+            ],
+            "GlobalSecondaryIndexUpdates": [{"Create": create["GlobalSecondaryIndexes"][0]}],
+        }
+
+    def _wait_for_index(self) -> None:
+        deadline = time.monotonic() + INDEX_WAIT
+        while (status := self.index_status()) != "ACTIVE":
+            if time.monotonic() > deadline:
+                raise StoreError(
+                    f"index {INDEX} of table {self.table} is still {status} after "
+                    f"{INDEX_WAIT:.0f} s: run 'idemctl init' again once DynamoDB has built it"
+                )
+            time.sleep(2)
+
+    def _mark_in_progress(self) -> int:
+        """Set ip_shard on the keys in progress that lack it (written before the index),
+        each by a write conditional on the item being what the scan read; how many."""
+        condition = "#st = :inprog AND attribute_not_exists(#ips)"
+        marked, start = 0, None
+        while True:
+            kwargs: dict[str, Any] = {
+                "FilterExpression": condition,
+                "ExpressionAttributeNames": names_in(condition),
+                "ExpressionAttributeValues": {":inprog": s("in_progress")},
+            }
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            response = self._call("scan", **kwargs)
+            for item in response.get("Items", []):
+                key = value_of(item, "key")
+                values = {
+                    ":inprog": s("in_progress"),
+                    ":ips": shard_of(key),
+                    ":tok": item["fencing_token"],
+                }
+                try:
+                    self._update(
+                        key, "SET #ips = :ips", "#st = :inprog AND #tok = :tok", values, "NONE"
+                    )
+                    marked += 1
+                except ClientError:
+                    pass  # changed since the scan read it: its own write set or removed it
+            start = response.get("LastEvaluatedKey")
+            if not start:
+                return marked
 
     def check(self) -> list[Finding]:
         started = time.perf_counter()
@@ -99,6 +170,19 @@ class DynamoDBProvisioning(DynamoDBCore):
             ),
         ]
         if exists:
+            status = self.index_status()
+            findings.append(
+                Finding(  # a warning: the commands still work, scanning the table
+                    "index",
+                    True,
+                    f"index {INDEX} of keys in progress is {status or 'missing'}",
+                    None
+                    if status == "ACTIVE"
+                    else "run 'idemctl init': until then list --stale, unlock --stale and "
+                    "stats scan the whole table",
+                    warning=status != "ACTIVE",
+                )
+            )
             ttl = self._ttl_enabled()
             findings.append(
                 Finding(

@@ -35,6 +35,7 @@ from idemctl.stores.dynamodb.items import (
     is_entity_key,
     n,
     s,
+    shard_of,
     to_ms,
     to_record,
     value_of,
@@ -94,11 +95,12 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
             ":lease": n(expires),
             ":ttl": n((expires + to_ms(self.default_retention)) // 1000),
             ":tok0": n(first - 1),
+            ":ips": shard_of(key),
         }
         sets = (
             "SET #st = :inprog, #ow = :owner, #tok = if_not_exists(#tok, :tok0) + :one, "
             "#att = if_not_exists(#att, :zero) + :one, #lease = :lease, "
-            "#cr = if_not_exists(#cr, :now), #up = :now, #ttl = :ttl"
+            "#cr = if_not_exists(#cr, :now), #up = :now, #ttl = :ttl, #ips = :ips"
         )
         fp_check = ""
         if fingerprint is not None:
@@ -160,12 +162,13 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
             ":one": n(1),
             ":lease": n(expires),
             ":ttl": n((expires + to_ms(self.default_retention)) // 1000),
+            ":ips": shard_of(key),
         }
         token = first_token() if old is None else old.fencing_token + 1
         values[":tok"] = n(token)
         update = (
             "SET #st = :inprog, #ow = :owner, #tok = :tok, #att = :one, #lease = :lease, "
-            "#cr = :now, #up = :now, #ttl = :ttl"
+            "#cr = :now, #up = :now, #ttl = :ttl, #ips = :ips"
         )
         if fingerprint is not None:
             values[":fp"] = s(fingerprint)
@@ -249,7 +252,7 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
         }
         update = (
             "SET #st = :done, #done = :now, #up = :now, #exp = :exp, #ttl = :ttl, #res = :res, "
-            "#retr = :false, #by = :owner REMOVE #ow, #lease, #err"
+            "#retr = :false, #by = :owner REMOVE #ow, #lease, #err, #ips"
         )
         return self._held(key, owner, fencing_token, update, values, retried="completed")
 
@@ -263,7 +266,7 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
         }
         update = (
             "SET #st = :failed, #up = :now, #exp = :exp, #ttl = :ttl, #err = :err, "
-            "#retr = :retr, #by = :owner REMOVE #ow, #lease"
+            "#retr = :retr, #by = :owner REMOVE #ow, #lease, #ips"
         )
         return self._held(key, owner, fencing_token, update, values, retried="failed")
 
