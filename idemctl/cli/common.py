@@ -25,8 +25,8 @@ from rich.markup import escape
 from idemctl import __version__
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
 from idemctl.cli.help import QuietCommand, QuietGroup
-from idemctl.cli.logs import configure_logging
-from idemctl.cli.render import CLI_LOGGER, LiveStatus, log_line, print_line
+from idemctl.cli.live import LiveStatus
+from idemctl.cli.logs import CLI_LOGGER, configure_logging, log_line, print_line
 from idemctl.config import Config, find_config, load_config
 from idemctl.durations import parse_duration
 from idemctl.errors import ConfigError, IdemctlError, Refused

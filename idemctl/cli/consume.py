@@ -29,6 +29,7 @@ from idemctl.cli.common import (
     store_fields,
     use_log_format,
 )
+from idemctl.cli.live import LiveStatus
 from idemctl.cli.logs import show_warnings
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
@@ -296,7 +297,7 @@ def consume(
     show_warnings(current, "idemctl.consume")
     run = load_handler(handler)
     with cli_store(ctx, auto_provision=True) as store:
-        status = render.LiveStatus(
+        status = LiveStatus(
             current.err,
             "consume",
             render.consume_fields,

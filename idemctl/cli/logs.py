@@ -1,16 +1,17 @@
 """The CLI's log lines on stderr: every library's with -v, a long-running command's own
-warnings without it, each through the command's console in its ``--log-format``, with the
-store URL's secrets hidden."""
+warnings without it, each through the command's console in its ``--log-format``
+(``log_line``: logfmt, JSON or text), with the store URL's secrets hidden."""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
-from idemctl.cli.render import log_line, print_line
 from idemctl.errors import ConfigError
 from idemctl.urls import redact_text, secrets_in
 
@@ -18,6 +19,56 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from idemctl.cli.common import Settings
+
+
+CLI_LOGGER = "idemctl.cli"
+"""The ``logger`` of the lines the CLI writes itself (progress, steps, the store it uses)."""
+CORE_FIELDS = ("ts", "level", "logger", "msg")
+
+
+def log_line(
+    log_format: str,
+    level: str,
+    msg: str,
+    fields: Mapping[str, Any] | None = None,
+    *,
+    logger: str | None = None,
+    at: float | None = None,
+) -> str:
+    """One log line, as ``log_format`` says: ``json`` (one object: ``ts``, ``level``,
+    ``logger``, ``msg``, then ``fields``), ``logfmt`` (the same as ``key=value`` pairs) or
+    ``text`` (``level msg``, then ``key=value`` pairs). ``ts`` is ``at`` (a ``time.time()``),
+    else now, in UTC to the millisecond; None fields are left out, and no field takes the
+    place of the four the line starts with."""
+    extra = {k: v for k, v in (fields or {}).items() if v is not None and k not in CORE_FIELDS}
+    if log_format == "text":
+        pairs = " ".join(f"{k.replace(' ', '_')}={_logfmt_value(v)}" for k, v in extra.items())
+        return f"{level} {msg}" + (f": {pairs}" if pairs else "")
+    moment = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
+    ts = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if log_format == "json":
+        head = {"ts": ts, "level": level, **({"logger": logger} if logger else {}), "msg": msg}
+        return json.dumps({**head, **extra}, ensure_ascii=False, default=str)
+    return _logfmt_line(ts, level, msg, {**({"logger": logger} if logger else {}), **extra})
+
+
+def print_line(console: Any, line: str) -> None:
+    """A finished log line on ``console`` as it is: no markup, highlighting, emoji codes or
+    wrapping (above a live view when there is one)."""
+    console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+
+def _logfmt_line(ts: str, level: str, msg: str, fields: Mapping[str, Any]) -> str:
+    """One logfmt line: ``ts=... level=... msg="..." key=value ...``, quoted where needed."""
+    pairs = {"ts": ts, "level": level, "msg": msg, **fields}
+    return " ".join(f"{k.replace(' ', '_')}={_logfmt_value(v)}" for k, v in pairs.items())
+
+
+def _logfmt_value(value: Any) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' ="\\') and text.isprintable():
+        return text
+    return json.dumps(text, ensure_ascii=False)
 
 
 def show_warnings(current: Settings, logger: str) -> None:

@@ -33,6 +33,7 @@ from idemctl.cli.common import (
     use_log_format,
 )
 from idemctl.cli.help import QuietGroup
+from idemctl.cli.live import LiveStatus
 from idemctl.cli.logs import show_warnings
 from idemctl.cli.repair import DryRunOption, YesOption, changing
 from idemctl.durations import parse_duration
@@ -125,7 +126,7 @@ def relay(
         kafka_config=kafka,
     )
     show_warnings(current, "idemctl.outbox")
-    status = render.LiveStatus(
+    status = LiveStatus(
         current.err,
         "outbox relay",
         render.relay_fields,

@@ -22,6 +22,8 @@ from idemctl.cli.common import (
     store_fields,
     use_log_format,
 )
+from idemctl.cli.live import LiveStatus
+from idemctl.cli.logs import CLI_LOGGER, log_line, print_line
 from idemctl.drivers import require
 from idemctl.urls import redact_url
 
@@ -208,7 +210,7 @@ def verify(
         fields={"store": shown, "store_source": source},
     )
     live = current.live
-    status = render.LiveStatus(
+    status = LiveStatus(
         err,
         "verify",
         render.verify_fields,
@@ -224,8 +226,8 @@ def verify(
         if live or form == "text":
             err.print(f"[dim]-[/] {escape(text)}", highlight=False)
         else:
-            line = render.log_line(form, "info", text, logger=render.CLI_LOGGER)
-            render.print_line(err, line)
+            line = log_line(form, "info", text, logger=CLI_LOGGER)
+            print_line(err, line)
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cleans up as Ctrl-C does
     try:

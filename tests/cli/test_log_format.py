@@ -303,7 +303,7 @@ def test_secrets_are_hidden_in_every_form_and_field(form: str) -> None:
 
 
 def test_no_field_takes_the_place_of_the_line_s_own() -> None:
-    from idemctl.cli.render import log_line
+    from idemctl.cli.logs import log_line
 
     line = json.loads(log_line("json", "info", "hello", {"msg": "x", "level": "y", "n": 1}))
     assert (line["msg"], line["level"], line["n"]) == ("hello", "info", 1)

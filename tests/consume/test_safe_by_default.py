@@ -339,7 +339,7 @@ def test_cli_version() -> None:
 def test_progress_without_a_terminal_is_logfmt_with_a_recent_rate() -> None:
     from rich.console import Console
 
-    from idemctl.cli.render import LiveStatus
+    from idemctl.cli.live import LiveStatus
 
     console = Console(file=_Lines(), force_terminal=False, width=250)
     status = LiveStatus(
