@@ -404,10 +404,14 @@ def test_provision_turns_on_ttl_for_a_table_made_without_it(url: str, table: str
     try:
         plan = store.provision(dry_run=True)
         assert len(plan.statements) == 4 and "UpdateTimeToLive" in plan.statements[0]
-        assert "UpdateTable" in plan.statements[1] and "in_progress" in plan.statements[1]
+        # Mark the keys in progress first, then add the index and wait for it.
+        assert plan.statements[1].startswith("Scan for keys in progress")
+        assert "UpdateTable" in plan.statements[2] and "in_progress" in plan.statements[2]
+        assert plan.statements[3].startswith("wait until index in_progress is ACTIVE")
         done = store.provision()
         assert done.changed is True
         assert done.statements == [*plan.statements, "marked 0 key(s) in progress"]
+        assert store.index_status() == "ACTIVE"
         ttl = raw.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
         assert ttl["TimeToLiveStatus"] == "ENABLED" and ttl["AttributeName"] == "ttl"
         assert store.provision().changed is False

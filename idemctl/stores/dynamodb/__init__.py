@@ -12,7 +12,9 @@ expired items hours late, so expiry is judged here, by ``expires_at``.
 A module per job: ``client`` makes the boto3 client and turns botocore's errors into
 idemctl's; ``items`` converts records to and from items. DynamoDBStore (``store``: the
 protocol) stands on ``core`` (client, table, requests, time), with the operator's
-operations in ``admin`` and provisioning and health in ``provision``.
+operations in ``admin``, the sparse index of keys in progress they read in ``inprogress``
+(what keeps the operator's commands from scanning the table), the sequence guard in
+``entities``, and provisioning and health in ``provision``.
 """
 
 from __future__ import annotations

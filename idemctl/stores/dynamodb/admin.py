@@ -1,8 +1,11 @@
 """The operator's operations on a DynamoDB store: get, scan, stats, unlock, unlock_stale,
-forget and purge. Bulk operations scan the table and change each item by a conditional
-write of its own, which skips an item changed since the scan read it. They see keys only:
-the sequence guard's entities in the same table (``entities``) are left out of every scan
-of keys, and ``purge`` deletes them past retention too."""
+forget and purge. Bulk operations read the table and change each item by a conditional
+write of its own, which skips an item changed since it was read. What concerns keys in
+progress only (the stale and released listings, ``unlock_stale``, ``stats`` but with
+``exact``) reads the index of keys in progress (``inprogress``) where the table has it;
+the rest scans the table. They see keys only: the sequence guard's entities in the same
+table (``entities``) are left out of every scan of keys, and ``purge`` deletes them past
+retention too."""
 
 from __future__ import annotations
 
@@ -87,6 +90,9 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
         return Page(found, None)
 
     def stats(self, exact: bool = False) -> Stats:
+        """From the index where the table has it: the keys in progress exact, the rest
+        DynamoDB's approximate item count (``counted_by`` approximate, see
+        ``_index_stats``). ``exact``, or no index: every item read (``counted_by`` scan)."""
         if not exact and self._has_index():
             return self._index_stats()
         return stats_of([r for records, _ in self._scan() for r in records], datetime.now(UTC))
@@ -134,25 +140,32 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
 
     def _stale_batches(self, stale: Query, cutoff: int) -> Iterator[list[Record]]:
         """The stale records, at most ITEMS_PER_BATCH at a time: from the index where the
-        table has it (only leases ended by ``cutoff``, ms), else from a scan."""
+        table has it (a Query of each shard for leases ended by ``cutoff``, ms: released
+        keys among them are left out here), else from a scan of the table."""
         if not self._has_index():
             yield from self._batches(stale)
             return
         size = package.ITEMS_PER_BATCH
-        for _, records in self._in_progress(cutoff):
-            matching = [r for r in records if stale.matches(r)]
-            for i in range(0, len(matching), size):
-                yield matching[i : i + size]
+        batch: list[Record] = []
+        for _, record in self._in_progress(cutoff):
+            if stale.matches(record):
+                batch.append(record)
+                if len(batch) >= size:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
 
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> list[str]:
         cutoff = datetime.fromtimestamp(time.time() - older_than, UTC)
         stale = Query(lease_expired_at=cutoff, owned=True)
-        keys: list[str] = []
+        keys: set[str] = set()
         for batch in self._stale_batches(stale, to_ms(cutoff.timestamp())):
-            # Each is freed by a conditional write: skipped if claimed meanwhile.
-            keys += (r.key for r in batch if dry_run or self._free(r, to_ms(cutoff.timestamp())))
+            # Each is freed by a conditional write that reads the item again: skipped if it
+            # was claimed, completed or freed meanwhile, whatever the index still showed.
+            keys.update(r.key for r in batch if dry_run or self._free(r, to_ms(cutoff.timestamp())))
             if batch and not dry_run and progress is not None:
                 progress(len(batch))
         return sorted(keys)

@@ -54,14 +54,24 @@ _STATUSES = {status.value for status in Status}
 
 
 SHARDS = 16
-"""The partitions of the in-progress index (GSI ``in_progress``): a key in progress carries
+"""The partitions of the in-progress index (GSI ``INDEX``): a key in progress carries
 ``ip_shard``, one of SHARDS values by a hash of the key, so that no one partition of the
-index takes every claim's write; a reader queries each."""
+index takes every claim's write; a reader queries each (``inprogress``). Changing it
+strands the keys in progress under the old values: it is part of the table's format."""
+
 INDEX = "in_progress"
+"""The name of the sparse global secondary index of in-progress keys."""
+
+INDEX_KEYS = [
+    {"AttributeName": "ip_shard", "KeyType": "HASH"},
+    {"AttributeName": "lease_expires_at", "KeyType": "RANGE"},
+]
+"""The index's key schema, as DescribeTable gives it (and schemas/dynamodb.json makes it)."""
 
 
 def shard_of(key: str) -> dict[str, str]:
-    """The ``ip_shard`` attribute value of ``key`` while it is in progress."""
+    """The ``ip_shard`` attribute value of ``key`` while it is in progress: CRC-32, the same
+    in every process and version of Python (``hash`` of a str is not)."""
     return s(str(zlib.crc32(key.encode()) % SHARDS))
 
 

@@ -1,6 +1,7 @@
-"""Provisioning a DynamoDB store (its table, and TTL on ``ttl``) and checking its health:
-the endpoint, the table, TTL, and this machine's clock, which leases are judged by. The
-sequence guard's entities are items of the same table: no index or table of their own."""
+"""Provisioning a DynamoDB store (its table, the table's index of keys in progress, and TTL
+on ``ttl``) and checking its health: the endpoint, the table, the index, TTL, and this
+machine's clock, which leases are judged by. The sequence guard's entities are items of the
+same table: no index or table of their own."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ from idemctl.model import Finding, Provisioning
 from idemctl.resources import read_resource
 from idemctl.stores.base import CLOCK_SKEW_TOLERANCE
 from idemctl.stores.dynamodb.inprogress import DynamoDBInProgress
-from idemctl.stores.dynamodb.items import INDEX, names_in, s, shard_of, value_of
+from idemctl.stores.dynamodb.items import (
+    INDEX,
+    INDEX_KEYS,
+    SHARDS,
+    n,
+    names_in,
+    s,
+    shard_of,
+    value_of,
+)
 
 GUARD_NOTE = (
     "the sequence guard needs nothing more: its entities are items of this table "
@@ -25,7 +35,11 @@ GUARD_NOTE = (
 
 
 INDEX_WAIT = 600.0
-"""Seconds ``init`` waits for DynamoDB to build the in-progress index on an existing table."""
+"""Seconds ``init`` waits for DynamoDB to build the index of keys in progress on an existing
+table (minutes on a large one); past it, ``init`` says so and may be run again."""
+
+INDEX_POLL = 2.0
+"""Seconds between two looks at the index's status while ``init`` waits for it."""
 
 
 class DynamoDBProvisioning(DynamoDBInProgress):
@@ -51,8 +65,18 @@ class DynamoDBProvisioning(DynamoDBInProgress):
         return True
 
     def provision(self, dry_run: bool = False) -> Provisioning:
+        """Make the table (with its index of keys in progress) and turn TTL on; to a table
+        made before the index, add it. ``dry_run``: say what would be done, change nothing.
+
+        Adding the index goes: mark the keys already in progress (``_mark_in_progress``),
+        UpdateTable, wait until the index is ACTIVE. Marking first means that wherever this
+        is stopped, running it again finishes it: no index yet, everything again (marking
+        is idempotent); an index being built, only the wait. Keys this version claims are
+        marked as they are claimed, index or not; a worker of an earlier version still
+        running claims keys unmarked, so upgrade the workers first."""
         spec = self.spec()
         steps: list[str] = []
+        notes = [GUARD_NOTE]
         exists = self._table_exists()
         if not exists:
             steps.append(
@@ -62,20 +86,29 @@ class DynamoDBProvisioning(DynamoDBInProgress):
         if not exists or not self._ttl_enabled():
             ttl = {"TableName": self.table, "TimeToLiveSpecification": spec["TimeToLive"]}
             steps.append(f"UpdateTimeToLive {json.dumps(ttl)}")
-        add_index = exists and self.index_status() is None
+        index = self._index() if exists else None
+        status = None if index is None else str(index.get("IndexStatus", "ACTIVE"))
+        add_index = exists and index is None
+        wait_index = exists and status != "ACTIVE"
+        if status == "DELETING":
+            raise StoreError(
+                f"index {INDEX} of table {self.table} is being deleted: run 'idemctl init' "
+                "again once it is gone, to make it anew"
+            )
         if add_index:
-            steps.append(f"UpdateTable {json.dumps(self._index_update(spec))}")
-            steps.append(f"wait until index {INDEX} is ACTIVE")
             steps.append(
                 "Scan for keys in progress without ip_shard, and set it on each "
-                "(conditional on the item unchanged)"
+                "(an UpdateItem conditional on the key being in progress with the same "
+                "fencing token)"
             )
+            steps.append(f"UpdateTable {json.dumps(self._index_update(spec))}")
+        if wait_index:
+            steps.append(f"wait until index {INDEX} is ACTIVE (at most {INDEX_WAIT:.0f} s)")
+        if index is not None and index.get("KeySchema") != INDEX_KEYS:
+            notes.append(_foreign_index(index))
         if not steps:
             return Provisioning(
-                [],
-                changed=False,
-                dry_run=dry_run,
-                notes=[f"table {self.table} is ready", GUARD_NOTE],
+                [], changed=False, dry_run=dry_run, notes=[f"table {self.table} is ready", *notes]
             )
         if not dry_run:
             if not exists:
@@ -93,61 +126,90 @@ class DynamoDBProvisioning(DynamoDBInProgress):
             if not self._ttl_enabled():
                 self._call("update_time_to_live", TimeToLiveSpecification=spec["TimeToLive"])
             if add_index:
-                self._call("update_table", **self._index_update(spec))
-                self._wait_for_index()
                 marked = self._mark_in_progress()
+                self._add_index(spec)
                 steps.append(f"marked {marked} key(s) in progress")
+            if wait_index:
+                self._wait_for_index()
             self._index_active = None  # asked again at the next read
-        return Provisioning(steps, changed=not dry_run, dry_run=dry_run, notes=[GUARD_NOTE])
+        return Provisioning(steps, changed=not dry_run, dry_run=dry_run, notes=notes)
 
     def _index_update(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """UpdateTable's arguments that add the in-progress index to a table made before it."""
+        """UpdateTable's arguments that add the index to a table made before it: the
+        index as CreateTable makes it, with the definitions of its key attributes."""
         create = spec["CreateTable"]
+        (index,) = [i for i in create["GlobalSecondaryIndexes"] if i["IndexName"] == INDEX]
+        keys = {k["AttributeName"] for k in index["KeySchema"]}
         return {
             "AttributeDefinitions": [
-                a for a in create["AttributeDefinitions"] if a["AttributeName"] != "key"
+                a for a in create["AttributeDefinitions"] if a["AttributeName"] in keys
             ],
-            "GlobalSecondaryIndexUpdates": [{"Create": create["GlobalSecondaryIndexes"][0]}],
+            "GlobalSecondaryIndexUpdates": [{"Create": index}],
         }
 
+    def _add_index(self, spec: dict[str, Any]) -> None:
+        """UpdateTable: create the index. Another ``init`` may have done so meanwhile."""
+        try:
+            self._call("update_table", **self._index_update(spec))
+        except StoreError:
+            if self._index() is None:
+                raise
+
     def _wait_for_index(self) -> None:
+        """Until the index is ACTIVE, at most INDEX_WAIT seconds: StoreError otherwise."""
         deadline = time.monotonic() + INDEX_WAIT
         while (status := self.index_status()) != "ACTIVE":
-            if time.monotonic() > deadline:
+            if status is None or status == "DELETING":
+                raise StoreError(
+                    f"index {INDEX} of table {self.table} is "
+                    f"{'gone' if status is None else 'being deleted'} while 'idemctl init' "
+                    "waited for it: run 'idemctl init' again"
+                )
+            if time.monotonic() >= deadline:
                 raise StoreError(
                     f"index {INDEX} of table {self.table} is still {status} after "
-                    f"{INDEX_WAIT:.0f} s: run 'idemctl init' again once DynamoDB has built it"
+                    f"{INDEX_WAIT:.0f} s (DynamoDB builds it from every item): run "
+                    "'idemctl init' again to wait on; until it is ACTIVE, list --stale, "
+                    "unlock --stale and stats scan the table"
                 )
-            time.sleep(2)
+            time.sleep(INDEX_POLL)
 
     def _mark_in_progress(self) -> int:
-        """Set ip_shard on the keys in progress that lack it (written before the index),
-        each by a write conditional on the item being what the scan read; how many."""
-        condition = "#st = :inprog AND attribute_not_exists(#ips)"
+        """Set ip_shard on the live keys in progress that lack it (claimed by a version
+        before the index), each by an UpdateItem conditional on the key being in progress,
+        live, with the fencing token the scan read: a key claimed, completed or forgotten
+        since is left to its own writes. How many were marked. One Scan of the table,
+        once: ``provision`` runs it only while the table has no index."""
+        live = "(attribute_not_exists(#exp) OR #exp > :now)"
+        unmarked = f"#st = :inprog AND attribute_not_exists(#ips) AND {live}"
+        projection = "#k, #tok"
         marked, start = 0, None
         while True:
             kwargs: dict[str, Any] = {
-                "FilterExpression": condition,
-                "ExpressionAttributeNames": names_in(condition),
-                "ExpressionAttributeValues": {":inprog": s("in_progress")},
+                "FilterExpression": unmarked,
+                "ProjectionExpression": projection,
+                "ExpressionAttributeNames": names_in(unmarked + projection),
+                "ExpressionAttributeValues": {":inprog": s("in_progress"), ":now": n(self._now())},
             }
             if start:
                 kwargs["ExclusiveStartKey"] = start
             response = self._call("scan", **kwargs)
             for item in response.get("Items", []):
-                key = value_of(item, "key")
+                key, token = value_of(item, "key"), item.get("fencing_token")
+                if token is None:
+                    continue  # not a record idemctl wrote
                 values = {
                     ":inprog": s("in_progress"),
                     ":ips": shard_of(key),
-                    ":tok": item["fencing_token"],
+                    ":tok": token,
+                    ":now": n(self._now()),
                 }
+                condition = f"#st = :inprog AND #tok = :tok AND {live}"
                 try:
-                    self._update(
-                        key, "SET #ips = :ips", "#st = :inprog AND #tok = :tok", values, "NONE"
-                    )
-                    marked += 1
+                    self._update(key, "SET #ips = :ips", condition, values, "NONE")
                 except ClientError:
-                    pass  # changed since the scan read it: its own write set or removed it
+                    continue  # changed since the scan read it: its own write set or removed it
+                marked += 1
             start = response.get("LastEvaluatedKey")
             if not start:
                 return marked
@@ -170,19 +232,8 @@ class DynamoDBProvisioning(DynamoDBInProgress):
             ),
         ]
         if exists:
-            status = self.index_status()
-            findings.append(
-                Finding(  # a warning: the commands still work, scanning the table
-                    "index",
-                    True,
-                    f"index {INDEX} of keys in progress is {status or 'missing'}",
-                    None
-                    if status == "ACTIVE"
-                    else "run 'idemctl init': until then list --stale, unlock --stale and "
-                    "stats scan the whole table",
-                    warning=status != "ACTIVE",
-                )
-            )
+            assert response is not None
+            findings.append(self._index_finding(response["Table"]))
             ttl = self._ttl_enabled()
             findings.append(
                 Finding(
@@ -194,6 +245,37 @@ class DynamoDBProvisioning(DynamoDBInProgress):
             )
         findings.append(self._clock_finding(response, started))
         return findings
+
+    def _index_finding(self, table: dict[str, Any]) -> Finding:
+        """Whether the index of keys in progress is there and ACTIVE: a warning, not a
+        failure, when it is not, since the commands that read it scan the table instead."""
+        index = self._index(table)
+        scans = "until then list --stale, unlock --stale and stats scan the whole table"
+        if index is None:
+            return Finding(
+                "index",
+                True,
+                f"index {INDEX} of keys in progress is missing (a table made before it)",
+                f"run 'idemctl init' (it adds the index and marks the keys in progress): {scans}",
+                warning=True,
+            )
+        status = str(index.get("IndexStatus", "ACTIVE"))
+        if index.get("KeySchema") != INDEX_KEYS:
+            return Finding("index", True, _foreign_index(index), None, warning=True)
+        if status != "ACTIVE":
+            return Finding(
+                "index",
+                True,
+                f"index {INDEX} of keys in progress is {status}",
+                f"wait, or run 'idemctl init', which waits until it is ACTIVE: {scans}",
+                warning=True,
+            )
+        return Finding(
+            "index",
+            True,
+            f"index {INDEX} of keys in progress is ACTIVE ({SHARDS} shards of ip_shard, "
+            "by lease_expires_at)",
+        )
 
     def _clock_finding(self, response: dict[str, Any] | None, sent: float) -> Finding:
         """Leases are judged by this machine's clock: compare it with the endpoint's HTTP
@@ -215,3 +297,13 @@ class DynamoDBProvisioning(DynamoDBInProgress):
             "resolution); leases use this machine's clock",
             None if fine else "sync this machine's clock (NTP): leases expire early or late",
         )
+
+
+def _foreign_index(index: dict[str, Any]) -> str:
+    """What to say of an index of the name idemctl's has, with other keys."""
+    keys = ", ".join(f"{k['AttributeName']} {k['KeyType']}" for k in index.get("KeySchema", []))
+    return (
+        f"index {INDEX} has other keys ({keys}) than idemctl's (ip_shard HASH, "
+        "lease_expires_at RANGE): list --stale, unlock --stale and stats scan the table; "
+        f"delete that index and run 'idemctl init' to make idemctl's"
+    )
