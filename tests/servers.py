@@ -1015,3 +1015,10 @@ class KafkaBroker(ServerProcess):
             "bootstrap.servers": self.bootstrap, "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 500, "auto.offset.reset": "earliest", **extra,
         }  # fmt: skip
+
+
+def ctrl_c_reaches_it() -> None:
+    """A ``preexec_fn`` for a child a test sends SIGINT: SIGINT back to its default, which a
+    suite started in the background of a shell (``cmd &``) ignores, and its children too, so
+    a Python child would never see KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -33,7 +33,7 @@ from idemctl.config import load_config
 from idemctl.errors import ConfigError
 from tests.backends import BACKENDS, unique_prefix, unique_schema
 from tests.fixtures_redis import REDIS_PASSWORD
-from tests.servers import free_port
+from tests.servers import ctrl_c_reaches_it, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -207,7 +207,7 @@ class Proc:
     def __init__(self, args: list[str], **kwargs: Any) -> None:
         self.popen = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            **kwargs,
+            preexec_fn=ctrl_c_reaches_it, **kwargs,  # noqa: PLW1509 - it only sets a signal
         )  # fmt: skip
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.out: list[str] = []

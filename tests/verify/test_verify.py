@@ -23,7 +23,7 @@ from idemctl.harness.scratch import Scratch
 from idemctl.harness.verify import Plan, _Messages
 from tests.backends import unique_prefix, unique_schema
 from tests.cli.helpers import validate
-from tests.servers import KafkaBroker
+from tests.servers import KafkaBroker, ctrl_c_reaches_it
 
 # verify runs under a bound of its own (--timeout, and the subprocess's 400 s), which says
 # more than pytest-timeout's 300 s would: its report and stderr.
@@ -201,7 +201,13 @@ def test_ctrl_c_mid_run_removes_everything(kafka_broker: KafkaBroker, redis_serv
     run = uuid.uuid4().hex[:8]
     command = [sys.executable, "-m", "idemctl", "--store", url, "verify", "--brokers"]
     command += [kafka_broker.bootstrap, *FAST_GROUPS, "--messages", "200000", "--run-id", run]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_reaches_it,  # noqa: PLW1509 - it only sets a signal
+    )
     try:
         assert proc.stderr is not None
         for line in proc.stderr:  # logfmt lines: no terminal here
