@@ -522,20 +522,36 @@ def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
+@dataclass
+class InProgressTally:
+    """Keys in progress as ``stats`` reports them: how many, stale, released, the oldest."""
+
+    count: int = 0
+    stale: int = 0
+    released: int = 0
+    oldest: datetime | None = None
+
+    def add(self, r: Record, now: datetime) -> None:
+        self.count += 1
+        if r.stale(now):
+            self.stale += 1
+        elif r.released():
+            self.released += 1
+        if self.oldest is None or r.created_at < self.oldest:
+            self.oldest = r.created_at
+
+
 def stats_of(records: Iterator[Record] | Sequence[Record], now: datetime) -> Stats:
     by_status = dict.fromkeys(Status, 0)
-    stale = past = released_ = 0
-    oldest: datetime | None = None
+    past = 0
+    tally = InProgressTally()
     for r in records:
         if r.retention_over(now):
             past += 1
             continue
         by_status[r.status] += 1
         if r.status is Status.IN_PROGRESS:
-            if r.stale(now):
-                stale += 1
-            elif r.released():
-                released_ += 1
-            if oldest is None or r.created_at < oldest:
-                oldest = r.created_at
-    return Stats(sum(by_status.values()), by_status, stale, oldest, past, released_)
+            tally.add(r, now)
+    return Stats(
+        sum(by_status.values()), by_status, tally.stale, tally.oldest, past, tally.released
+    )

@@ -39,7 +39,7 @@ from typing import Any
 
 from idemctl.errors import ConfigError, InvalidCursor
 from idemctl.model import Page, Record, Stats, Status
-from idemctl.stores.base import Scan
+from idemctl.stores.base import InProgressTally, Scan
 from idemctl.stores.dynamodb.core import DynamoDBCore
 from idemctl.stores.dynamodb.items import (
     INDEX,
@@ -200,25 +200,17 @@ class DynamoDBInProgress(DynamoDBCore):
         hours), and at least the keys in progress. Completed, failed and past retention:
         None (only a scan of the table knows)."""
         now = datetime.now(UTC)
-        in_progress = stale = released = 0
-        oldest: datetime | None = None
+        tally = InProgressTally()
         for _, r in self._in_progress():
-            if r.retention_over(now):  # not in the index once forgotten: never, but be sure
-                continue
-            in_progress += 1
-            if r.stale(now):
-                stale += 1
-            elif r.released():
-                released += 1
-            if oldest is None or r.created_at < oldest:
-                oldest = r.created_at
+            if not r.retention_over(now):  # not in the index once forgotten: never, but be sure
+                tally.add(r, now)
         items = int(self._call("describe_table")["Table"].get("ItemCount", 0))
         return Stats(
-            max(items, in_progress),
-            {Status.IN_PROGRESS: in_progress, Status.COMPLETED: None, Status.FAILED: None},
-            stale,
-            oldest,
+            max(items, tally.count),
+            {Status.IN_PROGRESS: tally.count, Status.COMPLETED: None, Status.FAILED: None},
+            tally.stale,
+            tally.oldest,
             None,
-            released,
+            tally.released,
             counted_by="approximate",
         )

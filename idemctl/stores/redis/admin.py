@@ -137,14 +137,12 @@ class RedisAdmin(RedisIndex):
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> list[str]:
-        if self.index_ready():
-            return self._index_unlock_stale(older_than, dry_run, progress)
-
         def stale(now: datetime) -> Query:
             return Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
 
+        ready = self.index_ready()
         keys: list[str] = []
-        for batch in self._batches(stale):
+        for batch in self._index_stale(older_than) if ready else self._batches(stale):
             if dry_run or not batch:
                 keys += [r.key for r in batch]
                 continue

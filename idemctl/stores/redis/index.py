@@ -19,7 +19,7 @@ from typing import Any
 
 from idemctl.errors import InvalidCursor
 from idemctl.model import Page, Record, Stats, Status
-from idemctl.stores.base import Progress, Query, Scan
+from idemctl.stores.base import InProgressTally, Progress, Query, Scan
 from idemctl.stores.redis.core import RedisCore, glob_escape
 from idemctl.stores.redis.records import fields_of, text, to_record
 
@@ -203,30 +203,29 @@ class RedisIndex(RedisCore):
         with self._guard():
             now = self._now()
         completed, failed, gone, _ = self._counts(replies)
-        in_progress = stale = released = 0
-        oldest: datetime | None = None
+        tally = InProgressTally()
         dead: list[str] = []
         live = [n for n, reply in enumerate(replies) if reply[4]]
         for chunk in self._chunks(0, float("inf"), numbers=live):
             for _, member, record in chunk:
                 if record is None or record.status is not Status.IN_PROGRESS:
                     dead.append(member)
-                    continue
-                in_progress += 1
-                if record.stale(now):
-                    stale += 1
-                elif record.released():
-                    released += 1
-                if oldest is None or record.created_at < oldest:
-                    oldest = record.created_at
+                else:
+                    tally.add(record, now)
         self._prune(dead)
         by_status = {
-            Status.IN_PROGRESS: in_progress,
+            Status.IN_PROGRESS: tally.count,
             Status.COMPLETED: completed,
             Status.FAILED: failed,
         }
         return Stats(
-            sum(by_status.values()), by_status, stale, oldest, gone, released, counted_by="index"
+            sum(by_status.values()),
+            by_status,
+            tally.stale,
+            tally.oldest,
+            gone,
+            tally.released,
+            counted_by="index",
         )
 
     def _index_page(self, scan: Scan) -> Page:
@@ -249,27 +248,15 @@ class RedisIndex(RedisCore):
                 last = at
         return Page(found, None)
 
-    def _index_unlock_stale(
-        self, older_than: float, dry_run: bool, progress: Progress | None
-    ) -> list[str]:
+    def _index_stale(self, older_than: float) -> Iterator[list[Record]]:
+        """The records whose lease ended at least ``older_than`` seconds ago, an admin batch
+        at a time, from LIVE."""
         with self._guard():
             now = self._now()
         cutoff = now - timedelta(seconds=older_than)
         stale = Query(lease_expired_at=cutoff, owned=True, live_at=now)
-        keys: list[str] = []
         for chunk in self._chunks(0, _ms(cutoff)):
-            batch = [r for _, _, r in chunk if r is not None and stale.matches(r)]
-            if dry_run or not batch:
-                keys += [r.key for r in batch]
-                continue
-            # The script looks at each key again: it may have been claimed meanwhile.
-            shared = ("stale", round(older_than * 1000))
-            replies = self._call("unlock", shared, [(r.key, ()) for r in batch])
-            freed = zip(batch, replies, strict=True)
-            keys += [r.key for r, reply in freed if text(reply[0]) == "ok"]
-            if progress is not None:
-                progress(len(batch))
-        return sorted(keys)
+            yield [r for _, _, r in chunk if r is not None and stale.matches(r)]
 
     def _index_purge(self, older_than: float, dry_run: bool, progress: Progress | None) -> int:
         with self._guard():
