@@ -16,6 +16,9 @@ from idemctl.runner import Context, Outcome
 from idemctl.stores.base import Store
 from tests.contract.api import run
 
+STALL = 90
+"""Seconds a worker may go without any of its events coming to an end."""
+
 Event = tuple[str, int]
 """(entity, sequence): its key is ``entity#sequence``."""
 
@@ -39,21 +42,30 @@ def deliver(
     pending = list(events)
     if barrier is not None:
         barrier.wait()
-    deadline = time.monotonic() + 150
+    # A stall, not slowness, fails the run: no event came to an end for STALL seconds (a
+    # loaded machine makes a whole run slow; a lease left behind frees itself in 30 s).
+    deadline = time.monotonic() + STALL
+    last: dict[str, str] = {}
     while pending:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"worker {worker}: {len(pending)} events still busy")
+            raise TimeoutError(
+                f"worker {worker}: {len(pending)} events ended nothing in {STALL} s: {last}"
+            )
         again = []
         for entity, sequence in pending:
             key = f"{entity}#{sequence}"
             try:
                 result = run(store, key, handler, order=Order(entity, sequence), lease=30)
-            except StoreUnavailable:
+            except StoreUnavailable as exc:
+                last[key] = f"unavailable: {exc}"
                 again.append((entity, sequence))
                 continue
             if result.outcome is Outcome.BUSY:
+                last[key] = f"busy (entity applied {result.last})"
                 again.append((entity, sequence))
                 continue
+            last.pop(key, None)
+            deadline = time.monotonic() + STALL
             outcomes.setdefault(key, []).append(result.outcome.value)
         pending = again
         if pending:

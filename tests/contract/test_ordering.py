@@ -56,7 +56,7 @@ def test_shuffled_duplicated_events_apply_in_sequence_order(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=200)
+        t.join()  # deliver raises on a stall
     assert len(results) == len(partitions), "a worker did not finish"
 
     applied: dict[str, list[int]] = defaultdict(list)
