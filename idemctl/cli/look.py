@@ -8,7 +8,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from idemctl.cli import render
+from idemctl.cli import powertools, render
 from idemctl.cli.common import (
     cli_store,
     command,
@@ -53,6 +53,11 @@ def inspect(
     hold left) and retention left. A missing key or entity exits 5.
     """
     one_of(ctx, key, entity)
+    if powertools.wanted(ctx):
+        powertools.refuse(ctx, entity=entity)
+        assert key is not None
+        powertools.inspect(ctx, key)
+        return
     current = settings(ctx)
     if entity is not None:
         validate_key(entity, "entity")
@@ -93,6 +98,14 @@ def list_(
             "--released", help="Only in-progress keys freed by unlock or release, not yet claimed"
         ),
     ] = False,
+    blocked: Annotated[
+        bool,
+        typer.Option(
+            "--blocked",
+            help="Powertools tables: only records in progress with no in-progress expiry, "
+            "refused until they expire",
+        ),
+    ] = False,
     older_than: Annotated[
         str | None,
         typer.Option(
@@ -126,6 +139,13 @@ def list_(
     an unlock or a release: the next delivery claims them. --entities lists entities in
     name order: the last sequence applied, when, by which key, and the key holding it now.
     """
+    if powertools.wanted(ctx):
+        powertools.refuse(ctx, released=released, older_than=older_than, entities=entities)
+        states = powertools.states_of(status and status.value, stale, blocked)
+        powertools.list_(ctx, states, prefix, limit, cursor)
+        return
+    if blocked:
+        raise usage_error(ctx, "--blocked", "is for Powertools tables (layout=powertools)")
     if stale and released:
         raise usage_error(ctx, "--released", "a key is either stale or released: pick one")
     if entities:
@@ -235,6 +255,9 @@ def stats(
     Entities: those the sequence guard keeps a last applied sequence for (none counted,
     `-` or null, on a store provisioned before the guard: `idemctl init` adds it).
     """
+    if powertools.wanted(ctx):
+        powertools.stats(ctx)  # every record is read there: --exact or not
+        return
     current = settings(ctx)
     with cli_store(ctx) as store:
         counts = store.stats(exact=exact)
@@ -262,6 +285,9 @@ def doctor(ctx: typer.Context) -> None:
     the server refuses the credentials or database, 3 when unreachable, 4 when not
     provisioned, 1 for any other problem.
     """
+    if powertools.wanted(ctx):
+        powertools.doctor(ctx)
+        return
     current = settings(ctx)
     url, source = current.store_url()
     report = diagnose(url, source, opener=lambda: cli_store(ctx))

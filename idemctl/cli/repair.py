@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from idemctl.cli import render
+from idemctl.cli import powertools, render
 from idemctl.cli.common import (
     cli_store,
     command,
@@ -75,6 +75,12 @@ def unlock(
             ctx, "--force", "--stale frees only expired leases; unlock a live one by KEY"
         )
     current = settings(ctx)
+    if powertools.wanted(ctx):
+        if key is not None:
+            powertools.unlock(ctx, key, force, dry_run)
+        else:
+            powertools.unlock_stale(ctx, duration(older_than, "--older-than"), dry_run, yes)
+        return
     if key is not None:
         validate_key(key)
         with cli_store(ctx) as store:
@@ -82,18 +88,18 @@ def unlock(
                 record = unlocked(_existing(store, key), render.now(), force)
             else:
                 record = store.unlock(key, force=force)
-            _report(ctx, "unlock", store.url, [key], record=record, dry_run=dry_run)
+            report(ctx, "unlock", store.url, [key], record=record, dry_run=dry_run)
         return
     older = duration(older_than, "--older-than")
     with cli_store(ctx) as store:
         found = store.unlock_stale(older, dry_run=True)
         if dry_run or not found:
-            _report(ctx, "unlock", store.url, found, dry_run=dry_run)
+            report(ctx, "unlock", store.url, found, dry_run=dry_run)
             return
         question = f"Free {len(found)} stale lease(s) on {store.url}?"
         with changing(ctx, question, yes, "unlocking", len(found)) as advance:
             freed = store.unlock_stale(older, progress=advance)
-        _report(ctx, "unlock", store.url, freed)
+        report(ctx, "unlock", store.url, freed)
         skipped = len(set(found) - set(freed))
         if skipped and not current.json:
             current.err.print(f"{skipped} key(s) were claimed or freed meanwhile and left alone")
@@ -130,6 +136,11 @@ def forget(
     can no longer settle. --dry-run shows what would be forgotten and changes nothing.
     """
     one_of(ctx, key, entity)
+    if powertools.wanted(ctx):
+        powertools.refuse(ctx, entity=entity)
+        assert key is not None
+        powertools.forget(ctx, key, force, dry_run)
+        return
     if entity is not None:
         _forget_entity(ctx, entity, force, dry_run)
         return
@@ -141,7 +152,7 @@ def forget(
             check_forgettable(record, force)
         else:
             record = store.forget(key, force=force)
-        _report(ctx, "forget", store.url, [key], record=record, dry_run=dry_run)
+        report(ctx, "forget", store.url, [key], record=record, dry_run=dry_run)
 
 
 def _forget_entity(ctx: typer.Context, entity: str, force: bool, dry_run: bool) -> None:
@@ -221,16 +232,20 @@ def purge(
     older = duration(older_than, "--older-than")
     if rate is not None and not 1 <= rate <= MAX_RATE:
         raise ConfigError(f"--rate {rate:g}: a rate is 1-{MAX_RATE:.0f} records a second")
+    if powertools.wanted(ctx):
+        powertools.refuse(ctx, rate=rate)
+        powertools.purge(ctx, older, dry_run, yes)
+        return
     with cli_store(ctx) as store:
         found = store.purge(older, dry_run=True)
         if dry_run or not found:
-            _report(ctx, "purge", store.url, None, count=found, dry_run=dry_run)
+            report(ctx, "purge", store.url, None, count=found, dry_run=dry_run)
             return
         question = f"Delete {found} record(s) past retention on {store.url}?"
         with changing(ctx, question, yes, "purging", found) as advance:
             pace = advance if rate is None else paced(rate, advance)
             purged = store.purge(older, progress=pace)
-        _report(ctx, "purge", store.url, None, count=purged)
+        report(ctx, "purge", store.url, None, count=purged)
 
 
 @contextmanager
@@ -279,7 +294,7 @@ _DONE = {
 }
 
 
-def _report(
+def report(
     ctx: typer.Context,
     action: str,
     url: str,
@@ -288,8 +303,10 @@ def _report(
     count: int | None = None,
     dry_run: bool = False,
     record: Record | None = None,
+    words: tuple[str, str] | None = None,
 ) -> None:
-    """What an action did (or would do): ``schemas/action.schema.json`` with --json."""
+    """What an action did (or would do): ``schemas/action.schema.json`` with --json.
+    ``words``: the verb and noun of the text, where not the action's own."""
     current = settings(ctx)
     if count is None:
         count = len(keys or [])
@@ -301,7 +318,7 @@ def _report(
             )
         )
         return
-    verb, noun = _DONE[action]
+    verb, noun = words or _DONE[action]
     if dry_run and record is not None:
         if action == "unlock":
             current.out.print(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from idemctl.errors import ConfigError, MissingDriver
+from idemctl.powertools import is_powertools
 from idemctl.stores.base import Store
 from idemctl.urls import redact_url, split_url
 
@@ -27,6 +28,13 @@ __all__ = ["BACKENDS", "DEFAULT_URL", "Store", "open_store"]
 
 def open_store(url: str = DEFAULT_URL) -> Store:
     """The store at ``url`` (``sqlite:///path``, ``memory://``, ...), ready to use."""
+    if is_powertools(url):
+        raise ConfigError(
+            f"{redact_url(url)} is Powertools' layout: idemctl reads and repairs its records "
+            "(inspect, list, stats, doctor, unlock, forget, purge) but never claims keys in "
+            "it; consume, init, verify and the outbox need idemctl's own layout (no "
+            "layout=powertools, another table or key prefix)"
+        )
     scheme = split_url(url).scheme.lower()
     if scheme not in BACKENDS:
         known = ", ".join(f"{s}://" for s in BACKENDS)

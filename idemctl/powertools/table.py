@@ -1,0 +1,330 @@
+"""What every Powertools table offers the operator, on top of three primitives a backend
+writes (``_read``, ``_records``, ``_delete``): look (get, scan, stats), and repair with
+Powertools' own semantics: delete a record by a condition checked in the store, never write
+a status Powertools does not know.
+
+Each repair is one conditional delete; where the condition fails, the record that failed it
+says why (a live invocation, a blocked record, a completed one), as idemctl's own stores
+answer an unlock."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Self
+
+from idemctl.errors import KeyNotFound, Refused
+from idemctl.model import Finding
+from idemctl.powertools.model import (
+    COMPLETED,
+    INPROGRESS,
+    Layout,
+    PowertoolsPage,
+    PowertoolsRecord,
+    PowertoolsStats,
+    State,
+)
+
+Progress = Callable[[int], None]
+
+BATCH = 100
+"""Keys per progress step of ``unlock_stale`` and ``purge``."""
+
+SHOWN = 5
+"""Keys a doctor finding names."""
+
+
+class Rule(StrEnum):
+    """The condition a delete is made on, checked by the store at the delete."""
+
+    UNLOCK = "unlock"
+    """INPROGRESS, and its in-progress expiry before the cutoff (ms) or the record expired."""
+    UNLOCK_FORCE = "unlock_force"
+    """INPROGRESS, whatever its expiries."""
+    FORGET = "forget"
+    """COMPLETED, or expired."""
+    FORGET_FORCE = "forget_force"
+    """Any record."""
+    PURGE = "purge"
+    """``expiration`` before the cutoff (s)."""
+
+
+@dataclass(frozen=True)
+class Delete:
+    """One conditional delete: ``rule`` at ``now``; ``cutoff`` the moment the expiry the
+    rule reads must be before (``now`` unless ``--older-than`` moves it back)."""
+
+    key: str
+    rule: Rule
+    now: datetime
+    cutoff: datetime
+
+
+class PowertoolsTable(ABC):
+    """A Powertools idempotency table (DynamoDB) or database (Redis), for operator commands.
+    It never claims: ``idemctl.stores.open_store`` refuses this layout."""
+
+    url: str
+    """The URL, redacted."""
+    layout: Layout
+
+    # The backend's part --------------------------------------------------------------------
+
+    @abstractmethod
+    def _read(self, key: str) -> PowertoolsRecord | None: ...
+
+    @abstractmethod
+    def _records(self, prefix: str | None) -> Iterator[list[PowertoolsRecord]]:
+        """Every record whose key starts with ``prefix``, a batch at a time; items that are
+        no Powertools records are counted in ``skipped``."""
+
+    @abstractmethod
+    def _delete(self, d: Delete) -> tuple[bool, PowertoolsRecord | None]:
+        """Delete ``d.key`` if ``d.rule`` holds in the store: (deleted, the record as it
+        was; the one that failed the condition, or None when there was none)."""
+
+    @abstractmethod
+    def check(self) -> list[Finding]: ...
+
+    def close(self) -> None:  # noqa: B027 - a backend with nothing to close needs no override
+        pass
+
+    skipped = 0
+    """Items the last walk of ``_records`` passed over as no Powertools records."""
+
+    # Looking -------------------------------------------------------------------------------
+
+    def get(self, key: str) -> PowertoolsRecord | None:
+        """The record of ``key`` as stored, in any state (an expired one included)."""
+        return self._read(key)
+
+    def scan(
+        self,
+        states: set[State] | None = None,
+        prefix: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> PowertoolsPage:
+        """Records in key order, in ``states`` (every one but expired when None), after
+        ``cursor``. Powertools keeps no index: each page reads every record under
+        ``prefix``."""
+        at = now()
+        wanted = states or set(State) - {State.EXPIRED}
+        found = sorted(
+            (
+                r
+                for batch in self._records(prefix)
+                for r in batch
+                if r.state(at) in wanted and (cursor is None or r.key > cursor)
+            ),
+            key=lambda r: r.key,
+        )
+        page = found[: max(limit, 0)]
+        more = len(found) > len(page) and page
+        return PowertoolsPage(page, page[-1].key if more else None)
+
+    def stats(self) -> PowertoolsStats:
+        at = now()
+        counts = dict.fromkeys(State, 0)
+        for batch in self._records(None):
+            for r in batch:
+                counts[r.state(at)] += 1
+        return PowertoolsStats(counts, skipped=self.skipped)
+
+    # Repairing -----------------------------------------------------------------------------
+
+    def unlock(self, key: str, force: bool = False) -> PowertoolsRecord:
+        """Delete ``key``'s in-progress record, as Powertools does when the function raises:
+        its next call runs the function. One whose invocation may still run (its in-progress
+        expiry ahead) or that has none (blocked) needs ``force``."""
+        at = now()
+        done, old = self._delete(Delete(key, rule_of("unlock", force), at, at))
+        if done and old is not None:
+            return old
+        raise why_not(key, old, at, "unlock")
+
+    def forget(self, key: str, force: bool = False) -> PowertoolsRecord:
+        """Delete ``key``'s completed (or expired) record: its next call runs the function
+        again. An in-progress one needs ``force``."""
+        at = now()
+        done, old = self._delete(Delete(key, rule_of("forget", force), at, at))
+        if done and old is not None:
+            return old
+        raise why_not(key, old, at, "forget")
+
+    def unlock_stale(
+        self,
+        older_than: float | None = None,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> list[str]:
+        """Delete every stale record (in progress, its in-progress expiry at least
+        ``older_than`` seconds past): the keys deleted, or with ``dry_run`` found. Never a
+        completed, blocked or live one: each delete checks again in the store."""
+        at = now()
+        cutoff = at - timedelta(seconds=older_than or 0)
+        found = [
+            r.key
+            for batch in self._records(None)
+            for r in batch
+            if r.state(at) is State.STALE
+            and r.in_progress_expiration is not None
+            and r.in_progress_expiration < cutoff
+        ]
+        if dry_run:
+            return found
+        return self._delete_each(found, Rule.UNLOCK, at, cutoff, progress)
+
+    def purge(
+        self,
+        older_than: float | None = None,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> int:
+        """Delete the records past ``expiration`` (by at least ``older_than`` seconds): how
+        many, or with ``dry_run`` how many would be. DynamoDB's TTL and Redis's expiry do
+        this by themselves; purge is for a table without TTL, or now."""
+        at = now()
+        cutoff = at - timedelta(seconds=older_than or 0)
+        found = [
+            r.key
+            for batch in self._records(None)
+            for r in batch
+            if holds(Rule.PURGE, r, at, cutoff)
+        ]
+        if dry_run:
+            return len(found)
+        return len(self._delete_each(found, Rule.PURGE, at, cutoff, progress))
+
+    def _delete_each(
+        self, keys: list[str], rule: Rule, at: datetime, cutoff: datetime, progress: Progress | None
+    ) -> list[str]:
+        deleted = []
+        for i in range(0, len(keys), BATCH):
+            batch = keys[i : i + BATCH]
+            deleted += [k for k in batch if self._delete(Delete(k, rule, at, cutoff))[0]]
+            if progress is not None:
+                progress(len(batch))
+        return deleted
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def rule_of(action: str, force: bool) -> Rule:
+    """The rule ``unlock`` or ``forget`` (with ``force`` or not) deletes by."""
+    return Rule(f"{action}_force" if force else action)
+
+
+def holds(rule: Rule, r: PowertoolsRecord, at: datetime, cutoff: datetime) -> bool:
+    """Whether ``rule`` lets ``r`` be deleted at ``at``: the condition each backend checks
+    in the store (a DynamoDB condition expression, a Lua script), for ``--dry-run``."""
+    expired = r.expiration is not None and int(r.expiration.timestamp()) < int(at.timestamp())
+    if rule is Rule.UNLOCK:
+        ended = r.in_progress_expiration is not None and r.in_progress_expiration < cutoff
+        return r.status == INPROGRESS and (ended or expired)
+    if rule is Rule.UNLOCK_FORCE:
+        return r.status == INPROGRESS
+    if rule is Rule.FORGET:
+        return r.status == COMPLETED or expired
+    if rule is Rule.FORGET_FORCE:
+        return True
+    return r.expiration is not None and int(r.expiration.timestamp()) < int(cutoff.timestamp())
+
+
+def why_not(key: str, old: PowertoolsRecord | None, at: datetime, action: str) -> Exception:
+    """Why the delete of ``action`` left ``old`` (the record that failed its condition)."""
+    if old is None:
+        return KeyNotFound(key)
+    state = old.state(at)
+    if action == "forget" and old.status == INPROGRESS:
+        return Refused(
+            f"{key!r} is in progress ({state.value}): unlock frees it; --force deletes it "
+            "anyway, even while its invocation runs"
+        )
+    if action == "unlock" and old.status == COMPLETED:
+        return Refused(f"{key!r} is completed, not in progress: forget deletes it")
+    if old.status != INPROGRESS:
+        return Refused(f"{key!r} has status {old.status!r}, not {INPROGRESS}: --force deletes it")
+    if state is State.BLOCKED:
+        until = "its expiration" if old.expiration is None else _stamp(old.expiration)
+        return Refused(
+            f"{key!r} is blocked: in progress with no in-progress expiry (no Lambda context "
+            f"was registered), so Powertools refuses its payload until {until}. Once you know "
+            "its invocation is gone (the function's logs), --force deletes it"
+        )
+    until = "-" if old.in_progress_expiration is None else _stamp(old.in_progress_expiration)
+    return Refused(
+        f"{key!r} is held by a live invocation until {until} (its in-progress expiry): "
+        "--force deletes it anyway, and the invocation's result is then lost"
+    )
+
+
+def records_findings(table: PowertoolsTable) -> list[Finding]:
+    """``doctor``'s reading of every record: blocked ones (the ones operators need), stale
+    ones, and items Powertools would refuse."""
+    at = now()
+    keys: dict[State, list[str]] = {s: [] for s in State}
+    for batch in table._records(None):
+        for r in batch:
+            keys[r.state(at)].append(r.key)
+    total = sum(map(len, keys.values()))
+    findings = [
+        Finding("records", True, f"{total} record(s) read; {table.skipped} other item(s) skipped")
+    ]
+    if keys[State.BLOCKED]:
+        findings.append(
+            Finding(
+                "blocked",
+                True,
+                f"{len(keys[State.BLOCKED])} record(s) in progress with no in-progress expiry: "
+                f"their payloads fail until expiration ({_named(keys[State.BLOCKED])})",
+                "register the Lambda context (config.register_lambda_context(context)); once "
+                "an invocation is known gone, idemctl unlock KEY --force",
+                warning=True,
+            )
+        )
+    if keys[State.STALE]:
+        findings.append(
+            Finding(
+                "stale",
+                True,
+                f"{len(keys[State.STALE])} record(s) whose invocation ended in progress: "
+                f"the next call takes each over ({_named(keys[State.STALE])})",
+                "idemctl unlock --stale frees them now",
+                warning=True,
+            )
+        )
+    if keys[State.INVALID]:
+        findings.append(
+            Finding(
+                "invalid",
+                False,
+                f"{len(keys[State.INVALID])} record(s) Powertools would refuse "
+                f"({_named(keys[State.INVALID])})",
+                "idemctl inspect KEY says what is wrong; forget KEY --force deletes one",
+            )
+        )
+    return findings
+
+
+def _named(keys: list[str]) -> str:
+    shown = ", ".join(sorted(keys)[:SHOWN])
+    return shown + (f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
