@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from idemctl.errors import ConfigError, NotProvisioned, StoreUnavailable
 from idemctl.model import Finding
 from idemctl.outbox.health import outbox_findings
+from idemctl.powertools.table import PowertoolsTable
 from idemctl.stores import open_store
 from idemctl.urls import redact_url
 
@@ -82,16 +83,17 @@ def diagnose(
     url: str,
     source: str,
     *,
-    opener: Callable[[], AbstractContextManager[Store]] | None = None,
+    opener: Callable[[], AbstractContextManager[Store | PowertoolsTable]] | None = None,
 ) -> DoctorReport:
     """Open the store at ``url`` and run its checks (and, on PostgreSQL, the outbox's),
     turning what stops them (unreachable, credentials refused, not provisioned) into
     findings with their fixes.
 
     ``opener`` opens the store instead of ``open_store(url)``, as a context manager that
-    closes it (the CLI's also names the store on stderr). A URL that cannot name
-    a store at all (an unknown scheme, a missing driver) raises ConfigError, as
-    ``open_store`` does.
+    closes it (the CLI's also names the store on stderr); or a Powertools table
+    (``idemctl.powertools.open_table``), which has checks of its own and no outbox. A URL
+    that cannot name a store at all (an unknown scheme, a missing driver) raises
+    ConfigError, as ``open_store`` does.
     """
     shown = redact_url(url)
     findings = [Finding("store", True, f"{shown} (from {source})")]
@@ -100,11 +102,15 @@ def diagnose(
         if shown.startswith("dynamodb:")
         else "check the URL's user, password and database name"
     )
-    opened = opener or (lambda: open_store(url))
+    opened: Callable[[], AbstractContextManager[Store | PowertoolsTable]] = opener or (
+        lambda: open_store(url)
+    )
     try:
         with opened() as store:  # a cluster client connects as it opens
             try:
-                findings += _with_outbox(store.check(), outbox_findings(store))
+                checks = store.check()
+                outbox = [] if isinstance(store, PowertoolsTable) else outbox_findings(store)
+                findings += _with_outbox(checks, outbox)
             except NotProvisioned as exc:
                 findings.append(Finding("schema", False, str(exc), "run 'idemctl init'"))
             except ConfigError as exc:  # refused credentials, no such database

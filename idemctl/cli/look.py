@@ -285,12 +285,9 @@ def doctor(ctx: typer.Context) -> None:
     the server refuses the credentials or database, 3 when unreachable, 4 when not
     provisioned, 1 for any other problem.
     """
-    if powertools.wanted(ctx):
-        powertools.doctor(ctx)
-        return
     current = settings(ctx)
     url, source = current.store_url()
-    report = diagnose(url, source, opener=lambda: cli_store(ctx))
+    report = diagnose(url, source, opener=lambda: powertools.swept(ctx))
     if current.json:
         emit_json(render.doctor_json(report))
     else:

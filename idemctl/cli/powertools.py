@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,7 +19,9 @@ from rich.text import Text
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    QuietGroup,
     app,
+    cli_store,
     command,
     emit_json,
     note,
@@ -27,12 +29,11 @@ from idemctl.cli.common import (
     store_fields,
     usage_error,
 )
-from idemctl.cli.exitcodes import ExitCode
-from idemctl.doctor import diagnose
 from idemctl.errors import ConfigError, InvalidCursor, KeyNotFound
 from idemctl.powertools import PowertoolsRecord, State, is_powertools, open_table, powertools_key
 from idemctl.powertools.model import PowertoolsStats
 from idemctl.powertools.table import PowertoolsTable, holds, rule_of, why_not
+from idemctl.stores.base import Store
 
 STYLE = {
     State.COMPLETED: "green",
@@ -43,8 +44,6 @@ STYLE = {
     State.INVALID: "red",
 }
 PAGE = 500
-STALE_WORDS = ("deleted", "stale record(s)")
-PURGE_WORDS = ("purged", "expired record(s)")
 
 
 def wanted(ctx: typer.Context) -> bool:
@@ -75,6 +74,12 @@ def opened(ctx: typer.Context) -> Iterator[PowertoolsTable]:
     )
     with table:
         yield table
+
+
+def swept(ctx: typer.Context) -> AbstractContextManager[Store | PowertoolsTable]:
+    """What doctor checks and unlock --stale and purge sweep: the store, or the Powertools
+    table where the URL says layout=powertools (both have those calls)."""
+    return opened(ctx) if wanted(ctx) else cli_store(ctx)
 
 
 # Looking ---------------------------------------------------------------------------------
@@ -156,77 +161,24 @@ def stats(ctx: typer.Context) -> None:
         current.out.print(stats_table(counts))
 
 
-def doctor(ctx: typer.Context) -> None:
-    from idemctl.cli.look import DOCTOR_EXIT
-
-    current = settings(ctx)
-    url, source = current.store_url()
-    report = diagnose(url, source, opener=lambda: opened(ctx))  # type: ignore[arg-type,return-value]
-    if current.json:
-        emit_json(render.doctor_json(report))
-    else:
-        current.out.print(render.findings_table(report.findings))
-        current.err.print(render.doctor_summary(report))
-    code = DOCTOR_EXIT[report.verdict]
-    if code is not ExitCode.OK:
-        raise typer.Exit(int(code))
-
-
 # Repairing -------------------------------------------------------------------------------
 
 
-def unlock(ctx: typer.Context, key: str, force: bool, dry_run: bool) -> None:
+def delete_one(ctx: typer.Context, action: str, key: str, force: bool, dry_run: bool) -> None:
+    """``unlock KEY`` or ``forget KEY``: one conditional delete (with ``dry_run``, its
+    condition judged on the record as it is now)."""
     with opened(ctx) as table:
         if dry_run:
             record = _existing(table, key)
-            _check(record, "unlock", force)
-        else:
+            at = render.now()
+            if not holds(rule_of(action, force), record, at, at):
+                raise why_not(key, record, at, action)
+        elif action == "unlock":
             record = table.unlock(key, force=force)
-        url = table.url
-    _done(ctx, "unlock", url, record, dry_run)
-
-
-def forget(ctx: typer.Context, key: str, force: bool, dry_run: bool) -> None:
-    with opened(ctx) as table:
-        if dry_run:
-            record = _existing(table, key)
-            _check(record, "forget", force)
         else:
             record = table.forget(key, force=force)
         url = table.url
-    _done(ctx, "forget", url, record, dry_run)
-
-
-def unlock_stale(ctx: typer.Context, older: float, dry_run: bool, yes: bool) -> None:
-    from idemctl.cli.repair import changing, report
-
-    current = settings(ctx)
-    with opened(ctx) as table:
-        found = table.unlock_stale(older, dry_run=True)
-        if dry_run or not found:
-            report(ctx, "unlock", table.url, found, dry_run=dry_run, words=STALE_WORDS)
-            return
-        question = f"Delete {len(found)} stale Powertools record(s) on {table.url}?"
-        with changing(ctx, question, yes, "unlocking", len(found)) as advance:
-            freed = table.unlock_stale(older, progress=advance)
-        report(ctx, "unlock", table.url, freed, words=STALE_WORDS)
-    skipped = len(set(found) - set(freed))
-    if skipped and not current.json:
-        current.err.print(f"{skipped} record(s) changed meanwhile and were left alone")
-
-
-def purge(ctx: typer.Context, older: float, dry_run: bool, yes: bool) -> None:
-    from idemctl.cli.repair import changing, report
-
-    with opened(ctx) as table:
-        found = table.purge(older, dry_run=True)
-        if dry_run or not found:
-            report(ctx, "purge", table.url, None, count=found, dry_run=dry_run, words=PURGE_WORDS)
-            return
-        question = f"Delete {found} expired Powertools record(s) on {table.url}?"
-        with changing(ctx, question, yes, "purging", found) as advance:
-            purged = table.purge(older, progress=advance)
-        report(ctx, "purge", table.url, None, count=purged, words=PURGE_WORDS)
+    _done(ctx, action, url, record, dry_run)
 
 
 def _existing(table: PowertoolsTable, key: str) -> PowertoolsRecord:
@@ -234,13 +186,6 @@ def _existing(table: PowertoolsTable, key: str) -> PowertoolsRecord:
     if record is None:
         raise KeyNotFound(key)
     return record
-
-
-def _check(record: PowertoolsRecord, action: str, force: bool) -> None:
-    """``--dry-run``: what the delete's condition would say of ``record`` now."""
-    at = render.now()
-    if not holds(rule_of(action, force), record, at, at):
-        raise why_not(record.key, record, at, action)
 
 
 def _done(
@@ -352,9 +297,12 @@ def stats_table(counts: PowertoolsStats) -> Table:
 # idemctl powertools key ------------------------------------------------------------------
 
 powertools_app = typer.Typer(
+    name="powertools",
+    cls=QuietGroup,
     help="Powertools for AWS Lambda: the key of a payload (operate its tables with "
     "--store URL?layout=powertools).",
     no_args_is_help=True,
+    rich_markup_mode="markdown",
 )
 app.add_typer(powertools_app, name="powertools")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import typer
 
@@ -75,11 +75,8 @@ def unlock(
             ctx, "--force", "--stale frees only expired leases; unlock a live one by KEY"
         )
     current = settings(ctx)
-    if powertools.wanted(ctx):
-        if key is not None:
-            powertools.unlock(ctx, key, force, dry_run)
-        else:
-            powertools.unlock_stale(ctx, duration(older_than, "--older-than"), dry_run, yes)
+    if key is not None and powertools.wanted(ctx):
+        powertools.delete_one(ctx, "unlock", key, force, dry_run)
         return
     if key is not None:
         validate_key(key)
@@ -91,15 +88,17 @@ def unlock(
             report(ctx, "unlock", store.url, [key], record=record, dry_run=dry_run)
         return
     older = duration(older_than, "--older-than")
-    with cli_store(ctx) as store:
+    words = _words(ctx, "unlock")
+    with powertools.swept(ctx) as store:
         found = store.unlock_stale(older, dry_run=True)
         if dry_run or not found:
-            report(ctx, "unlock", store.url, found, dry_run=dry_run)
+            report(ctx, "unlock", store.url, found, dry_run=dry_run, words=words)
             return
-        question = f"Free {len(found)} stale lease(s) on {store.url}?"
-        with changing(ctx, question, yes, "unlocking", len(found)) as advance:
+        with changing(
+            ctx, _ask(words, len(found), store.url), yes, "unlocking", len(found)
+        ) as advance:
             freed = store.unlock_stale(older, progress=advance)
-        report(ctx, "unlock", store.url, freed)
+        report(ctx, "unlock", store.url, freed, words=words)
         skipped = len(set(found) - set(freed))
         if skipped and not current.json:
             current.err.print(f"{skipped} key(s) were claimed or freed meanwhile and left alone")
@@ -139,7 +138,7 @@ def forget(
     if powertools.wanted(ctx):
         powertools.refuse(ctx, entity=entity)
         assert key is not None
-        powertools.forget(ctx, key, force, dry_run)
+        powertools.delete_one(ctx, "forget", key, force, dry_run)
         return
     if entity is not None:
         _forget_entity(ctx, entity, force, dry_run)
@@ -232,20 +231,24 @@ def purge(
     older = duration(older_than, "--older-than")
     if rate is not None and not 1 <= rate <= MAX_RATE:
         raise ConfigError(f"--rate {rate:g}: a rate is 1-{MAX_RATE:.0f} records a second")
-    if powertools.wanted(ctx):
-        powertools.refuse(ctx, rate=rate)
-        powertools.purge(ctx, older, dry_run, yes)
-        return
-    with cli_store(ctx) as store:
+    words = _words(ctx, "purge")
+    with powertools.swept(ctx) as store:
         found = store.purge(older, dry_run=True)
         if dry_run or not found:
-            report(ctx, "purge", store.url, None, count=found, dry_run=dry_run)
+            report(ctx, "purge", store.url, None, count=found, dry_run=dry_run, words=words)
             return
-        question = f"Delete {found} record(s) past retention on {store.url}?"
-        with changing(ctx, question, yes, "purging", found) as advance:
+        with changing(ctx, _ask(words, found, store.url), yes, "purging", found) as advance:
             pace = advance if rate is None else paced(rate, advance)
             purged = store.purge(older, progress=pace)
-        report(ctx, "purge", store.url, None, count=purged)
+        report(ctx, "purge", store.url, None, count=purged, words=words)
+
+
+def _words(ctx: typer.Context, action: str) -> Words:
+    return (_POWERTOOLS_DONE if powertools.wanted(ctx) else _DONE)[action]
+
+
+def _ask(words: Words, n: int, url: str) -> str:
+    return words.question.format(n=n, url=url)
 
 
 @contextmanager
@@ -287,10 +290,30 @@ def changing(
             raise
 
 
+class Words(NamedTuple):
+    """How an action's summary and question read."""
+
+    verb: str
+    noun: str
+    question: str = ""
+    """``{n}`` and ``{url}`` filled in."""
+
+
 _DONE = {
-    "unlock": ("freed", "lease(s)"),
-    "forget": ("forgot", "key(s)"),
-    "purge": ("purged", "record(s) past retention"),
+    "unlock": Words("freed", "lease(s)", "Free {n} stale lease(s) on {url}?"),
+    "forget": Words("forgot", "key(s)"),
+    "purge": Words(
+        "purged", "record(s) past retention", "Delete {n} record(s) past retention on {url}?"
+    ),
+}
+
+_POWERTOOLS_DONE = {
+    "unlock": Words(
+        "deleted", "stale record(s)", "Delete {n} stale Powertools record(s) on {url}?"
+    ),
+    "purge": Words(
+        "purged", "expired record(s)", "Delete {n} expired Powertools record(s) on {url}?"
+    ),
 }
 
 
@@ -303,7 +326,7 @@ def report(
     count: int | None = None,
     dry_run: bool = False,
     record: Record | None = None,
-    words: tuple[str, str] | None = None,
+    words: Words | None = None,
 ) -> None:
     """What an action did (or would do): ``schemas/action.schema.json`` with --json.
     ``words``: the verb and noun of the text, where not the action's own."""
@@ -318,7 +341,7 @@ def report(
             )
         )
         return
-    verb, noun = words or _DONE[action]
+    verb, noun, _ = words or _DONE[action]
     if dry_run and record is not None:
         if action == "unlock":
             current.out.print(
