@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from idemctl.cli import render
+from idemctl.cli.help import QuietGroup
 from idemctl.cli.common import (
-    QuietGroup,
     app,
     cli_store,
     command,
