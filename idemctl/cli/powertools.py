@@ -18,7 +18,6 @@ from rich.table import Table
 from rich.text import Text
 
 from idemctl.cli import render
-from idemctl.cli.help import QuietGroup
 from idemctl.cli.common import (
     app,
     cli_store,
@@ -29,6 +28,7 @@ from idemctl.cli.common import (
     store_fields,
     usage_error,
 )
+from idemctl.cli.help import QuietGroup
 from idemctl.errors import ConfigError, InvalidCursor, KeyNotFound
 from idemctl.powertools import PowertoolsRecord, State, is_powertools, open_table, powertools_key
 from idemctl.powertools.model import PowertoolsStats
