@@ -156,58 +156,48 @@ class PowertoolsTable(ABC):
         raise why_not(key, old, at, "forget")
 
     def unlock_stale(
-        self,
-        older_than: float | None = None,
-        dry_run: bool = False,
-        progress: Progress | None = None,
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> list[str]:
         """Delete every stale record (in progress, its in-progress expiry at least
         ``older_than`` seconds past): the keys deleted, or with ``dry_run`` found. Never a
         completed, blocked or live one: each delete checks again in the store."""
-        at = now()
-        cutoff = at - timedelta(seconds=older_than or 0)
-        found = [
-            r.key
-            for batch in self._records(None)
-            for r in batch
-            if r.state(at) is State.STALE
-            and r.in_progress_expiration is not None
-            and r.in_progress_expiration < cutoff
-        ]
-        if dry_run:
-            return found
-        return self._delete_each(found, Rule.UNLOCK, at, cutoff, progress)
+        return self._sweep(Rule.UNLOCK, older_than, dry_run, progress, State.STALE)
 
     def purge(
-        self,
-        older_than: float | None = None,
-        dry_run: bool = False,
-        progress: Progress | None = None,
+        self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> int:
         """Delete the records past ``expiration`` (by at least ``older_than`` seconds): how
         many, or with ``dry_run`` how many would be. DynamoDB's TTL and Redis's expiry do
         this by themselves; purge is for a table without TTL, or now."""
+        return len(self._sweep(Rule.PURGE, older_than, dry_run, progress))
+
+    def _sweep(
+        self,
+        rule: Rule,
+        older_than: float,
+        dry_run: bool,
+        progress: Progress | None,
+        state: State | None = None,
+    ) -> list[str]:
+        """Delete by ``rule`` every record it holds for (and in ``state``, if given) with
+        the cutoff ``older_than`` seconds back, a batch of keys at a time; the keys deleted
+        (with ``dry_run``: found)."""
         at = now()
-        cutoff = at - timedelta(seconds=older_than or 0)
+        cutoff = at - timedelta(seconds=older_than)
         found = [
             r.key
             for batch in self._records(None)
             for r in batch
-            if holds(Rule.PURGE, r, at, cutoff)
+            if (state is None or r.state(at) is state) and holds(rule, r, at, cutoff)
         ]
         if dry_run:
-            return len(found)
-        return len(self._delete_each(found, Rule.PURGE, at, cutoff, progress))
-
-    def _delete_each(
-        self, keys: list[str], rule: Rule, at: datetime, cutoff: datetime, progress: Progress | None
-    ) -> list[str]:
+            return found
         deleted = []
-        for i in range(0, len(keys), BATCH):
-            batch = keys[i : i + BATCH]
-            deleted += [k for k in batch if self._delete(Delete(k, rule, at, cutoff))[0]]
+        for i in range(0, len(found), BATCH):
+            keys = found[i : i + BATCH]
+            deleted += [k for k in keys if self._delete(Delete(k, rule, at, cutoff))[0]]
             if progress is not None:
-                progress(len(batch))
+                progress(len(keys))
         return deleted
 
     def __enter__(self) -> Self:
