@@ -112,7 +112,12 @@ def diagnose(
                 outbox = [] if isinstance(store, PowertoolsTable) else outbox_findings(store)
                 findings += _with_outbox(checks, outbox)
             except NotProvisioned as exc:
-                findings.append(Finding("schema", False, str(exc), "run 'idemctl init'"))
+                fix = (
+                    "check the table's name and region in the URL"
+                    if isinstance(store, PowertoolsTable)
+                    else "run 'idemctl init'"
+                )
+                findings.append(Finding("schema", False, str(exc), fix))
             except ConfigError as exc:  # refused credentials, no such database
                 findings.append(Finding("credentials", False, str(exc), refused_fix))
     except StoreUnavailable as exc:

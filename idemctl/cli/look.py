@@ -256,7 +256,8 @@ def stats(
     `-` or null, on a store provisioned before the guard: `idemctl init` adds it).
     """
     if powertools.wanted(ctx):
-        powertools.stats(ctx)  # every record is read there: --exact or not
+        powertools.refuse(ctx, exact=exact)  # it reads every record anyway
+        powertools.stats(ctx)
         return
     current = settings(ctx)
     with cli_store(ctx) as store:

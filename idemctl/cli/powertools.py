@@ -172,7 +172,7 @@ def delete_one(ctx: typer.Context, action: str, key: str, force: bool, dry_run: 
             record = _existing(table, key)
             at = render.now()
             if not holds(rule_of(action, force), record, at, at):
-                raise why_not(key, record, at, action)
+                raise why_not(key, record, at, action, force)
         elif action == "unlock":
             record = table.unlock(key, force=force)
         else:

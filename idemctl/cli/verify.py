@@ -25,6 +25,7 @@ from idemctl.cli.common import (
 from idemctl.cli.live import LiveStatus
 from idemctl.cli.logs import CLI_LOGGER, log_line, print_line
 from idemctl.drivers import require
+from idemctl.stores import refuse_powertools
 from idemctl.urls import redact_url
 
 
@@ -177,6 +178,7 @@ def verify(
     require("confluent_kafka", "kafka", "idemctl verify")
     current = use_log_format(ctx, log_format)
     url, source = current.store_url()
+    refuse_powertools(url)  # before the brokers are tried: it could never run on it
     current.used_source = source
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     plan = Plan(

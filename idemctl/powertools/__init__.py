@@ -69,6 +69,11 @@ def open_table(url: str) -> PowertoolsTable:
     if (options.text("layout") or "").lower() != LAYOUT:
         raise ConfigError(f"{redact_url(url)} does not say layout=powertools")
     layout = Layout(**{n: v for n in Layout.names() if (v := options.text(n)) is not None})
+    if layout.sort_key_attr == layout.key_attr:
+        raise ConfigError(
+            f"{redact_url(url)}: key_attr and sort_key_attr cannot both be "
+            f"{layout.key_attr!r} (Powertools refuses that too)"
+        )
     scheme = parts.scheme.lower()
     try:
         if scheme == "dynamodb":

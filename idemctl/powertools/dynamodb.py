@@ -77,18 +77,20 @@ class DynamoDBPowertoolsTable(PowertoolsTable):
         except BotoCoreError as exc:
             raise translate(exc, self.table, self.url) from exc
 
-    def _key(self, key: str) -> dict[str, Any]:
-        """The primary key of ``key``'s item, as Powertools' ``_get_key`` builds it."""
+    def _key(self, key: str, partition: str | None = None) -> dict[str, Any]:
+        """The primary key of ``key``'s item, as Powertools' ``_get_key`` builds it (in
+        ``partition`` where given)."""
         lay = self.layout
         if lay.sort_key_attr is None:
             return {lay.key_attr: {"S": key}}
-        if lay.static_pk_value is None:
+        partition = partition or lay.static_pk_value
+        if partition is None:
             raise ConfigError(
                 f"{self.url}: a table with a sort key needs static_pk_value (the partition "
                 "Powertools keeps the function's records under, e.g. "
                 "static_pk_value=idempotency%23my-function) to find one key"
             )
-        return {lay.key_attr: {"S": lay.static_pk_value}, lay.sort_key_attr: {"S": key}}
+        return {lay.key_attr: {"S": partition}, lay.sort_key_attr: {"S": key}}
 
     def _record(self, item: dict[str, Any], any_item: bool = False) -> PowertoolsRecord | None:
         """The record of an item; None for an item that is no Powertools record, unless
@@ -179,7 +181,7 @@ class DynamoDBPowertoolsTable(PowertoolsTable):
         try:
             response = self._call(
                 "delete_item",
-                Key=self._key(d.key),
+                Key=self._key(d.key, d.partition),
                 ConditionExpression=condition,
                 ReturnValues="ALL_OLD",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",

@@ -61,6 +61,9 @@ class Delete:
     rule: Rule
     now: datetime
     cutoff: datetime
+    partition: str | None = None
+    """On a DynamoDB table with a sort key: the record's partition, where the URL gives no
+    ``static_pk_value`` (a sweep over every partition)."""
 
 
 class PowertoolsTable(ABC):
@@ -144,7 +147,7 @@ class PowertoolsTable(ABC):
         done, old = self._delete(Delete(key, rule_of("unlock", force), at, at))
         if done and old is not None:
             return old
-        raise why_not(key, old, at, "unlock")
+        raise why_not(key, old, at, "unlock", force)
 
     def forget(self, key: str, force: bool = False) -> PowertoolsRecord:
         """Delete ``key``'s completed (or expired) record: its next call runs the function
@@ -153,7 +156,7 @@ class PowertoolsTable(ABC):
         done, old = self._delete(Delete(key, rule_of("forget", force), at, at))
         if done and old is not None:
             return old
-        raise why_not(key, old, at, "forget")
+        raise why_not(key, old, at, "forget", force)
 
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
@@ -185,19 +188,23 @@ class PowertoolsTable(ABC):
         at = now()
         cutoff = at - timedelta(seconds=older_than)
         found = [
-            r.key
+            r
             for batch in self._records(None)
             for r in batch
             if (state is None or r.state(at) is state) and holds(rule, r, at, cutoff)
         ]
         if dry_run:
-            return found
+            return [r.key for r in found]
         deleted = []
         for i in range(0, len(found), BATCH):
-            keys = found[i : i + BATCH]
-            deleted += [k for k in keys if self._delete(Delete(k, rule, at, cutoff))[0]]
+            batch = found[i : i + BATCH]
+            deleted += [
+                r.key
+                for r in batch
+                if self._delete(Delete(r.key, rule, at, cutoff, r.partition))[0]
+            ]
             if progress is not None:
-                progress(len(keys))
+                progress(len(batch))
         return deleted
 
     def __enter__(self) -> Self:
@@ -235,20 +242,28 @@ def holds(rule: Rule, r: PowertoolsRecord, at: datetime, cutoff: datetime) -> bo
     return r.expiration is not None and int(r.expiration.timestamp()) < int(cutoff.timestamp())
 
 
-def why_not(key: str, old: PowertoolsRecord | None, at: datetime, action: str) -> Exception:
-    """Why the delete of ``action`` left ``old`` (the record that failed its condition)."""
+def why_not(
+    key: str, old: PowertoolsRecord | None, at: datetime, action: str, force: bool = False
+) -> Exception:
+    """Why the delete of ``action`` (with ``force`` or not) left ``old``, the record that
+    failed its condition."""
     if old is None:
         return KeyNotFound(key)
+    if old.status is None:  # no rule deletes it: not a record Powertools wrote
+        problems = "; ".join(old.problems) or "no status"
+        return Refused(f"{key!r} is not a Powertools record ({problems}): left alone")
     state = old.state(at)
-    if action == "forget" and old.status == INPROGRESS:
+    if action == "forget":  # only an in-progress record fails forget's condition
         return Refused(
             f"{key!r} is in progress ({state.value}): unlock frees it; --force deletes it "
             "anyway, even while its invocation runs"
         )
-    if action == "unlock" and old.status == COMPLETED:
+    if old.status == COMPLETED:
         return Refused(f"{key!r} is completed, not in progress: forget deletes it")
-    if old.status != INPROGRESS:
-        return Refused(f"{key!r} has status {old.status!r}, not {INPROGRESS}: --force deletes it")
+    if old.status != INPROGRESS or force:
+        return Refused(
+            f"{key!r} has status {old.status!r}, not {INPROGRESS}: forget --force deletes it"
+        )
     if state is State.BLOCKED:
         until = "its expiration" if old.expiration is None else _stamp(old.expiration)
         return Refused(

@@ -23,18 +23,12 @@ BACKENDS: dict[str, tuple[str, str | None, str | None]] = {
     "dynamodb": ("idemctl.stores.dynamodb:DynamoDBStore", "boto", "dynamodb"),
 }
 
-__all__ = ["BACKENDS", "DEFAULT_URL", "Store", "open_store"]
+__all__ = ["BACKENDS", "DEFAULT_URL", "Store", "open_store", "refuse_powertools"]
 
 
 def open_store(url: str = DEFAULT_URL) -> Store:
     """The store at ``url`` (``sqlite:///path``, ``memory://``, ...), ready to use."""
-    if is_powertools(url):
-        raise ConfigError(
-            f"{redact_url(url)} is Powertools' layout: idemctl reads and repairs its records "
-            "(inspect, list, stats, doctor, unlock, forget, purge) but never claims keys in "
-            "it; consume, init, verify and the outbox need idemctl's own layout (no "
-            "layout=powertools, another table or key prefix)"
-        )
+    refuse_powertools(url)
     scheme = split_url(url).scheme.lower()
     if scheme not in BACKENDS:
         known = ", ".join(f"{s}://" for s in BACKENDS)
@@ -52,3 +46,15 @@ def open_store(url: str = DEFAULT_URL) -> Store:
         raise
     store: Store = getattr(module, class_name).from_url(url)
     return store
+
+
+def refuse_powertools(url: str) -> None:
+    """ConfigError for a Powertools table's URL (``layout=powertools``), where idemctl's own
+    protocol would claim keys: a command that would runs this before anything else."""
+    if is_powertools(url):
+        raise ConfigError(
+            f"{redact_url(url)} is Powertools' layout: idemctl reads and repairs its records "
+            "(inspect, list, stats, doctor, unlock, forget, purge) but never claims keys in "
+            "it; consume, init, verify and the outbox need idemctl's own layout (no "
+            "layout=powertools, another table or key prefix)"
+        )
