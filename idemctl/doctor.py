@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from idemctl.errors import ConfigError, NotProvisioned, StoreUnavailable
 from idemctl.model import Finding
 from idemctl.outbox.health import outbox_findings
+from idemctl.powertools import is_powertools, open_table
 from idemctl.powertools.table import PowertoolsTable
 from idemctl.stores import open_store
 from idemctl.urls import redact_url
@@ -90,8 +91,8 @@ def diagnose(
     findings with their fixes.
 
     ``opener`` opens the store instead of ``open_store(url)``, as a context manager that
-    closes it (the CLI's also names the store on stderr); or a Powertools table
-    (``idemctl.powertools.open_table``), which has checks of its own and no outbox. A URL
+    closes it (the CLI's also names the store on stderr). A Powertools table's URL
+    (``layout=powertools``) opens its table, with checks of its own and no outbox. A URL
     that cannot name a store at all (an unknown scheme, a missing driver) raises
     ConfigError, as ``open_store`` does.
     """
@@ -103,7 +104,7 @@ def diagnose(
         else "check the URL's user, password and database name"
     )
     opened: Callable[[], AbstractContextManager[Store | PowertoolsTable]] = opener or (
-        lambda: open_store(url)
+        (lambda: open_table(url)) if is_powertools(url) else (lambda: open_store(url))
     )
     try:
         with opened() as store:  # a cluster client connects as it opens
