@@ -255,7 +255,9 @@ class Target:
 
     # Building state with the library -----------------------------------------------
 
-    def claim(self, key: str, lease: float = 30.0, fingerprint: str | None = None) -> Acquired:
+    def claim(self, key: str, lease: float = 600.0, fingerprint: str | None = None) -> Acquired:
+        """``key`` acquired; by default live for the whole test, however loaded the machine
+        (a 30 s lease ran out under CI's load, and a "live" key showed as stale)."""
         outcome = self.store.claim(key, fingerprint=fingerprint, lease=lease)
         assert isinstance(outcome, Acquired), outcome
         return outcome

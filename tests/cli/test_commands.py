@@ -316,7 +316,7 @@ def test_list_filters(target: Target) -> None:
     # Made after it, and listed at once: younger than 3 s, also when the tests run in
     # parallel on a loaded machine and the three listings below take their time.
     target.completed("a:new")
-    live = target.claim("b:live", lease=600)  # live for the whole test, however slow the machine
+    live = target.claim("b:live")
     old = ["a:1", "a:2", "a:3", "b:stale", "c:fail"]
     assert listed(target.url, "--older-than", "3s") == old
     assert listed(target.url, "--older-than", "3s", "--prefix", "a:") == ["a:1", "a:2", "a:3"]
