@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
@@ -23,6 +24,8 @@ from idemctl.cli.exitcodes import ExitCode
 from idemctl.doctor import Verdict, diagnose
 from idemctl.errors import EntityNotFound, InvalidCursor, KeyNotFound, NotProvisioned
 from idemctl.model import Entity, Record, Status, validate_key
+from idemctl.powertools import PowertoolsRecord
+from idemctl.powertools.table import PowertoolsTable
 from idemctl.stores.base import Store
 
 PAGE = 500
@@ -142,7 +145,16 @@ def list_(
     if powertools.wanted(ctx):
         powertools.refuse(ctx, released=released, older_than=older_than, entities=entities)
         states = powertools.states_of(status and status.value, stale, blocked)
-        powertools.list_(ctx, states, prefix, limit, cursor)
+
+        def found(table: PowertoolsTable, size: int, after: str | None) -> Found[PowertoolsRecord]:
+            page = table.scan(states, prefix, size, after)
+            return page.records, page.cursor
+
+        at = render.now()
+        _pages(
+            ctx, found, limit, cursor, powertools.records_table, "records", "list",
+            opener=powertools.opened, as_json=lambda r: r.to_json(at),
+        )  # fmt: skip
         return
     if blocked:
         raise usage_error(ctx, "--blocked", "is for Powertools tables (layout=powertools)")
@@ -175,29 +187,39 @@ def list_(
         )
         return page.records, page.cursor
 
-    _pages(ctx, records, limit, cursor, render.records_table, "records", "list")
+    _pages(
+        ctx, records, limit, cursor, render.records_table, "records", "list",
+        as_json=Record.to_json,
+    )  # fmt: skip
 
 
-Item = TypeVar("Item", Record, Entity)
+Item = TypeVar("Item", Record, Entity, PowertoolsRecord)
+Source = TypeVar("Source", Store, PowertoolsTable)
+Found = tuple[list[Item], str | None]
+"""A page and the cursor that goes on from it."""
 
 
 def _pages(
     ctx: typer.Context,
-    fetch: Callable[[Store, int, str | None], tuple[list[Item], str | None]],
+    fetch: Callable[[Source, int, str | None], Found[Item]],
     limit: int,
     cursor: str | None,
     table: Callable[[list[Item], datetime], Any],
     what: str,
     again: str,
+    *,
+    opener: Callable[[typer.Context], AbstractContextManager[Source]] = cli_store,  # type: ignore[assignment]
+    as_json: Callable[[Item], Any],
 ) -> None:
-    """What ``list`` shows, keys or entities: ``fetch(store, size, cursor)`` a page at a
-    time up to ``limit`` (0: all), NDJSON with --json as they come, else one table; on
-    stderr the cursor that goes on (``again``: the command to give it to)."""
+    """What ``list`` shows, keys, entities or Powertools records: ``fetch(source, size,
+    cursor)`` a page at a time from what ``opener`` opens, up to ``limit`` (0: all), NDJSON
+    with --json (``as_json``) as they come, else one table; on stderr the cursor that goes
+    on (``again``: the command to give it to)."""
     current = settings(ctx)
     at = render.now()
     shown: list[Item] = []
     remaining = limit or None
-    with cli_store(ctx) as store:
+    with opener(ctx) as store:
         while True:
             try:
                 found, cursor = fetch(
@@ -207,7 +229,7 @@ def _pages(
                 raise usage_error(ctx, "--cursor", str(exc)) from None
             if current.json:
                 for item in found:
-                    emit_json(item.to_json())
+                    emit_json(as_json(item))
             shown += found
             if remaining is not None:
                 remaining -= len(found)
@@ -232,7 +254,10 @@ def _list_entities(ctx: typer.Context, prefix: str | None, limit: int, cursor: s
         page = store.scan_entities(prefix=prefix, limit=size, cursor=after)
         return page.entities, page.cursor
 
-    _pages(ctx, entities, limit, cursor, render.entities_table, "entities", "list --entities")
+    _pages(
+        ctx, entities, limit, cursor, render.entities_table, "entities", "list --entities",
+        as_json=Entity.to_json,
+    )  # fmt: skip
 
 
 @command()

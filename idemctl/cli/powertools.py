@@ -29,7 +29,7 @@ from idemctl.cli.common import (
     usage_error,
 )
 from idemctl.cli.help import QuietGroup
-from idemctl.errors import ConfigError, InvalidCursor, KeyNotFound
+from idemctl.errors import ConfigError, KeyNotFound
 from idemctl.powertools import PowertoolsRecord, State, is_powertools, open_table, powertools_key
 from idemctl.powertools.model import PowertoolsStats
 from idemctl.powertools.table import PowertoolsTable, holds, rule_of, why_not
@@ -96,44 +96,6 @@ def inspect(ctx: typer.Context, key: str) -> None:
         emit_json(record.to_json(at))
     else:
         current.out.print(record_detail(record, at))
-
-
-def list_(
-    ctx: typer.Context,
-    states: set[State] | None,
-    prefix: str | None,
-    limit: int,
-    cursor: str | None,
-) -> None:
-    current = settings(ctx)
-    at = render.now()
-    shown: list[PowertoolsRecord] = []
-    remaining = limit or None
-    with opened(ctx) as table:
-        while True:
-            size = PAGE if remaining is None else min(PAGE, remaining)
-            try:
-                page = table.scan(states, prefix, size, cursor)
-            except InvalidCursor as exc:
-                raise usage_error(ctx, "--cursor", str(exc)) from None
-            if current.json:
-                for r in page.records:
-                    emit_json(r.to_json(at))
-            shown += page.records
-            cursor = page.cursor
-            if remaining is not None:
-                remaining -= len(page.records)
-            if cursor is None or (remaining is not None and remaining <= 0):
-                break
-    if not current.json:
-        if shown:
-            current.out.print(records_table(shown, at))
-        else:
-            current.err.print("no records match")
-    if cursor is not None:
-        current.err.print(
-            f"showing {len(shown)}; for more: idemctl list ... --cursor {cursor!r}", markup=False
-        )
 
 
 def states_of(status: str | None, stale: bool, blocked: bool) -> set[State] | None:
