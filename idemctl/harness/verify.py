@@ -373,13 +373,16 @@ class _Consumers:
         self._started = 0
         self.logs: dict[int, int] = {}
         """PID -> the number of its log file."""
+        self.spawned: list[subprocess.Popen[bytes]] = []
+        """Every process started, recorded before Ctrl-C can land: kill_all's list."""
 
     def start(self) -> subprocess.Popen[bytes]:
         """A consume process. It is started from verify's main thread, and on Linux gets
         SIGTERM (drain, exit) when that thread dies: a verify killed outright leaves no
         consumer running for ever behind it."""
         self._started += 1
-        with (self.folder / f"consumer-{self._started}.log").open("wb") as log:
+        log_path = self.folder / f"consumer-{self._started}.log"
+        with _interrupts_deferred(), log_path.open("wb") as log:
             # preexec_fn only calls prctl, looked up beforehand: no import, lock or log in
             # the child that another thread of ours could hold at the fork
             proc = subprocess.Popen(  # noqa: S603 - our own argv
@@ -387,7 +390,8 @@ class _Consumers:
                 stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=_term_with_parent,  # noqa: PLW1509
             )  # fmt: skip
-        self.logs[proc.pid] = self._started
+            self.logs[proc.pid] = self._started
+            self.spawned.append(proc)
         return proc
 
     def start_all(self) -> None:
@@ -445,10 +449,31 @@ class _Consumers:
                 proc.wait()
 
     def kill_all(self) -> None:
-        for proc in self.every:
+        for proc in self.spawned:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (verify's own handlers) wait until the block ends. A process
+    started in it is recorded before they land: Popen waits for the child's exec, and an
+    interrupt raised there or before the record would leave a consumer running unseen,
+    writing dead letters to a topic the clean-up has just deleted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)  # now, to the handler that was there
 
 
 _PRCTL = None
@@ -545,6 +570,10 @@ class _Kafka:
                 except BufferError:  # the local queue is full: let it drain
                     producer.poll(0.1)
             producer.poll(0)
+        if stop.is_set():  # interrupted: what is queued would land after the clean-up
+            producer.purge()
+            producer.flush(5)
+            return
         if producer.flush(60) or failed:
             why = f": {failed[0]}" if failed else ""
             raise KafkaUnavailable(
@@ -783,6 +812,7 @@ class _Run:
         self.made: list[str] = []
         self.stop_producing = threading.Event()
         self._fault_thread: threading.Thread | None = None
+        self._producer: threading.Thread | None = None
         self._exits_before = 0
 
     def phase(self, name: str) -> None:
@@ -817,6 +847,8 @@ class _Run:
             return self.report
         finally:
             self.stop_producing.set()
+            if self._producer is not None:
+                self._producer.join(15)  # no message sent after the topics are deleted
             self._clean()
 
     def _produce(self, failed: list[BaseException]) -> None:
@@ -830,7 +862,9 @@ class _Run:
         committed (or the time is up); then stop the consumers."""
         plan = self.plan
         failed: list[BaseException] = []
-        producer = threading.Thread(target=self._produce, args=(failed,), daemon=True)
+        producer = self._producer = threading.Thread(
+            target=self._produce, args=(failed,), daemon=True
+        )
         started = time.monotonic()
         producer.start()
         rng = random.Random(f"{self.id}-kills")

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from idemctl.errors import ConfigError
+from idemctl.harness import verify
 from idemctl.harness.scratch import Scratch, with_option
 from idemctl.harness.verify import (
     REBALANCE_EVERY,
@@ -14,6 +25,7 @@ from idemctl.harness.verify import (
     Plan,
     Report,
     _Chaos,
+    _Consumers,
     _Messages,
     judge,
     percentile,
@@ -156,3 +168,31 @@ def test_kills_and_rebalances_wait_for_progress_since_the_last_of_them() -> None
 def test_without_kills_or_rebalance_nothing_is_ever_due() -> None:
     chaos = _Chaos(started=0.0, kill_every=0.0, rebalance=False)
     assert [chaos.due(t, n) for t, n in ((1.0, 1), (10.0, 100), (1e6, 10**6))] == [[], [], []]
+
+
+def children() -> set[int]:
+    pgrep = ["pgrep", "-P", str(os.getpid())]
+    found = subprocess.run(pgrep, capture_output=True, text=True, check=False)
+    return {int(pid) for pid in found.stdout.split()}
+
+
+def test_ctrl_c_while_a_consumer_starts_leaves_no_consumer_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Popen waits for the child's exec; Ctrl-C landing there must not leave a process
+    verify does not know of (and so never stops)."""
+    scratch: Any = SimpleNamespace(url="sqlite:///x.db")
+    ledger: Any = SimpleNamespace(env="unused")
+    consumers = _Consumers(PLAN, scratch, "topic", ledger, tmp_path)
+    consumers.command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(verify, "_term_with_parent", lambda: time.sleep(1.0))  # a slow exec
+    before = children()
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        consumers.start_all()
+    consumers.kill_all()
+    left = children() - before
+    for pid in left:  # what the assertion names is stopped all the same
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert left == set()
