@@ -521,15 +521,27 @@ class _Kafka:
         for future in self.admin.create_topics(new, operation_timeout=30).values():
             future.result(60)
 
-    def remove(self, group: str) -> None:
-        for future in self.admin.delete_topics(
-            [self.topic, self.dlq], operation_timeout=30
-        ).values():
-            with suppress(Exception):  # already gone
-                future.result(60)
+    def remove(self, group: str) -> dict[str, str]:
+        """Delete the run's topics and group; what is still listed after a minute of
+        trying again, with why (a slow broker, or a client that wrote to it once more)."""
+        left, why = {self.topic, self.dlq}, {}
+        deadline = time.monotonic() + 60
+        while left:
+            deleting = self.admin.delete_topics(sorted(left), operation_timeout=30)
+            for name, future in deleting.items():
+                try:
+                    future.result(60)
+                except Exception as exc:  # gone already, or said below
+                    why[name] = str(exc)
+            left &= self.existing()
+            if left and time.monotonic() > deadline:
+                break
+            if left:
+                time.sleep(0.5)
         for future in self.admin.delete_consumer_groups([group]).values():
             with suppress(Exception):  # never formed, or the broker keeps no groups
                 future.result(30)
+        return {name: why.get(name, "still listed after its deletion") for name in left}
 
     def produce(self, messages: _Messages, progress: Progress, stop: threading.Event) -> None:
         from confluent_kafka import Producer
@@ -955,11 +967,12 @@ class _Run:
             )
             return
         self.phase("clean up")
-        if "topics" in self.made:
-            self.kafka.remove(self.topic)
+        kept = self.kafka.remove(self.topic) if "topics" in self.made else {}
+        for topic, why in kept.items():
+            self.on_step(f"could not delete topic {topic}: {why}")
         if "store" in self.made:
             self.scratch.remove()
         for path in self.folder.iterdir():
             path.unlink()
         self.folder.rmdir()
-        self.on_step("removed the scratch topics and store")
+        self.on_step(f"removed the scratch {'store' if kept else 'topics and store'}")
