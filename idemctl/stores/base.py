@@ -110,6 +110,11 @@ class Store(Protocol):
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]: ...
     def get(self, key: str) -> Record | None: ...
+    def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
+        """The live records of ``keys`` (absent or past retention: not in the answer), in
+        as few round trips as the store allows."""
+        ...
+
     def scan(
         self,
         status: Status | None = None,
@@ -410,6 +415,14 @@ class BaseStore(ABC):
             else:
                 done.append(True)
         return done
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
+        found = {}
+        for key in dict.fromkeys(keys):
+            record = self.get(key)  # type: ignore[attr-defined]
+            if record is not None:
+                found[key] = record
+        return found
 
     def close(self) -> None:  # noqa: B027 - most stores hold something to close, not all
         pass

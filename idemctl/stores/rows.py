@@ -248,6 +248,12 @@ class RowStore(BaseStore):
             record = tx.get(key)
         return None if record is None or record.retention_over(self.now()) else record
 
+    def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
+        with self._transaction(write=False) as tx:
+            records = [tx.get(key) for key in dict.fromkeys(keys)]
+        now = self.now()
+        return {r.key: r for r in records if r is not None and not r.retention_over(now)}
+
     def _scan_page(self, scan: Scan) -> Page:
         limit = scan.limit
         query = replace(scan.query(self.now()), after=scan.cursor, limit=limit + 1)

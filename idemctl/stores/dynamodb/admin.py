@@ -9,18 +9,20 @@ retention too."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from idemctl.errors import InvalidCursor, KeyNotFound, StoreError
 from idemctl.model import Page, Record, Stats, Status
 from idemctl.stores import dynamodb as package
 from idemctl.stores.base import Progress, Query, Scan, stats_of
+from idemctl.stores.dynamodb.client import translate
 from idemctl.stores.dynamodb.entities import DynamoDBEntities
 from idemctl.stores.dynamodb.inprogress import DynamoDBInProgress
 from idemctl.stores.dynamodb.items import (
@@ -33,6 +35,9 @@ from idemctl.stores.dynamodb.items import (
     to_record,
 )
 from idemctl.stores.machine import check_forgettable, unlocked
+
+BATCH_GET = 100
+"""Keys one BatchGetItem may ask for."""
 
 
 class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
@@ -47,6 +52,32 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
             return None
         record = to_record(item)
         return None if record.retention_over(datetime.now(UTC)) else record
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
+        """BatchGetItem, 100 keys a request; keys DynamoDB leaves unprocessed (throttled)
+        are asked for again after a back-off."""
+        wanted = [k for k in dict.fromkeys(keys) if not is_entity_key(k)]
+        items: list[dict[str, Any]] = []
+        for start in range(0, len(wanted), BATCH_GET):
+            batch = [{"key": s(k)} for k in wanted[start : start + BATCH_GET]]
+            ask: dict[str, Any] = {"Keys": batch, "ConsistentRead": True}
+            for attempt in itertools.count():
+                reply = self._batch_get(ask)
+                items += reply.get("Responses", {}).get(self.table, [])
+                left = reply.get("UnprocessedKeys", {}).get(self.table)
+                if not left:
+                    break
+                ask = left
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+        now = datetime.now(UTC)
+        records = (to_record(item) for item in items)
+        return {r.key: r for r in records if not r.retention_over(now)}
+
+    def _batch_get(self, ask: dict[str, Any]) -> Any:
+        try:
+            return self.client.batch_get_item(RequestItems={self.table: ask})
+        except (ClientError, BotoCoreError) as exc:
+            raise translate(exc, self.table, self.url) from exc
 
     def _scan(
         self, start: dict[str, Any] | None = None

@@ -258,6 +258,11 @@ def get(sql: Mapping[str, str], key: str) -> Flow[Record | None]:
     return record_of(reply.rows[0]) if reply.rows else None
 
 
+def get_many(sql: Mapping[str, str], keys: Sequence[str]) -> Flow[dict[str, Record]]:
+    reply = yield Statement(sql["get_many"], {"keys": list(dict.fromkeys(keys))})
+    return {r.key: r for r in map(record_of, reply.rows)}
+
+
 def schema_version(sql: Mapping[str, str]) -> Flow[int]:
     """The version of the provisioned schema (NotProvisioned, translated, when none)."""
     reply = yield Statement(sql["schema_version"])

@@ -271,6 +271,9 @@ WHERE k.key = %(key)s AND k.owner = %(owner)s
   AND k.fencing_token = %(token)s
 RETURNING {prefixed(COLUMNS, "k.")}""",
         "get": f"SELECT {prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = %(key)s AND {live}",
+        "get_many": (
+            f"SELECT {prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = ANY(%(keys)s) AND {live}"
+        ),
         "get_any": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s",
         "lock": f"SELECT {COLUMNS} FROM {t} WHERE key = %(key)s FOR UPDATE",
         "now": "SELECT now()",

@@ -341,6 +341,9 @@ class PostgresStore(BaseStore):
     def get(self, key: str) -> Record | None:
         return self._run(flows.get(self._sql, key))
 
+    def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
+        return self._run(flows.get_many(self._sql, keys)) if keys else {}
+
     def _scan_page(self, scan: Scan) -> Page:
         where = ["(expires_at IS NULL OR expires_at > now())"]
         if scan.older_than:

@@ -5,7 +5,7 @@ change each key with the same scripts as the protocol, which look at it again.""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
 from idemctl.errors import InvalidCursor, KeyNotFound
@@ -16,7 +16,7 @@ from idemctl.stores.machine import check_forgettable, live_lease, not_unlockable
 from idemctl.stores.redis.client import ClusterNode
 from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.index import RedisIndex
-from idemctl.stores.redis.records import fields_of, parse_reply, text, to_record
+from idemctl.stores.redis.records import fields_of, parse_reply, server_time, text, to_record
 
 
 class RedisAdmin(RedisIndex):
@@ -26,6 +26,29 @@ class RedisAdmin(RedisIndex):
 
     def get(self, key: str) -> Record | None:
         return self._live(key, *self._read(self._rkey(key)))
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return {}
+        rkeys = [self._rkey(key) for key in keys]
+        with self._guard():
+            pipe = self._client.pipeline(transaction=False)
+            if self.cluster:  # MGET is refused across slots; the pipeline sends GETs by node
+                for rkey in rkeys:
+                    pipe.get(rkey)
+                texts, now = pipe.execute(), self._now()
+            else:  # the records and the server's clock in one round trip
+                pipe.execute_command("MGET", *rkeys)
+                pipe.time()
+                texts, (seconds, micros) = pipe.execute()
+                now = server_time(seconds, micros)
+        found = {}
+        for key, raw in zip(keys, texts, strict=True):
+            record = self._live(key, raw, now)
+            if record is not None:
+                found[key] = record
+        return found
 
     def _live(self, key: str, raw: str | bytes | None, now: datetime) -> Record | None:
         """The record ``raw`` holds for ``key``, unless it is past retention at ``now``."""
