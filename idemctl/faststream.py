@@ -50,7 +50,7 @@ from idemctl.consume.deadletter import (
     dead_letter_topic,
     fqcn,
 )
-from idemctl.consume.loop import MAX_BACKOFF, failure_verdict, unusable_reason
+from idemctl.consume.loop import MAX_BACKOFF, failure_verdict
 from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.errors import (
     IdemctlError,
@@ -65,6 +65,7 @@ from idemctl.keys import (
     MissingField,
     key_strategy,
     order_strategy,
+    unusable_reason,
 )
 from idemctl.model import JSON, Order
 from idemctl.runner import Context, Outcome, RunResult

@@ -91,6 +91,16 @@ def key_strategy(spec: str) -> KeyStrategy:
     )
 
 
+def unusable_reason(exc: InvalidKey | InvalidPayload) -> str:
+    """A dead letter's reason for a message no key can be had from: ``exc`` is what the key
+    strategy (or the fingerprint) raised."""
+    if isinstance(exc, MissingKey):
+        return "no idempotency key"
+    if isinstance(exc, InvalidKey):
+        return "invalid idempotency key"
+    return "unreadable payload"
+
+
 def _from_header(m: Message, name: str) -> str:
     values = [v for k, v in m.headers if k == name]
     if not values or values[-1] is None:

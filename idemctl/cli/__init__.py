@@ -13,6 +13,7 @@ import typer
 
 from idemctl import __version__
 from idemctl.cli import (  # noqa: F401 - registers the commands
+    audit,
     consume,
     look,
     outbox,

@@ -36,7 +36,8 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.UNEXPECTED: (
         "unexpected error; for doctor, a problem found; for outbox relay and replay, events "
         "not delivered; for verify, a guarantee broken (a key lost, duplicate effects beyond "
-        "the guarantee, a poison message not dead-lettered)"
+        "the guarantee, a poison message not dead-lettered); for audit, messages lost (or of a "
+        "--fail-on class)"
     ),
     ExitCode.USAGE: (
         "usage error or bad configuration (URL, scheme, missing driver, config file, a "

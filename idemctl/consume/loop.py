@@ -44,7 +44,13 @@ from idemctl.errors import (
     KafkaUnavailable,
     StoreUnavailable,
 )
-from idemctl.keys import Message, MissingField, MissingKey, key_strategy, order_strategy
+from idemctl.keys import (
+    Message,
+    MissingField,
+    key_strategy,
+    order_strategy,
+    unusable_reason,
+)
 from idemctl.model import ClaimRequest, Order
 from idemctl.runner import Batch, Context, Outcome, RunResult
 from idemctl.runner.batch import Ahead
@@ -794,16 +800,6 @@ class Consumer(Watch):
                 self._kafka.store_offsets(offsets=offsets)
             except KafkaException as exc:  # revoked meanwhile: the new owner goes on
                 log.debug("store offsets: %s", kafka_text(exc))
-
-
-def unusable_reason(exc: InvalidKey | InvalidPayload) -> str:
-    """A dead letter's reason for a message no key can be had from: ``exc`` is what the key
-    strategy (or the fingerprint) raised."""
-    if isinstance(exc, MissingKey):
-        return "no idempotency key"
-    if isinstance(exc, InvalidKey):
-        return "invalid idempotency key"
-    return "unreadable payload"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,122 @@
+"""What ``audit`` is asked to check, and what it found: a class for each message below the
+group's committed offset, counts per partition, and the lost messages by name."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from idemctl.errors import ConfigError
+from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy, order_strategy
+
+CLASSES = ("done", "dead_lettered", "stale", "skipped", "lost", "beyond_retention", "in_flight")
+"""What a message below the committed offset can be (see README, "idemctl audit")."""
+FAIL_ON = ("lost", "in_flight", "beyond_retention", "dead_lettered", "stale", "pending")
+"""The classes ``--fail-on`` accepts."""
+LOST_SHOWN = 100
+"""Lost messages a report names; the count is always whole."""
+MAX_BATCH = 10_000
+
+
+@dataclass
+class AuditOptions:
+    brokers: str
+    topic: str
+    group: str
+    key: str = DEFAULT_KEY_STRATEGY
+    on_missing_key: str = "dlq"
+    """As ``consume`` was run: dlq (a message without a usable key was dead-lettered), offset
+    (topic-partition-offset was its key), skip (passed by) or stop (never passed)."""
+    order_key: str | None = None
+    sequence: str | None = None
+    last: int = 10_000
+    """Messages per partition, the last below the committed offset."""
+    since: datetime | None = None
+    """Instead of ``last``: the messages from this time (by their timestamps) on."""
+    dlq_topic: str | None = None
+    """Cross-check: a message counted dead-lettered must be in this topic, else it is lost."""
+    rate: float | None = None
+    """Messages a second at most (reading and judging together)."""
+    batch: int = 500
+    """Messages judged per store round trip."""
+    kafka_config: dict[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+    """Seconds a Kafka request, or a read that brings nothing, may take."""
+
+    def __post_init__(self) -> None:
+        if self.on_missing_key not in ("dlq", "offset", "skip", "stop", "fail"):
+            raise ConfigError(
+                f"--on-missing-key {self.on_missing_key!r}: use dlq, offset, skip or stop"
+            )
+        key_strategy(self.key)
+        if (self.order_key is None) != (self.sequence is None):
+            raise ConfigError("--order-key and --sequence go together: give both or neither")
+        if self.order_key is not None and self.sequence is not None:
+            order_strategy(self.order_key, self.sequence)
+        if self.last < 1:
+            raise ConfigError("--last must be at least 1")
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise ConfigError(f"--batch must be between 1 and {MAX_BATCH}")
+        if self.rate is not None and self.rate <= 0:
+            raise ConfigError("--rate must be above 0")
+        if self.timeout <= 0:
+            raise ConfigError("the Kafka timeout must be above 0")
+
+
+@dataclass(frozen=True)
+class LostMessage:
+    partition: int
+    offset: int
+    key: str | None
+    why: str
+
+
+@dataclass
+class PartitionAudit:
+    partition: int
+    committed: int | None
+    """The group's committed offset (the next message it would read); None: none."""
+    start: int
+    """The first offset audited (the partition's low watermark at the earliest)."""
+    end: int
+    """The partition's high watermark: the offset its next message will get."""
+    counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def audited(self) -> int:
+        return sum(self.counts[c] for c in CLASSES)
+
+    @property
+    def pending(self) -> int:
+        """Messages above the committed offset: not finished, or not committed yet."""
+        return max(0, self.end - (self.start if self.committed is None else self.committed))
+
+
+@dataclass
+class AuditReport:
+    topic: str
+    group: str
+    store: str
+    partitions: list[PartitionAudit]
+    lost: list[LostMessage] = field(default_factory=list)
+    """The first LOST_SHOWN lost messages, by partition and offset."""
+    dlq_checked: str | None = None
+    """The dead-letter topic the dead-lettered messages were found in, if one was given."""
+    seconds: float = 0.0
+
+    def totals(self) -> Counter[str]:
+        out: Counter[str] = Counter({c: 0 for c in CLASSES})
+        for p in self.partitions:
+            out.update(p.counts)
+        out["pending"] = sum(p.pending for p in self.partitions)
+        return out
+
+    @property
+    def audited(self) -> int:
+        return sum(p.audited for p in self.partitions)
+
+    def failing(self, fail_on: tuple[str, ...] = ("lost",)) -> list[str]:
+        """The classes of ``fail_on`` that have messages."""
+        totals = self.totals()
+        return [c for c in fail_on if totals[c]]
