@@ -88,7 +88,7 @@ class Kafka:
                 ms = int(o.since.timestamp() * 1000)
                 asked = [TopicPartition(o.topic, s.partition, ms) for s in spans]
                 for s, tp in zip(spans, c.offsets_for_times(asked, timeout=o.timeout), strict=True):
-                    s.start = min(s.stop, tp.offset if tp.offset >= 0 else s.high)
+                    s.start = min(s.stop, tp.offset) if tp.offset >= 0 else s.stop  # -1: none since
             else:
                 for s in spans:
                     s.start = max(s.low, s.stop - o.last)

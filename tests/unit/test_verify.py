@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -185,11 +184,21 @@ def test_ctrl_c_while_a_consumer_starts_leaves_no_consumer_running(
     ledger: Any = SimpleNamespace(env="unused")
     consumers = _Consumers(PLAN, scratch, "topic", ledger, tmp_path)
     consumers.command = [sys.executable, "-c", "import time; time.sleep(60)"]
-    monkeypatch.setattr(verify, "_term_with_parent", lambda: time.sleep(1.0))  # a slow exec
+
+    def ctrl_c_then_slow_exec() -> None:  # in the child, while Popen waits for its exec
+        os.kill(os.getppid(), signal.SIGINT)
+        time.sleep(1.0)
+
+    monkeypatch.setattr(verify, "_term_with_parent", ctrl_c_then_slow_exec)
     before = children()
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
-        consumers.start_all()
+    # Ctrl-C as an interactive Python gets it: a run started in the background (CI's) has
+    # SIGINT ignored, and Python then leaves it so.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            consumers.start_all()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     consumers.kill_all()
     left = children() - before
     for pid in left:  # what the assertion names is stopped all the same
