@@ -6,8 +6,10 @@ the same ``--on-missing-key``. Its key's record says what became of it:
 - completed: **done**; but a different payload fingerprint was a mismatch, dead-lettered,
   and an event of the sequence guard completed without a result at or below a sequence its
   entity had applied before it here was **stale** (the guard completes a stale event's key
-  with a null result);
-- failed: **dead-lettered** (consume dead-letters a key that failed for good);
+  with a null result); a later message of a key already judged is a replayed duplicate:
+  done;
+- failed for good: **dead-lettered** (consume dead-letters it); failed and retriable:
+  **lost** (a retry waits for a delivery that will not come);
 - in progress with a live lease: **in flight**; with an expired lease, or released with no
   owner: **lost**, the group passed it and will not run it again;
 - absent: **lost** while the message is younger than the store's retention (its record
@@ -62,6 +64,8 @@ class Judge:
         """(partition, offset) of each dead letter of the topic; None: not cross-checked."""
         self._applied: dict[str, int] = {}
         """Entity -> the highest sequence of its events judged done so far."""
+        self._completed: set[str] = set()
+        """Completed keys judged so far: a later message of one is a replayed duplicate."""
 
     def __call__(self, seen: Seen, record: Record | None) -> Verdict:
         if seen.key is None:
@@ -71,6 +75,8 @@ class Judge:
                 return Verdict("beyond_retention")
             return Verdict("lost", "its key has no record: never claimed, or forgotten")
         if record.status is Status.FAILED:
+            if record.retriable:  # consume dead-letters a key only once it failed for good
+                return Verdict("lost", "its key failed and awaits a retry no delivery will bring")
             return self._dead_lettered(seen, f"its key failed: {record.error or 'an error'}")
         if record.status is Status.IN_PROGRESS:
             if record.lease_live(self.now):
@@ -80,6 +86,9 @@ class Judge:
             return Verdict("lost", "its key is in progress with an expired lease")
         if seen.fingerprint and record.fingerprint and seen.fingerprint != record.fingerprint:
             return self._dead_lettered(seen, "its key was completed for another payload")
+        if seen.key in self._completed:  # a duplicate: consume replayed it
+            return Verdict("done")
+        self._completed.add(seen.key)
         if seen.order is not None:
             entity, sequence = seen.order.entity, seen.order.sequence
             last = self._applied.get(entity)

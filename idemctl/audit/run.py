@@ -81,6 +81,8 @@ def audit(
     lost: list[LostMessage] = []
     for batch in kafka.read(spans):
         seen = [keyer(m) for m in batch]
+        if options.since is not None:  # offsets_for_times only finds the first: timestamps
+            seen = [s for s in seen if s.timestamp is None or s.timestamp >= options.since]
         records = store.get_many([s.key for s in seen if s.key is not None])
         for s in seen:
             verdict = judge(s, None if s.key is None else records.get(s.key))
