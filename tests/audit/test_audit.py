@@ -442,3 +442,27 @@ def test_the_report_names_the_first_lost_messages_and_counts_them_all(
     ]
     assert seen[0] == (455, 0, 0) and seen[-1] == (455, 455, 455)
     assert [d for _, d, _ in seen] == sorted(d for _, d, _ in seen)
+
+
+def test_a_transactional_group_on_postgres_is_audited_like_any_other(
+    kafka_broker: KafkaBroker, postgres_server: Any
+) -> None:
+    """--transactional: claim, the handler's SQL and completion commit together; the keys
+    are the same records, so audit reads them as it reads any."""
+    url = postgres_server.url(schema=unique_schema())
+    with open_store(url) as store:
+        store.provision()
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=1)
+    produce(kafka_broker, topic, keyed(30))
+
+    def book(event: Event, ctx: Any) -> int:
+        ctx.connection.execute("SELECT 1")  # the handler's own SQL, in the key's transaction
+        return int(event.json()["n"])
+
+    summary = consume(kafka_broker, url, topic, group, book, transactional=True, max_messages=20)
+    assert summary.counts["executed"] == 20
+    commit(kafka_broker, topic, group, {0: 25})
+    report = run_audit(kafka_broker, url, topic, group)
+    assert counts(report) == {"done": 20, "lost": 5, "pending": 5}
+    assert [(m.offset, m.key) for m in report.lost] == [(o, f"k-{o}") for o in range(20, 25)]
