@@ -148,6 +148,11 @@ def audit(
         kafka_config=kafka,
     )
     with cli_store(ctx) as store, _progress(ctx) as on_progress:
+        if store.url.startswith("memory:"):
+            raise ConfigError(
+                "audit reads the store the group's consumers wrote, and a memory:// store "
+                "lives in one process: give that store's URL (--store, IDEMCTL_STORE)"
+            )
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails here
         report = run_audit(store, options, on_progress=on_progress)
     failing = report.failing(failing_on)

@@ -105,6 +105,8 @@ def test_a_clean_run_audits_ok_and_bad_options_are_usage_errors(
         refused = on(url, *audit_args(kafka_broker, topic, group), *bad)
         assert refused.exit_code == 2, (bad, refused.stderr)
         assert says in refused.stderr, (bad, refused.stderr)
+    memory = on("memory://", *audit_args(kafka_broker, topic, group))
+    assert memory.exit_code == 2 and "memory:// store lives in one process" in memory.stderr
     unknown = on(url, *audit_args(kafka_broker, "no-such-topic", group))
     assert unknown.exit_code in (2, 7), unknown.stderr
     assert "no-such-topic" in unknown.stderr
