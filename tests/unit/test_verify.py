@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from idemctl.errors import ConfigError
-from idemctl.harness import verify
 from idemctl.harness.scratch import Scratch, with_option
-from idemctl.harness.verify import (
+from idemctl.harness.verify import consumers as processes
+from idemctl.harness.verify.consumers import _Consumers
+from idemctl.harness.verify.plan import (
     REBALANCE_EVERY,
     STALLED,
     Effect,
@@ -24,7 +25,6 @@ from idemctl.harness.verify import (
     Plan,
     Report,
     _Chaos,
-    _Consumers,
     _Messages,
     judge,
     percentile,
@@ -189,7 +189,7 @@ def test_ctrl_c_while_a_consumer_starts_leaves_no_consumer_running(
         os.kill(os.getppid(), signal.SIGINT)
         time.sleep(1.0)
 
-    monkeypatch.setattr(verify, "_term_with_parent", ctrl_c_then_slow_exec)
+    monkeypatch.setattr(processes, "_term_with_parent", ctrl_c_then_slow_exec)
     before = children()
     # Ctrl-C as an interactive Python gets it: a run started in the background (CI's) has
     # SIGINT ignored, and Python then leaves it so.

@@ -20,7 +20,7 @@ import pytest
 
 from idemctl import open_store
 from idemctl.harness.scratch import Scratch
-from idemctl.harness.verify import Plan, _Messages
+from idemctl.harness.verify.plan import Plan, _Messages
 from tests.backends import unique_prefix, unique_schema
 from tests.cli.helpers import validate
 from tests.servers import KafkaBroker, ctrl_c_reaches_it

@@ -1,0 +1,221 @@
+"""verify's ``idemctl consume`` processes and the ledger their recording handler writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from idemctl.errors import ConfigError
+from idemctl.harness.recorder import LEDGER
+from idemctl.harness.scratch import Scratch
+from idemctl.harness.verify.plan import HANDLER, KAFKA_DEFAULTS, POISON, Effect, Plan
+
+
+class _Ledger:
+    """The recording handler's ledger: a file read as it grows, or (transactional mode) the
+    PostgreSQL table, read on a store kept open for the run."""
+
+    def __init__(self, folder: Path, scratch: Scratch, transactional: bool) -> None:
+        self.table = scratch.ledger_table if transactional else None
+        self.path = folder / "ledger.txt"
+        self.path.touch()
+        self._store: Any = scratch.store() if self.table else None  # closed by __exit__
+        self._read = 0
+        self._effects: list[Effect] = []
+
+    def __enter__(self) -> _Ledger:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    @property
+    def env(self) -> str:
+        return f"table:{self.table}" if self.table else f"file:{self.path}"
+
+    def _sql(self, sql: str) -> list[tuple[Any, ...]]:
+        with self._store.connection() as conn:
+            return conn.execute(sql).fetchall()  # type: ignore[no-any-return]
+
+    def effects(self) -> list[Effect]:
+        """Every effect recorded, in the order written."""
+        if self.table:
+            rows = self._sql(f"SELECT key, pid, sent, handled FROM {self.table} ORDER BY n")  # noqa: S608 - our table
+            return [Effect(k, int(p), float(s), float(h)) for k, p, s, h in rows]
+        with self.path.open("rb") as f:
+            f.seek(self._read)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._read += len(complete)
+        for line in complete.decode().splitlines():
+            key, pid, sent, handled, _token = line.split()
+            self._effects.append(Effect(key, int(pid), float(sent), float(handled)))
+        return self._effects
+
+    def count(self) -> int:
+        if self.table:
+            return int(self._sql(f"SELECT count(*) FROM {self.table}")[0][0])  # noqa: S608
+        return len(self.effects())
+
+
+class _Consumers:
+    """The ``idemctl consume`` processes, each in a session of its own, logging to a file."""
+
+    def __init__(self, plan: Plan, scratch: Scratch, topic: str, ledger: _Ledger, folder: Path):
+        self.plan, self.folder = plan, folder
+        # The store URL and Kafka settings (passwords among them) reach the processes
+        # through their environment, named by a config file: never on a command line,
+        # which anyone on the machine can read.
+        kafka = {**KAFKA_DEFAULTS, **plan.kafka_config}
+        secrets = {"IDEMCTL_STORE": scratch.url}
+        secrets |= {f"IDEMCTL_VERIFY_KAFKA_{i}": v for i, v in enumerate(kafka.values())}
+        config = {"kafka": {k: f"${{IDEMCTL_VERIFY_KAFKA_{i}}}" for i, k in enumerate(kafka)}}
+        (folder / "idemctl.yaml").write_text(json.dumps(config, indent=2))  # JSON is YAML
+        self.command = [
+            sys.executable, "-m", "idemctl", "--config", str(folder / "idemctl.yaml"),
+            "consume", "--brokers", plan.brokers, "--topic", topic, "--group", topic,
+            "--handler", HANDLER, "--permanent-errors", POISON, "--dlq-topic", f"{topic}.dlq",
+            "--batch-size", str(plan.batch_size), "--lease", f"{plan.lease}s",
+            "--backoff", "200ms", "--join-timeout", "0",
+        ]  # fmt: skip
+        if plan.transactional:
+            self.command.append("--transactional")
+        if plan.sabotage == "no-claim":
+            self.command += ["--key", "offset"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IDEMCTL_")}
+        self.env = {**env, **secrets, LEDGER: ledger.env, "PYTHONUNBUFFERED": "1"}
+        self.running: list[subprocess.Popen[bytes]] = []
+        self.extra: subprocess.Popen[bytes] | None = None
+        self.leaving: list[subprocess.Popen[bytes]] = []
+        self.killed: dict[int, float] = {}
+        self.exits = self.rebalances = 0
+        self._started = 0
+        self.logs: dict[int, int] = {}
+        """PID -> the number of its log file."""
+        self.spawned: list[subprocess.Popen[bytes]] = []
+        """Every process started, recorded before Ctrl-C can land: kill_all's list."""
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """A consume process. It is started from verify's main thread, and on Linux gets
+        SIGTERM (drain, exit) when that thread dies: a verify killed outright leaves no
+        consumer running for ever behind it."""
+        self._started += 1
+        log_path = self.folder / f"consumer-{self._started}.log"
+        with _interrupts_deferred(), log_path.open("wb") as log:
+            # preexec_fn only calls prctl, looked up beforehand: no import, lock or log in
+            # the child that another thread of ours could hold at the fork
+            proc = subprocess.Popen(  # noqa: S603 - our own argv
+                self.command, cwd=self.folder, env=self.env, stdout=log, stderr=log,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_term_with_parent,  # noqa: PLW1509
+            )  # fmt: skip
+            self.logs[proc.pid] = self._started
+            self.spawned.append(proc)
+        return proc
+
+    def start_all(self) -> None:
+        self.running = [self.start() for _ in range(self.plan.consumers)]
+
+    def kill_one(self, rng: random.Random) -> None:
+        index = rng.randrange(len(self.running))
+        victim = self.running[index]
+        self.killed[victim.pid] = time.time()
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        self.running[index] = self.start()
+
+    def rebalance(self) -> None:
+        """A consumer joins, or the one that joined leaves (SIGTERM: it drains first)."""
+        if self.extra is None:
+            self.extra = self.start()
+        else:
+            self.extra.send_signal(signal.SIGTERM)
+            self.leaving.append(self.extra)
+            self.extra = None
+        self.rebalances += 1
+
+    def watch(self) -> None:
+        """Restart a consumer that exited by itself; a usage error (exit 2) stops verify."""
+        for i, proc in enumerate(self.running):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            self.exits += 1
+            if rc == 2:
+                raise ConfigError(f"a consume process refused to start:\n{self.log_tail(proc)}")
+            self.running[i] = self.start()
+
+    def log_tail(self, proc: subprocess.Popen[bytes], lines: int = 15) -> str:
+        path = self.folder / f"consumer-{self.logs[proc.pid]}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    @property
+    def every(self) -> list[subprocess.Popen[bytes]]:
+        return [*self.running, *([self.extra] if self.extra else []), *self.leaving]
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM (drain and commit), then SIGKILL for any still there after ``grace``."""
+        procs = self.every
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def kill_all(self) -> None:
+        for proc in self.spawned:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (verify's own handlers) wait until the block ends. A process
+    started in it is recorded before they land: Popen waits for the child's exec, and an
+    interrupt raised there or before the record would leave a consumer running unseen,
+    writing dead letters to a topic the clean-up has just deleted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)  # now, to the handler that was there
+
+
+_PRCTL = None
+if sys.platform == "linux":
+    import ctypes
+
+    with suppress(OSError, AttributeError):
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+
+
+def _term_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it dies (Linux's
+    PR_SET_PDEATHSIG; a no-op elsewhere)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)
