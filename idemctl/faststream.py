@@ -50,25 +50,33 @@ from idemctl.consume.deadletter import (
     dead_letter_topic,
     fqcn,
 )
-from idemctl.consume.loop import MAX_BACKOFF, failure_verdict
 from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.policy import (
+    DEAD_LETTERED,
+    MAX_BACKOFF,
+    REFUSED,
+    SKIPPED,
+    Act,
+    Breaker,
+    Keying,
+    Refusals,
+    decide,
+    keyword,
+    log_line,
+)
 from idemctl.errors import (
+    ConfigError,
+    ConsumeAborted,
     IdemctlError,
-    InvalidKey,
-    InvalidPayload,
     MissingDriver,
     StoreUnavailable,
 )
 from idemctl.keys import (
     DEFAULT_KEY_STRATEGY,
     Message,
-    MissingField,
-    key_strategy,
-    order_strategy,
-    unusable_reason,
 )
 from idemctl.model import JSON, Order
-from idemctl.runner import Context, Outcome, RunResult
+from idemctl.runner import Context, RunResult
 
 try:
     # aiokafka ships no type information (no py.typed): untyped here.
@@ -175,18 +183,12 @@ class IdempotencyMiddleware:
         # A bad URL or a missing driver fails here; connections are made on first use.
         self._opened = isinstance(store, str)
         self.store: AsyncStore = aio.open_store(store) if isinstance(store, str) else store
-        self._strategy = key_strategy(key)
-        self._offset_key = key_strategy("offset")
-        self._order = (
-            None if order_key is None or sequence is None else order_strategy(order_key, sequence)
-        )
-        self._first = True
+        self._keying = Keying(self.options, keyword)
         self._groupless: set[int] = set()
         self._holds: weakref.WeakKeyDictionary[Any, _Holds] = weakref.WeakKeyDictionary()
         self._dead_letters = _DeadLetters(dlq_timeout, dict(dlq_config or {}))
-        self._refusals: dict[tuple[str, int], int] = {}
-        self._storm_reason: str | None = None
-        self._storm = 0
+        self._refusals = Refusals(backoff)
+        self._breaker = Breaker(dlq_breaker)
 
     def __call__(
         self, msg: Any | None, /, *, context: ContextRepo
@@ -234,40 +236,11 @@ class IdempotencyMiddleware:
         message = Message(
             record.topic, record.partition, record.offset, record.value, record.headers or ()
         )
-        first, self._first = self._first, False
-        o = self.options
         try:
-            item.key = self._strategy(message)
-            item.order = None if self._order is None else self._order(message)
-            item.fingerprint = message.fingerprint()
-        except (InvalidKey, InvalidPayload) as exc:
-            if first and isinstance(exc, MissingField) and o.on_missing_key == "dlq":
-                _refuse(
-                    consumer,
-                    [record],
-                    f"key={o.key!r} cannot work: the first message, {where}, is a JSON "
-                    f"object but {exc}; stopping before anything is claimed or dead-lettered",
-                )
-            reason = unusable_reason(exc)
-            if o.on_missing_key == "offset":
-                try:
-                    fingerprint = message.fingerprint()
-                except InvalidPayload:
-                    fingerprint = None  # the offset is the key: nothing to compare it with
-                item.key, item.fingerprint, item.order = (
-                    self._offset_key(message),
-                    fingerprint,
-                    None,
-                )
-            elif o.on_missing_key in ("stop", "fail"):
-                _refuse(
-                    consumer,
-                    [record],
-                    f"message {where}: {reason} ({exc}); stopping "
-                    f"(on_missing_key={o.on_missing_key!r})",
-                )
-            else:
-                item.key, item.bad = None, (reason, str(exc))
+            a = self._keying.admit(message)
+        except (ConfigError, ConsumeAborted) as exc:  # the key template, on_missing_key stop
+            _refuse(consumer, [record], str(exc))
+        item.key, item.fingerprint, item.order, item.bad = a.key, a.fingerprint, a.order, a.bad
         return item
 
     # Running it ------------------------------------------------------------------------------
@@ -316,61 +289,27 @@ class IdempotencyMiddleware:
         return await self._act(item, result)
 
     async def _act(self, item: _Item, result: RunResult) -> _Done:
-        """What a RunResult comes to in Kafka: ``idemctl consume``'s table."""
-        o, outcome = self.options, result.outcome
-        if outcome in (Outcome.EXECUTED, Outcome.REPLAYED):
+        """What a RunResult comes to in Kafka: the policy's ``decide``, as for consume."""
+        d = decide(result, self.options, item.key, item.order)
+        if d.act is Act.DEAD_LETTER:
+            done = await self._dead_letter(item, d.reason, d.detail, d.error)
+            if done is _Done.FINISHED and d.outcome:
+                self._count(d.outcome)
+            return done
+        if d.act is Act.FINISH and d.outcome != "stale":
             item.result = result.result
-            self._count(outcome.value)
+            self._count(d.outcome)
             return _Done.RESULT
-        if outcome in (Outcome.BUSY, Outcome.LEASE_LOST):
-            log.debug(
-                "%s %s: key %r; holding its partition %.1fs",
-                outcome.value,
-                item.where,
-                item.key,
-                o.backoff,
-                extra=_about(item, outcome.value),
-            )
-            self._hold(item, o.backoff, outcome.value)
-            return _Done.HELD
-        if outcome is Outcome.MISMATCH:
-            detail = f"key {item.key!r} was seen before with another payload"
-            return await self._dead_letter(item, "fingerprint mismatch", detail)
-        if outcome is Outcome.FAILED:
-            error = result.record.error if result.record else None
-            return await self._dead_letter(item, "failed before", error or "")
-        if outcome is Outcome.STALE:
-            order = item.order
-            detail = (
-                f"entity {order.entity!r} applied sequence {result.last}; this event is "
-                f"{order.sequence}"
-                if order is not None
-                else "the entity applied a later sequence"
-            )
-            if o.on_stale == "dlq":
-                done = await self._dead_letter(item, "stale event", detail)
-                if done is _Done.FINISHED:
-                    self._count("stale")
-                return done
-            self._count("stale")
-            log.info("stale %s: %s: skipped", item.where, detail, extra=_about(item, "stale"))
+        if d.act is Act.PENDING:  # the single runner never leaves a key to a batch
+            raise AssertionError(f"run() does not answer {result.outcome}")
+        level, text, args = log_line(d, item.where, item.key)
+        more = {"attempt": d.attempt} if d.outcome == "retried" else {}
+        getattr(log, level)(text, *args, extra=_about(item, d.outcome, **more))
+        if d.act is Act.FINISH:  # stale, skipped
+            self._count(d.outcome)
             return _Done.FINISHED
-        if outcome is Outcome.ERROR:
-            verdict = failure_verdict(result, o.max_attempts, o.backoff)
-            if verdict.dead_letter is not None:
-                return await self._dead_letter(
-                    item, verdict.dead_letter, verdict.error, result.error
-                )
-            log.info(
-                "%s failed (attempt %d), retrying: %s",
-                item.key,
-                verdict.attempt,
-                verdict.error,
-                extra=_about(item, "retried", attempt=verdict.attempt),
-            )
-            self._hold(item, verdict.retry_in, "retried")
-            return _Done.HELD
-        raise AssertionError(f"run() does not answer {outcome}")
+        self._hold(item, d.delay, d.outcome)
+        return _Done.HELD
 
     async def _unusable(self, item: _Item) -> _Done:
         """A message without a usable key: dead-lettered, or passed by (``skip``)."""
@@ -380,10 +319,11 @@ class IdempotencyMiddleware:
             return await self._dead_letter(item, reason, detail)
         self._count("skipped")
         log.warning(
-            "skipped %s: %s: %s (on_missing_key='skip')",
+            SKIPPED,
             item.where,
             reason,
             detail,
+            keyword("on_missing_key", "skip"),
             extra=_about(item, "skipped", reason=reason),
         )
         return _Done.FINISHED
@@ -410,11 +350,9 @@ class IdempotencyMiddleware:
         refused = await self._dead_letters.send(item, topic, headers)
         tp = (record.topic, record.partition)
         if refused is not None:
-            n = self._refusals[tp] = self._refusals.get(tp, 0) + 1
-            wait = min(o.backoff * 2 ** (n - 1), MAX_BACKOFF)
+            wait = self._refusals.refused(tp)
             log.warning(
-                "%s (%s) is neither handled nor dead-lettered: %s; holding its partition "
-                "there, trying again in %.1fs; nothing past it is committed",
+                REFUSED,
                 item.where,
                 reason,
                 refused,
@@ -423,35 +361,30 @@ class IdempotencyMiddleware:
             )
             self._hold(item, wait, "dead_letter_refused")
             return _Done.HELD
-        self._refusals.pop(tp, None)
+        self._refusals.accepted(tp)
         self._count("dead_lettered")
         self.summary.dead_letters[reason] += 1
         log.warning(
-            "dead-lettered %s to %s: %s: %s",
+            DEAD_LETTERED,
             item.where,
             topic,
             reason,
             detail,
             extra=_about(item, "dead_lettered", reason=reason, dlq_topic=topic),
         )
-        if self._storm_reason != reason:
-            self._storm_reason, self._storm = reason, 0
-        self._storm += 1
-        if o.dlq_breaker and self._storm >= o.dlq_breaker:
+        if self._breaker.dead_lettered(reason):
             _refuse(
                 item.consumer,
                 [record],
-                f"{self._storm} messages in a row were dead-lettered for the same reason "
-                f"({reason}: {detail}); stopping (dlq_breaker={o.dlq_breaker}): they are in "
-                f"{topic}, and the last was not committed. Fix the cause (often key= or the "
-                "handler) and start again",
+                f"{self._breaker.storm(detail, topic, keyword)}, and the last was not "
+                "committed. Fix the cause (often key= or the handler) and start again",
             )
         return _Done.FINISHED
 
     def _count(self, outcome: str) -> None:
         self.summary.counts[outcome] += 1
         if outcome in ("executed", "replayed"):
-            self._storm_reason, self._storm = None, 0
+            self._breaker.ran()
 
     # Kafka's part ----------------------------------------------------------------------------
 

@@ -31,25 +31,30 @@ from typing import TYPE_CHECKING, Any
 from idemctl.consume.deadletter import DeadLetters, kafka_text
 from idemctl.consume.event import Event
 from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.policy import (
+    DEAD_LETTERED,
+    MAX_BACKOFF,
+    REFUSED,
+    SKIPPED,
+    Act,
+    Breaker,
+    Keying,
+    Refusals,
+    decide,
+    flag,
+    log_line,
+)
 from idemctl.consume.traced import Tracing
 from idemctl.consume.watch import Watch, kafka_log, log
 from idemctl.drivers import require
 from idemctl.errors import (
-    AttemptsExhausted,
     ConfigError,
-    ConsumeAborted,
     ConsumeStopped,
-    InvalidKey,
-    InvalidPayload,
     KafkaUnavailable,
     StoreUnavailable,
 )
 from idemctl.keys import (
     Message,
-    MissingField,
-    key_strategy,
-    order_strategy,
-    unusable_reason,
 )
 from idemctl.model import ClaimRequest, Order
 from idemctl.runner import Batch, Context, Outcome, RunResult
@@ -60,7 +65,6 @@ if TYPE_CHECKING:
     from idemctl.consume.event import Handler
     from idemctl.stores.base import Store
 
-MAX_BACKOFF = 60.0
 HELD, RAN, EXECUTED = Outcome.HELD, Outcome.RAN, Outcome.EXECUTED
 Hold = tuple[float, str]
 """Hold a partition at a message: seconds to wait, and why (the summary's count)."""
@@ -106,15 +110,9 @@ class Consumer(Watch):
         super().__init__(on_progress, options.stall_timeout)
         self.store, self.handler, self.options = store, handler, options
         self.summary = Summary()
-        self._strategy = key_strategy(options.key)
-        self._order = (
-            order_strategy(options.order_key, options.sequence)
-            if options.order_key is not None and options.sequence is not None
-            else None
-        )
+        self._keying = Keying(options)
         self._gap_since: dict[tuple[str, int, int], float] = {}
         """--contiguous: when each message held for a missing predecessor was first held."""
-        self._offset_strategy = key_strategy("offset")
         self._stop = threading.Event()
         self._counting = threading.Lock()
         self._pool: ThreadPoolExecutor | None = (
@@ -128,13 +126,9 @@ class Consumer(Watch):
         before that offset comes round again was fetched before the seek."""
         self._kafka: Any = None
         self._dlq: DeadLetters | None = None
-        self._refusals: dict[tuple[str, int], int] = {}
-        """Dead letters refused in a row, by partition: the back-off doubles with each."""
-        self._storm_reason: str | None = None
-        self._storm = 0
+        self._refusals = Refusals(options.backoff)
+        self._breaker = Breaker(options.dlq_breaker)
         self._storm_tripped: str | None = None
-        self._first_keyed = False
-        self._actions = self._table()
         self._work = Batch(
             store,
             lease=options.lease,
@@ -170,7 +164,7 @@ class Consumer(Watch):
         with self._counting:
             self.summary.counts[outcome] += n
             if outcome in ("executed", "replayed"):
-                self._storm_reason, self._storm = None, 0
+                self._breaker.ran()
 
     # The loop -----------------------------------------------------------------------------
 
@@ -337,36 +331,10 @@ class Consumer(Watch):
         self._store_offsets(list(by_partition.values()))
 
     def _keyed(self, m: Any, tp: tuple[str, int]) -> _Item:
-        """The message with its key and fingerprint, or why it has none usable: a bad
-        message goes to the dead-letter topic (or ``on_missing_key``); a key template the
-        very first message cannot fill stops the consumer."""
-        message = Message(tp[0], tp[1], m.offset(), m.value(), m.headers() or ())
-        first, self._first_keyed = not self._first_keyed, True
-        o = self.options
-        try:
-            key = self._strategy(message)
-            order = None if self._order is None else self._order(message)
-            return _Item(m, tp, message.offset, key, message.fingerprint(), order=order)
-        except (InvalidKey, InvalidPayload) as exc:
-            if first and isinstance(exc, MissingField) and o.on_missing_key == "dlq":
-                raise ConfigError(
-                    f"--key {o.key} cannot work: the first message, "
-                    f"{m.topic()}[{m.partition()}]@{m.offset()}, is a JSON object but {exc}; "
-                    "stopping before anything is claimed or dead-lettered"
-                ) from None
-            reason = unusable_reason(exc)
-            if o.on_missing_key == "offset":
-                try:
-                    fp = message.fingerprint()
-                except InvalidPayload:
-                    fp = None  # the offset is the key: nothing to compare it with
-                return _Item(m, tp, message.offset, self._offset_strategy(message), fp)
-            if o.on_missing_key in ("stop", "fail"):
-                raise ConsumeAborted(
-                    f"message {m.topic()}[{m.partition()}]@{m.offset()}: {reason} ({exc}); "
-                    f"stopping (--on-missing-key {o.on_missing_key})"
-                ) from None
-            return _Item(m, tp, message.offset, bad=(reason, str(exc)))
+        """The message with its key and fingerprint, or why it has none usable (the
+        policy's ``Keying.admit``)."""
+        a = self._keying.admit(Message(tp[0], tp[1], m.offset(), m.value(), m.headers() or ()))
+        return _Item(m, tp, m.offset(), a.key, a.fingerprint, a.bad, order=a.order)
 
     def _round(self, items: list[_Item]) -> None:
         """Claim, run and complete ``items`` (distinct keys), partitions in order, side by
@@ -459,7 +427,7 @@ class Consumer(Watch):
             [
                 (
                     [ClaimRequest(i.key, i.fingerprint) for i in chunk if i.key is not None],
-                    [i.order for i in chunk if i.key is not None] if self._order else (),
+                    [i.order for i in chunk if i.key is not None] if self._keying.ordered else (),
                 )
                 for chunk in chunks
             ]
@@ -584,103 +552,30 @@ class Consumer(Watch):
         return None
 
     def _act(self, item: _Item, result: RunResult) -> Hold | None:
-        """What a RunResult comes to in Kafka, by the one table (``_actions``), for both
-        modes: None when the message is finished (or its completion is on its way), else
-        how long to hold its partition and why."""
-        return self._actions[result.outcome](item, result)
-
-    def _table(self) -> dict[Outcome, Callable[[_Item, RunResult], Hold | None]]:
-        backoff = self.options.backoff
-
-        def finished(item: _Item, result: RunResult) -> None:
-            item.done, item.outcome = True, result.outcome.value
-            self._count(result.outcome.value)
-
-        def on_its_way(item: _Item, result: RunResult) -> None:
-            """Completed (or not) by the batch: its answer comes back to this table."""
-
-        def wait(item: _Item, result: RunResult) -> Hold:
-            outcome = result.outcome.value
-            log.debug(
-                "%s %s[%d]@%d: key %r; holding its partition %.1fs",
-                outcome,
-                *item.tp,
-                item.offset,
-                item.key,
-                backoff,
-                extra=_about(item, outcome),
-            )
-            return backoff, outcome
-
-        def unavailable(item: _Item, result: RunResult) -> Hold:
-            log.warning(
-                "store unavailable, will retry: %s",
-                result.error,
-                extra=_about(item, "store_unavailable"),
-            )
-            return backoff, "store_unavailable"
-
-        def mismatch(item: _Item, result: RunResult) -> Hold | None:
-            detail = f"key {item.key!r} was seen before with another payload"
-            return self._dead_letter(item, "fingerprint mismatch", detail)
-
-        def failed_before(item: _Item, result: RunResult) -> Hold | None:
-            error = result.record.error if result.record else None
-            return self._dead_letter(item, "failed before", error or "")
-
-        def stale(item: _Item, result: RunResult) -> Hold | None:
-            o, m = item.order, item.msg
-            detail = (
-                f"entity {o.entity!r} applied sequence {result.last}; this event is {o.sequence}"
-                if o is not None
-                else "the entity applied a later sequence"
-            )
-            if self.options.on_stale == "dlq":
-                wait = self._dead_letter(item, "stale event", detail)
-                if wait is None:
-                    self._count("stale")
-                return wait
-            item.done, item.outcome = True, "stale"
-            self._count("stale")
-            log.info(
-                "stale %s[%d]@%d: %s: skipped",
-                m.topic(),
-                m.partition(),
-                m.offset(),
-                detail,
-                extra=_about(item, "stale", entity=None if o is None else o.entity),
-            )
-            return None
-
-        return {
-            Outcome.EXECUTED: finished,
-            Outcome.REPLAYED: finished,
-            Outcome.RAN: on_its_way,
-            Outcome.RELEASED: on_its_way,
-            Outcome.HELD: on_its_way,
-            Outcome.BUSY: wait,
-            Outcome.LEASE_LOST: wait,
-            Outcome.UNAVAILABLE: unavailable,
-            Outcome.MISMATCH: mismatch,
-            Outcome.FAILED: failed_before,
-            Outcome.STALE: stale,
-            Outcome.ERROR: self._failure,
-        }
-
-    def _failure(self, item: _Item, result: RunResult) -> Hold | None:
-        """A handler failed on its ``attempt``-th run (or was not run again: AttemptsExhausted):
-        a back-off before the retry, or a dead letter."""
-        verdict = failure_verdict(result, self.options.max_attempts, self.options.backoff)
-        if verdict.dead_letter is not None:
-            return self._dead_letter(item, verdict.dead_letter, verdict.error, result.error)
-        log.info(
-            "%s failed (attempt %d), retrying: %s",
-            item.key,
-            verdict.attempt,
-            verdict.error,
-            extra=_about(item, "retried", attempt=verdict.attempt),
-        )
-        return verdict.retry_in, "retried"
+        """What a RunResult comes to in Kafka, by the policy's ``decide``, for both modes:
+        None when the message is finished (or its completion is on its way), else how long
+        to hold its partition and why."""
+        d = decide(result, self.options, item.key, item.order)
+        if d.act is Act.PENDING:
+            return None  # completed (or not) by the batch: its answer comes back here
+        if d.act is Act.DEAD_LETTER:
+            wait = self._dead_letter(item, d.reason, d.detail, d.error)
+            if wait is None and d.outcome:
+                self._count(d.outcome)
+            return wait
+        if d.act is Act.FINISH:
+            item.done, item.outcome = True, d.outcome
+            self._count(d.outcome)
+            if d.outcome != "stale":
+                return None
+        level, text, args = log_line(d, f"{item.tp[0]}[{item.tp[1]}]@{item.offset}", item.key)
+        more: dict[str, Any] = {}
+        if d.outcome == "stale":
+            more["entity"] = item.order.entity if item.order else None
+        elif d.outcome == "retried":
+            more["attempt"] = d.attempt
+        getattr(log, level)(text, *args, extra=_about(item, d.outcome, **more))
+        return None if d.act is Act.FINISH else (d.delay, d.outcome)
 
     def _unusable(self, item: _Item) -> Hold | None:
         """A message that cannot be claimed: dead-lettered, or passed by (``skip``)."""
@@ -692,12 +587,11 @@ class Consumer(Watch):
         self._count("skipped")
         m = item.msg
         log.warning(
-            "skipped %s[%d]@%d: %s: %s (--on-missing-key skip)",
-            m.topic(),
-            m.partition(),
-            m.offset(),
+            SKIPPED,
+            f"{m.topic()}[{m.partition()}]@{m.offset()}",
             reason,
             detail,
+            flag("on_missing_key", "skip"),
             extra=_about(item, "skipped", reason=reason),
         )
         return None
@@ -736,32 +630,27 @@ class Consumer(Watch):
         else:  # the dead letter carries the trace on
             with self._trace.dead_letter(item.span, reason, self._dlq.topic(m)) as span:
                 refused = self._dlq.send(m, reason, detail, exc, span)
+        where = f"{m.topic()}[{m.partition()}]@{m.offset()}"
         if refused is not None:
-            n = self._refusals[tp] = self._refusals.get(tp, 0) + 1
-            wait = min(self.options.backoff * 2 ** (n - 1), MAX_BACKOFF)
+            wait = self._refusals.refused(tp)
             log.warning(
-                "%s[%d]@%d (%s) is neither handled nor dead-lettered: %s; holding its "
-                "partition there, trying again in %.1fs; nothing past it is committed",
-                m.topic(),
-                m.partition(),
-                m.offset(),
+                REFUSED,
+                where,
                 reason,
                 refused,
                 wait,
                 extra=_about(item, "dead_letter_refused", reason=reason),
             )
             return wait, "dead_letter_refused"
-        self._refusals.pop(tp, None)
+        self._refusals.accepted(tp)
         item.done, item.outcome = True, "dead_lettered"
         self._count("dead_lettered")
         with self._counting:
             self.summary.dead_letters[reason] += 1
         topic = self._dlq.topic(m)
         log.warning(
-            "dead-lettered %s[%d]@%d to %s: %s: %s",
-            m.topic(),
-            m.partition(),
-            m.offset(),
+            DEAD_LETTERED,
+            where,
             topic,
             reason,
             detail,
@@ -771,17 +660,12 @@ class Consumer(Watch):
         return None
 
     def _storm_count(self, reason: str, detail: str, topic: str) -> None:
-        breaker = self.options.dlq_breaker
         with self._counting:
-            if reason != self._storm_reason:
-                self._storm_reason, self._storm = reason, 0
-            self._storm += 1
-            if breaker and self._storm >= breaker and self._storm_tripped is None:
+            if self._breaker.dead_lettered(reason) and self._storm_tripped is None:
                 self._storm_tripped = (
-                    f"{self._storm} messages in a row were dead-lettered for the same reason "
-                    f"({reason}: {detail}); stopping (--dlq-breaker {breaker}): they are in "
-                    f"{topic}, and the offsets of this last batch were not committed. Fix the "
-                    "cause (often --key or the handler) and start again"
+                    f"{self._breaker.storm(detail, topic, flag)}, and the offsets of this last "
+                    "batch were not committed. Fix the cause (often --key or the handler) and "
+                    "start again"
                 )
 
     def _store_offsets(self, partitions: list[list[_Item]]) -> None:
@@ -800,34 +684,6 @@ class Consumer(Watch):
                 self._kafka.store_offsets(offsets=offsets)
             except KafkaException as exc:  # revoked meanwhile: the new owner goes on
                 log.debug("store offsets: %s", kafka_text(exc))
-
-
-@dataclass(frozen=True)
-class FailureVerdict:
-    """What a handler's failure (``Outcome.ERROR``) comes to in Kafka."""
-
-    error: str
-    """The exception as ``Type: message``."""
-    attempt: int
-    dead_letter: str | None
-    """The dead letter's reason when the message goes to the dead-letter topic now."""
-    retry_in: float
-    """Otherwise: seconds its partition waits before the message runs again."""
-
-
-def failure_verdict(result: RunResult, max_attempts: int, backoff: float) -> FailureVerdict:
-    """A handler failed on its ``attempt``-th run (or was not run again: AttemptsExhausted):
-    dead-letter it (its last allowed attempt, or a permanent failure), else retry it after
-    ``backoff`` doubled per attempt."""
-    exc = result.error
-    assert exc is not None
-    error = f"{type(exc).__name__}: {exc}"
-    attempt = result.attempt or 1
-    if isinstance(exc, AttemptsExhausted) or (result.retriable and attempt >= max_attempts):
-        return FailureVerdict(error, attempt, f"failed {max_attempts} times", 0.0)
-    if not result.retriable:
-        return FailureVerdict(error, attempt, "permanent failure", 0.0)
-    return FailureVerdict(error, attempt, None, float(backoff * 2 ** (attempt - 1)))
 
 
 def _about(item: _Item, outcome: str, **more: Any) -> dict[str, Any]:
