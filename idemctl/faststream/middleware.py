@@ -1,51 +1,18 @@
-"""FastStream: a Kafka subscriber made effectively-once, the way ``idemctl consume`` runs a
-handler: the same key strategies, outcomes, dead letters and fail-closed holds.
-
-    from faststream import FastStream
-    from faststream.kafka import KafkaBroker
-    from faststream.middlewares import AckPolicy
-    from idemctl.faststream import IdempotencyMiddleware
-    from idemctl.runner import current_context
-
-    idem = IdempotencyMiddleware("redis://127.0.0.1:6379/0", key="header:idempotency-key")
-    broker = KafkaBroker("localhost:9092", middlewares=[idem], ack_policy=AckPolicy.ACK)
-    app = FastStream(broker, after_shutdown=[idem.aclose])
-
-    @broker.subscriber("payments", group_id="billing", auto_offset_reset="earliest")
-    async def charge(payment: dict) -> dict:
-        ctx = current_context()  # key, fencing_token, attempt, takeover
-        ...
-
-The middleware owns the subscriber's offsets. A message is committed only once it is
-finished: its handler ran and its key completed, or the key was completed before (the stored
-result is returned, and published again by the subscriber's publishers), or it went to the
-dead-letter topic (acknowledged by the broker), or it was skipped. Anything else holds its
-partition at the message (seek back, pause, resume after a back-off), so it comes again:
-a key busy elsewhere, a retriable failure (until ``max_attempts``, counted in the store), a
-dead letter the broker refused; an unreachable store holds every partition of the
-consumer (fail closed). Subscribers that commit before their handler runs (FastStream's
-default ``AckPolicy.ACK_FIRST``: auto-commit) and batch subscribers are refused on their
-first message, which is not committed: the app stops. Subscribers without a ``group_id``
-(nothing they finish could be committed) are left alone, with a warning.
-"""
+"""``IdempotencyMiddleware``: a FastStream Kafka subscriber's messages keyed, claimed, run
+and committed or held by the shared policy (``idemctl.consume.policy``)."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import inspect
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from types import TracebackType
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 from idemctl import aio
 from idemctl.consume.deadletter import (
-    HEADROOM,
-    RECEIVE_MAX,
     dead_letter_headers,
     dead_letter_topic,
     fqcn,
@@ -75,15 +42,13 @@ from idemctl.keys import (
     DEFAULT_KEY_STRATEGY,
     Message,
 )
-from idemctl.model import JSON, Order
 from idemctl.runner import Context, RunResult
 
 try:
     # aiokafka ships no type information (no py.typed): untyped here.
-    from aiokafka import AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
-    from aiokafka.errors import IllegalStateError, KafkaError  # type: ignore[import-untyped]
+    from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
     from faststream import Context as FromContext
-    from faststream.exceptions import StopApplication, SubscriberNotFound
+    from faststream.exceptions import SubscriberNotFound
     from faststream.kafka.response import KafkaPublishCommand
     from faststream.middlewares import AckPolicy, BaseMiddleware
 except ModuleNotFoundError as exc:  # faststream, or aiokafka underneath its Kafka broker
@@ -98,7 +63,7 @@ if TYPE_CHECKING:
 
     from idemctl.aio import AsyncStore
 
-__all__ = ["IdemContext", "IdempotencyMiddleware"]
+from idemctl.faststream.aiokafka import _DeadLetters, _Holds, _Item, _refuse, _seek_back
 
 log = logging.getLogger("idemctl.faststream")
 
@@ -412,29 +377,6 @@ class _Done(StrEnum):
     """Not finished: its partition is held at it and it comes again."""
 
 
-@dataclass
-class _Item:
-    """One consumed record and what idemctl made of it."""
-
-    record: Any  # aiokafka.ConsumerRecord
-    subscriber: Any  # FastStream's Kafka subscriber
-    consumer: Any  # aiokafka.AIOKafkaConsumer: the subscriber's that fetched the record
-    group: str
-    topic: str
-    partition: int
-    offset: int
-    key: str | None = None
-    fingerprint: str | None = None
-    order: Order | None = None
-    bad: tuple[str, str] | None = None
-    """Why no key can be had from it (reason, detail): dead-lettered or skipped."""
-    result: JSON = None
-
-    @property
-    def where(self) -> str:
-        return f"{self.topic}[{self.partition}]@{self.offset}"
-
-
 class _Unpublished(Exception):
     """Raised out of ``consume_scope`` so FastStream publishes nothing for the message; the
     middleware's own exit swallows it."""
@@ -570,145 +512,6 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
             await self.message.nack()  # seeks back to it again, which a revoked one refuses
         except KafkaError as exc:  # revoked meanwhile: its new owner goes on from the commit
             log.debug("nack: %s", exc)
-
-
-class _Holds:
-    """The partitions of one Kafka consumer held back, and when each resumes."""
-
-    def __init__(self, consumer: Any) -> None:
-        self.consumer = consumer
-        self.until: dict[Any, float] = {}
-        self._timer: asyncio.TimerHandle | None = None
-
-    def hold(self, item: _Item, seconds: float, *, everything: bool) -> None:
-        tp = TopicPartition(item.topic, item.partition)
-        tps = set(self.consumer.assignment()) | {tp} if everything else {tp}
-        try:
-            self.consumer.pause(*tps)
-            self.consumer.seek(tp, item.offset)
-        except IllegalStateError as exc:  # revoked meanwhile: its new owner goes on from the commit
-            log.debug("hold %s: %s", item.where, exc)
-            return
-        loop = asyncio.get_running_loop()
-        at = loop.time() + seconds
-        for held in tps:
-            self.until[held] = max(self.until.get(held, 0.0), at)
-        self._schedule(loop)
-
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = (
-            loop.call_at(min(self.until.values()), self._resume_due) if self.until else None
-        )
-
-    def _resume_due(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        due = [tp for tp, at in self.until.items() if at <= now]
-        for tp in due:
-            del self.until[tp]
-            try:
-                self.consumer.resume(tp)
-            except (IllegalStateError, KafkaError) as exc:  # revoked or stopped meanwhile
-                log.debug("resume %s: %s", tp, exc)
-        self._timer = None
-        self._schedule(loop)
-
-
-class _DeadLetters:
-    """An aiokafka producer of dead letters, on the subscriber's connection: each dead
-    letter is sent alone and waited for until every in-sync replica has it (``acks=all``).
-    Not idempotent by default: with one record in flight at a time there is nothing to
-    reorder, and aiokafka's InitProducerId (v0 only) is refused by some Kafka-protocol
-    brokers; ``dlq_config={"enable_idempotence": True}`` turns it on."""
-
-    def __init__(self, timeout: float, overrides: dict[str, Any]) -> None:
-        self.timeout = timeout
-        self.overrides = overrides
-        self._producer: Any = None
-
-    async def send(
-        self, item: _Item, topic: str, headers: list[tuple[str, bytes | None]]
-    ) -> str | None:
-        """None once the broker acknowledged the dead letter, else why not (one line)."""
-        record = item.record
-        if "bootstrap_servers" not in self._config(item.subscriber):
-            return (
-                f"could not dead-letter to {topic}: the subscriber's bootstrap servers are "
-                "unknown; give dlq_config={'bootstrap_servers': ...}"
-            )
-        try:
-            producer = await self._start(item)
-            await asyncio.wait_for(
-                producer.send_and_wait(topic, record.value, key=record.key, headers=headers),
-                self.timeout,
-            )
-        except (KafkaError, TimeoutError) as exc:
-            await self.close()  # a new producer next time: nothing given up on arrives later
-            return f"could not dead-letter to {topic}: {type(exc).__name__}: {exc}"
-        return None
-
-    async def _start(self, item: _Item) -> Any:
-        if self._producer is None:
-            producer = AIOKafkaProducer(**self._config(item.subscriber))
-            try:
-                await producer.start()
-            except BaseException:
-                await producer.stop()
-                raise
-            self._producer = producer
-        return self._producer
-
-    def _config(self, subscriber: Any) -> dict[str, Any]:
-        """The consumer's connection settings that a producer takes, then what makes a dead
-        letter safe and able to carry any message the consumer can read."""
-        taken = inspect.signature(AIOKafkaProducer.__init__).parameters
-        connection = {k: v for k, v in _connection(subscriber).items() if k in taken}
-        return {
-            **connection,
-            "acks": "all",
-            "max_request_size": RECEIVE_MAX + HEADROOM,
-            "request_timeout_ms": max(int(self.timeout * 1000), 1),
-            **self.overrides,
-        }
-
-    async def close(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            await producer.stop()
-
-
-def _connection(subscriber: Any) -> dict[str, Any]:
-    """The settings the subscriber's consumers are built with (bootstrap servers, security,
-    client id): FastStream's consumer factory, ``subscriber.builder``, holds them."""
-    builder = getattr(subscriber, "builder", None)
-    if isinstance(builder, functools.partial):
-        return dict(builder.keywords)
-    return {}
-
-
-def _refuse(consumer: Any, records: Iterable[Any], text: str) -> NoReturn:
-    """Stop the app (FastStream's StopApplication) before ``records`` are committed, saying
-    why at CRITICAL."""
-    _seek_back(consumer, records)
-    log.critical("stopping: %s", text, extra={"idemctl": {"outcome": "stopped"}})
-    raise StopApplication
-
-
-def _seek_back(consumer: Any, records: Iterable[Any]) -> None:
-    """Each record's partition back to its earliest record: nothing past it is committed."""
-    if consumer is None or not hasattr(consumer, "seek"):
-        return
-    earliest: dict[Any, int] = {}
-    for r in records:
-        tp = TopicPartition(r.topic, r.partition)
-        earliest[tp] = min(earliest.get(tp, r.offset), r.offset)
-    for tp, offset in earliest.items():
-        try:
-            consumer.seek(tp, offset)
-        except IllegalStateError as exc:  # revoked meanwhile
-            log.debug("seek %s: %s", tp, exc)
 
 
 @functools.cache
