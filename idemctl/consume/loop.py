@@ -4,8 +4,9 @@ Per poll batch, in rounds of distinct keys: a ``runner.Batch`` claims every key 
 trip, runs the handlers of the keys it holds, completes each as its handler returns (from a
 completer thread, while later handlers run) and gives back those not run. This module does
 Kafka's part: polling, per-partition order, holding a partition (seek back, pause, back-off),
-dead letters and offsets, and turns each RunResult into a Kafka action in one table
-(``_table``), the same for batched and transactional mode.
+dead letters and offsets. What each message is and what each RunResult comes to in Kafka
+is the policy's (``consume.policy``, shared with the FastStream middleware); ``acting``
+carries its decisions out, the same for batched and transactional mode.
 
 Offsets are stored only for messages that are finished (completed, replayed, skipped, stale
 or dead-lettered), in partition order: a partition stops at its first unfinished message,
@@ -25,24 +26,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from idemctl.consume.acting import Acting
 from idemctl.consume.deadletter import DeadLetters, kafka_text
-from idemctl.consume.event import Event
+from idemctl.consume.item import Hold, Item, Stop, about, chunks, fields, while_done
 from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.consume.policy import (
-    DEAD_LETTERED,
     MAX_BACKOFF,
-    REFUSED,
-    SKIPPED,
-    Act,
     Breaker,
     Keying,
     Refusals,
-    decide,
-    flag,
-    log_line,
 )
 from idemctl.consume.traced import Tracing
 from idemctl.consume.watch import Watch, kafka_log, log
@@ -56,7 +50,7 @@ from idemctl.errors import (
 from idemctl.keys import (
     Message,
 )
-from idemctl.model import ClaimRequest, Order
+from idemctl.model import ClaimRequest
 from idemctl.runner import Batch, Context, Outcome, RunResult
 from idemctl.runner.batch import Ahead
 from idemctl.runner.ordering import missing_predecessor
@@ -66,37 +60,9 @@ if TYPE_CHECKING:
     from idemctl.stores.base import Store
 
 HELD, RAN, EXECUTED = Outcome.HELD, Outcome.RAN, Outcome.EXECUTED
-Hold = tuple[float, str]
-"""Hold a partition at a message: seconds to wait, and why (the summary's count)."""
 
 
-@dataclass(slots=True)
-class _Item:
-    msg: Any  # confluent_kafka.Message
-    tp: tuple[str, int]
-    offset: int
-    key: str | None = None
-    fingerprint: str | None = None
-    bad: tuple[str, str] | None = None
-    """Why the message cannot be claimed (reason, detail): it goes to the dead-letter topic,
-    or is skipped."""
-    done: bool = False
-    blocked: bool = False
-    order: Order | None = None
-    """With --order-key: the entity and sequence the guard orders this event by."""
-    outcome: str | None = None
-    """What it came to, once done (the summary's count it went to)."""
-    claim_ns: tuple[int, int] | None = None
-    span: Any = None
-    """With tracing: its claim's time, and its process span while it is open."""
-    ran_ns: int = 0
-
-
-_Stop = tuple[_Item, Hold] | None
-"""Where a partition's run stopped, and why: None when it went through."""
-
-
-class Consumer(Watch):
+class Consumer(Acting, Watch):
     """Runs ``handler`` for each message of ``options.topics``, effectively once per key."""
 
     def __init__(
@@ -157,14 +123,6 @@ class Consumer(Watch):
         """Drain and return (signal-safe): the running handlers finish, their keys are
         completed, the batch's other claims released, offsets stored and committed."""
         self._stop.set()
-
-    def _count(self, outcome: str, n: int = 1) -> None:
-        if not n:
-            return
-        with self._counting:
-            self.summary.counts[outcome] += n
-            if outcome in ("executed", "replayed"):
-                self._breaker.ran()
 
     # The loop -----------------------------------------------------------------------------
 
@@ -259,7 +217,7 @@ class Consumer(Watch):
 
     # Pausing ------------------------------------------------------------------------------
 
-    def _hold(self, item: _Item, seconds: float) -> None:
+    def _hold(self, item: Item, seconds: float) -> None:
         """Stop ``item``'s partition at it: seek back, pause, resume after ``seconds``."""
         from confluent_kafka import KafkaException, TopicPartition
 
@@ -290,7 +248,7 @@ class Consumer(Watch):
     # One batch ----------------------------------------------------------------------------
 
     def _batch(self, messages: list[Any]) -> None:
-        by_partition: dict[tuple[str, int], list[_Item]] = defaultdict(list)
+        by_partition: dict[tuple[str, int], list[Item]] = defaultdict(list)
         for m in messages:
             tp = (m.topic(), m.partition())
             if tp in self._paused:
@@ -305,10 +263,10 @@ class Consumer(Watch):
         # does an entity's second event: the first must settle before the guard can judge it.
         pending = [items for items in by_partition.values() if items]
         while pending:
-            round_items: list[_Item] = []
+            round_items: list[Item] = []
             seen: set[str] = set()
             entities: set[str] = set()
-            later: list[list[_Item]] = []
+            later: list[list[Item]] = []
             for items in pending:
                 for i, item in enumerate(items):
                     entity = None if item.order is None else item.order.entity
@@ -330,13 +288,13 @@ class Consumer(Watch):
             pending = [items for items in later if items[0].tp not in stopped]
         self._store_offsets(list(by_partition.values()))
 
-    def _keyed(self, m: Any, tp: tuple[str, int]) -> _Item:
+    def _keyed(self, m: Any, tp: tuple[str, int]) -> Item:
         """The message with its key and fingerprint, or why it has none usable (the
         policy's ``Keying.admit``)."""
         a = self._keying.admit(Message(tp[0], tp[1], m.offset(), m.value(), m.headers() or ()))
-        return _Item(m, tp, m.offset(), a.key, a.fingerprint, a.bad, order=a.order)
+        return Item(m, tp, m.offset(), a.key, a.fingerprint, a.bad, order=a.order)
 
-    def _round(self, items: list[_Item]) -> None:
+    def _round(self, items: list[Item]) -> None:
         """Claim, run and complete ``items`` (distinct keys), partitions in order, side by
         side with ``concurrency``. The claims go in chunks of the store's ``claim_chunk``
         keys, each answered while the handlers of the chunk before it run."""
@@ -344,12 +302,12 @@ class Consumer(Watch):
         blocked: dict[tuple[str, int], int] = {}
         """Each held partition's offset: it goes on from there after the back-off."""
 
-        def usable(item: _Item) -> bool:
+        def usable(item: Item) -> bool:
             """Not behind a message its partition is held at."""
             at = blocked.get(item.tp)
             return at is None or item.offset < at
 
-        def block(item: _Item, wait: Hold) -> None:
+        def block(item: Item, wait: Hold) -> None:
             item.blocked = True
             blocked[item.tp] = item.offset
             self._count(wait[1])
@@ -357,13 +315,13 @@ class Consumer(Watch):
 
         claimed: dict[str, RunResult] = {}
 
-        def release(part: list[_Item]) -> None:
+        def release(part: list[Item]) -> None:
             """Give back the claims of messages that will not run now."""
             for item in part:
                 if item.key is not None and claimed[item.key].outcome is HELD:
                     self._work.give_back(item.key)
 
-        def work(part: list[_Item]) -> _Stop:
+        def work(part: list[Item]) -> Stop:
             """One partition's messages in order; stops at the first that must wait, on
             stop() (SIGTERM: the handler in hand finishes, no more) or a tripped breaker."""
             for i, item in enumerate(part):
@@ -376,11 +334,11 @@ class Consumer(Watch):
                     return item, wait
             return None
 
-        chunks = _chunks(items, self.store.claim_chunk or len(items))
-        asks = self._claim_ahead(chunks)
+        parts = chunks(items, self.store.claim_chunk or len(items))
+        asks = self._claim_ahead(parts)
         taken = 0
         try:
-            for chunk, ask in zip(chunks, asks, strict=True):
+            for chunk, ask in zip(parts, asks, strict=True):
                 if self._stop.is_set() or self._storm_tripped is not None:
                     break
                 taken += 1
@@ -393,9 +351,9 @@ class Consumer(Watch):
                     log.warning(
                         "store unavailable, holding every partition: %s",
                         exc,
-                        extra=_fields(outcome="store_unavailable"),
+                        extra=fields(outcome="store_unavailable"),
                     )
-                    for item in (i for later in chunks[taken - 1 :] for i in later):
+                    for item in (i for later in parts[taken - 1 :] for i in later):
                         if usable(item):
                             block(item, (o.backoff, "store_unavailable"))
                     break
@@ -409,11 +367,9 @@ class Consumer(Watch):
             completed = self._work.complete_all()  # every completion sent and answered
         self._completed(items, completed, usable, block)
 
-    def _side_by_side(
-        self, work: Callable[[list[_Item]], _Stop], items: list[_Item]
-    ) -> list[_Stop]:
+    def _side_by_side(self, work: Callable[[list[Item]], Stop], items: list[Item]) -> list[Stop]:
         """``work`` on each partition's items, partitions side by side with ``concurrency``."""
-        partitions: dict[tuple[str, int], list[_Item]] = defaultdict(list)
+        partitions: dict[tuple[str, int], list[Item]] = defaultdict(list)
         for item in items:
             partitions[item.tp].append(item)
         parts = list(partitions.values())
@@ -421,7 +377,7 @@ class Consumer(Watch):
             return list(self._pool.map(work, parts))
         return [work(part) for part in parts]
 
-    def _claim_ahead(self, chunks: list[list[_Item]]) -> list[Ahead]:
+    def _claim_ahead(self, parts: list[list[Item]]) -> list[Ahead]:
         """Each chunk's keys claimed, one round trip after another (``Batch.claim_ahead``)."""
         return self._work.claim_ahead(
             [
@@ -429,16 +385,16 @@ class Consumer(Watch):
                     [ClaimRequest(i.key, i.fingerprint) for i in chunk if i.key is not None],
                     [i.order for i in chunk if i.key is not None] if self._keying.ordered else (),
                 )
-                for chunk in chunks
+                for chunk in parts
             ]
         )
 
     def _completed(
         self,
-        items: list[_Item],
+        items: list[Item],
         completed: list[RunResult],
-        usable: Callable[[_Item], bool],
-        block: Callable[[_Item, Hold], None],
+        usable: Callable[[Item], bool],
+        block: Callable[[Item, Hold], None],
     ) -> None:
         """The round's completions answered: executed ones are finished; one that failed
         holds its partition at its message, even where a later message of it stopped the
@@ -466,7 +422,7 @@ class Consumer(Watch):
                     self._trace.end(item.span, item.outcome or result.outcome.value)
                     item.span = None
 
-    def _settle(self, item: _Item, claimed: RunResult | None) -> Hold | None:
+    def _settle(self, item: Item, claimed: RunResult | None) -> Hold | None:
         """Run a held key's handler; then what its result comes to. With tracing, inside
         the message's process span, which ends here unless a completion is on its way."""
         trace = self._trace
@@ -484,7 +440,7 @@ class Consumer(Watch):
             item.span = None
         return wait
 
-    def _settled(self, item: _Item, claimed: RunResult | None) -> Hold | None:
+    def _settled(self, item: Item, claimed: RunResult | None) -> Hold | None:
         if claimed is None:
             return self._unusable(item)
         if claimed.outcome is not HELD:
@@ -514,7 +470,7 @@ class Consumer(Watch):
             item.ran_ns = time.time_ns()
         return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
 
-    def _gap(self, item: _Item, claimed: RunResult) -> Hold | None:
+    def _gap(self, item: Item, claimed: RunResult) -> Hold | None:
         """--contiguous: hold an event whose predecessor is not applied yet, the busy
         path's way, until ``gap_timeout`` has passed since it was first held; then it runs
         (a gap counted)."""
@@ -547,135 +503,18 @@ class Consumer(Watch):
             item.order.sequence - 1,
             item.order.sequence,
             now - since,
-            extra=_about(item, "gaps", entity=item.order.entity, sequence=item.order.sequence),
+            extra=about(item, "gaps", entity=item.order.entity, sequence=item.order.sequence),
         )
         return None
 
-    def _act(self, item: _Item, result: RunResult) -> Hold | None:
-        """What a RunResult comes to in Kafka, by the policy's ``decide``, for both modes:
-        None when the message is finished (or its completion is on its way), else how long
-        to hold its partition and why."""
-        d = decide(result, self.options, item.key, item.order)
-        if d.act is Act.PENDING:
-            return None  # completed (or not) by the batch: its answer comes back here
-        if d.act is Act.DEAD_LETTER:
-            wait = self._dead_letter(item, d.reason, d.detail, d.error)
-            if wait is None and d.outcome:
-                self._count(d.outcome)
-            return wait
-        if d.act is Act.FINISH:
-            item.done, item.outcome = True, d.outcome
-            self._count(d.outcome)
-            if d.outcome != "stale":
-                return None
-        level, text, args = log_line(d, f"{item.tp[0]}[{item.tp[1]}]@{item.offset}", item.key)
-        more: dict[str, Any] = {}
-        if d.outcome == "stale":
-            more["entity"] = item.order.entity if item.order else None
-        elif d.outcome == "retried":
-            more["attempt"] = d.attempt
-        getattr(log, level)(text, *args, extra=_about(item, d.outcome, **more))
-        return None if d.act is Act.FINISH else (d.delay, d.outcome)
-
-    def _unusable(self, item: _Item) -> Hold | None:
-        """A message that cannot be claimed: dead-lettered, or passed by (``skip``)."""
-        assert item.bad is not None
-        reason, detail = item.bad
-        if self.options.on_missing_key != "skip":
-            return self._dead_letter(item, reason, detail)
-        item.done, item.outcome = True, "skipped"
-        self._count("skipped")
-        m = item.msg
-        log.warning(
-            SKIPPED,
-            f"{m.topic()}[{m.partition()}]@{m.offset()}",
-            reason,
-            detail,
-            flag("on_missing_key", "skip"),
-            extra=_about(item, "skipped", reason=reason),
-        )
-        return None
-
-    @staticmethod
-    def _event(item: _Item) -> Event:
-        m = item.msg
-        kind, timestamp = m.timestamp()
-        headers = tuple(m.headers() or ())
-        return Event(
-            m.topic(),
-            m.partition(),
-            m.offset(),
-            m.key(),
-            m.value(),
-            headers,
-            timestamp if kind else None,
-        )
-
-    # Dead letters and offsets -------------------------------------------------------------
-
-    def _dead_letter(
-        self, item: _Item, reason: str, detail: str, exc: BaseException | None = None
-    ) -> Hold | None:
-        """Produce the message to the dead-letter topic and wait for the broker's ack;
-        only then is it finished (and its offset may be stored). A dead letter the broker
-        refuses holds the partition, the back-off doubling with each refusal in a row. The
-        ``dlq_breaker``-th in a row for one reason trips the breaker: the round ends and
-        the consumer stops."""
-        if self._storm_tripped is not None:
-            return None  # left unfinished: the consumer stops before storing its offset
-        assert self._dlq is not None
-        m, tp = item.msg, item.tp
-        if self._trace is None or item.span is None:
-            refused = self._dlq.send(m, reason, detail, exc)
-        else:  # the dead letter carries the trace on
-            with self._trace.dead_letter(item.span, reason, self._dlq.topic(m)) as span:
-                refused = self._dlq.send(m, reason, detail, exc, span)
-        where = f"{m.topic()}[{m.partition()}]@{m.offset()}"
-        if refused is not None:
-            wait = self._refusals.refused(tp)
-            log.warning(
-                REFUSED,
-                where,
-                reason,
-                refused,
-                wait,
-                extra=_about(item, "dead_letter_refused", reason=reason),
-            )
-            return wait, "dead_letter_refused"
-        self._refusals.accepted(tp)
-        item.done, item.outcome = True, "dead_lettered"
-        self._count("dead_lettered")
-        with self._counting:
-            self.summary.dead_letters[reason] += 1
-        topic = self._dlq.topic(m)
-        log.warning(
-            DEAD_LETTERED,
-            where,
-            topic,
-            reason,
-            detail,
-            extra=_about(item, "dead_lettered", reason=reason, dlq_topic=topic),
-        )
-        self._storm_count(reason, detail, topic)
-        return None
-
-    def _storm_count(self, reason: str, detail: str, topic: str) -> None:
-        with self._counting:
-            if self._breaker.dead_lettered(reason) and self._storm_tripped is None:
-                self._storm_tripped = (
-                    f"{self._breaker.storm(detail, topic, flag)}, and the offsets of this last "
-                    "batch were not committed. Fix the cause (often --key or the handler) and "
-                    "start again"
-                )
-
-    def _store_offsets(self, partitions: list[list[_Item]]) -> None:
+    def _store_offsets(self, partitions: list[list[Item]]) -> None:
         """For each partition, the offset after its last finished message before the
         first unfinished one (which it was sought back to)."""
         from confluent_kafka import KafkaException, TopicPartition
 
         offsets = []
         for items in partitions:
-            finished = _while_done(items)
+            finished = while_done(items)
             if finished:
                 m = finished[-1].msg
                 offsets.append(TopicPartition(m.topic(), m.partition(), m.offset() + 1))
@@ -684,41 +523,3 @@ class Consumer(Watch):
                 self._kafka.store_offsets(offsets=offsets)
             except KafkaException as exc:  # revoked meanwhile: the new owner goes on
                 log.debug("store offsets: %s", kafka_text(exc))
-
-
-def _about(item: _Item, outcome: str, **more: Any) -> dict[str, Any]:
-    """A log call's ``extra`` about ``item``: its key, topic, partition and offset, and
-    ``outcome``, the name ``Summary.counts`` counts it under (the CLI's JSON and logfmt
-    lines carry them as fields)."""
-    topic, partition = item.tp
-    return _fields(
-        key=item.key, topic=topic, partition=partition, offset=item.offset, outcome=outcome, **more
-    )
-
-
-def _fields(**fields: Any) -> dict[str, Any]:
-    """A log call's ``extra``: structured fields, under one attribute of the record."""
-    return {"idemctl": fields}
-
-
-def _chunks(items: list[_Item], size: int) -> list[list[_Item]]:
-    """``items`` in order, cut where the keys reach ``size``."""
-    chunks: list[list[_Item]] = [[]]
-    keys = 0
-    for item in items:
-        if item.key is not None:
-            if keys == size:
-                chunks.append([])
-                keys = 0
-            keys += 1
-        chunks[-1].append(item)
-    return chunks
-
-
-def _while_done(items: list[_Item]) -> list[_Item]:
-    out = []
-    for item in items:
-        if not item.done:
-            break
-        out.append(item)
-    return out

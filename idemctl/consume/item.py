@@ -1,0 +1,75 @@
+"""A message on its way through the consume loop, and what the loop's parts say of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from idemctl.model import Order
+
+Hold = tuple[float, str]
+"""Hold a partition at a message: seconds to wait, and why (the summary's count)."""
+
+
+@dataclass(slots=True)
+class Item:
+    msg: Any  # confluent_kafka.Message
+    tp: tuple[str, int]
+    offset: int
+    key: str | None = None
+    fingerprint: str | None = None
+    bad: tuple[str, str] | None = None
+    """Why the message cannot be claimed (reason, detail): it goes to the dead-letter topic,
+    or is skipped."""
+    done: bool = False
+    blocked: bool = False
+    order: Order | None = None
+    """With --order-key: the entity and sequence the guard orders this event by."""
+    outcome: str | None = None
+    """What it came to, once done (the summary's count it went to)."""
+    claim_ns: tuple[int, int] | None = None
+    span: Any = None
+    """With tracing: its claim's time, and its process span while it is open."""
+    ran_ns: int = 0
+
+
+Stop = tuple[Item, Hold] | None
+"""Where a partition's run stopped, and why: None when it went through."""
+
+
+def about(item: Item, outcome: str, **more: Any) -> dict[str, Any]:
+    """A log call's ``extra`` about ``item``: its key, topic, partition and offset, and
+    ``outcome``, the name ``Summary.counts`` counts it under (the CLI's JSON and logfmt
+    lines carry them as fields)."""
+    topic, partition = item.tp
+    return fields(
+        key=item.key, topic=topic, partition=partition, offset=item.offset, outcome=outcome, **more
+    )
+
+
+def fields(**fields: Any) -> dict[str, Any]:
+    """A log call's ``extra``: structured fields, under one attribute of the record."""
+    return {"idemctl": fields}
+
+
+def chunks(items: list[Item], size: int) -> list[list[Item]]:
+    """``items`` in order, cut where the keys reach ``size``."""
+    chunks: list[list[Item]] = [[]]
+    keys = 0
+    for item in items:
+        if item.key is not None:
+            if keys == size:
+                chunks.append([])
+                keys = 0
+            keys += 1
+        chunks[-1].append(item)
+    return chunks
+
+
+def while_done(items: list[Item]) -> list[Item]:
+    out = []
+    for item in items:
+        if not item.done:
+            break
+        out.append(item)
+    return out
