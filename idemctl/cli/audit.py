@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -16,9 +15,9 @@ from idemctl.cli.common import (
     KafkaConfigOption,
     cli_store,
     command,
-    duration,
     emit_json,
     kafka_settings,
+    moment,
     note,
     settings,
     store_fields,
@@ -141,7 +140,7 @@ def audit(
         order_key=order_key,
         sequence=sequence,
         last=last,
-        since=None if since is None else _since(since),
+        since=None if since is None else moment(since, "--since"),
         dlq_topic=dlq_topic,
         rate=rate,
         batch=batch,
@@ -190,15 +189,6 @@ def _classes(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
         names = ", ".join(a.replace("_", "-") for a in allowed)
         raise ConfigError(f"--fail-on {text!r}: use one or more of {names}")
     return chosen
-
-
-def _since(text: str) -> datetime:
-    """An ISO 8601 time (UTC unless it carries an offset), or a duration ago."""
-    try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
-        return datetime.now(UTC) - timedelta(seconds=duration(text, "--since"))
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
@@ -430,6 +431,22 @@ def duration(value: str | None, option: str) -> float:
         return parse_duration(value)
     except ValueError as exc:
         raise ConfigError(f"{option}: {exc}") from None
+
+
+def moment(text: str, option: str) -> datetime:
+    """A ``--since``-style option's time: ISO 8601 (UTC without a zone), or a duration
+    meaning that long ago; else a usage error naming the option (exit 2)."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return datetime.now(UTC) - timedelta(seconds=parse_duration(text))
+        except ValueError:
+            raise typer.BadParameter(
+                f"{text!r} is neither a time (2026-11-22T10:00:00Z) nor a duration ago (2h)",
+                param_hint=option,
+            ) from None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
 
 
 # Kafka -------------------------------------------------------------------------------

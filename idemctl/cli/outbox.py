@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
@@ -25,6 +24,7 @@ from idemctl.cli.common import (
     duration,
     emit_json,
     kafka_settings,
+    moment,
     note,
     run_to_end,
     settings,
@@ -36,7 +36,6 @@ from idemctl.cli.help import QuietGroup
 from idemctl.cli.live import LiveStatus
 from idemctl.cli.logs import show_warnings
 from idemctl.cli.repair import DryRunOption, YesOption, changing
-from idemctl.durations import parse_duration
 from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
 
 outbox_app = typer.Typer(
@@ -219,8 +218,8 @@ def replay(
     current = settings(ctx)
     selection = Selection(
         ids=tuple(_row_id(i) for i in ids or ()),
-        since=_moment(since, "--since"),
-        until=_moment(until, "--until"),
+        since=None if since is None else moment(since, "--since"),
+        until=None if until is None else moment(until, "--until"),
         aggregatetype=aggregate_type,
         aggregateid=aggregate_id,
     )
@@ -333,20 +332,3 @@ def _row_id(text: str) -> uuid.UUID:
         return uuid.UUID(text)
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not a row id (a UUID)", param_hint="--id") from None
-
-
-def _moment(text: str | None, option: str) -> datetime | None:
-    """An ISO 8601 time (UTC without a zone), or a duration meaning that long ago."""
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        try:
-            return datetime.now(UTC) - timedelta(seconds=parse_duration(text))
-        except ValueError:
-            raise typer.BadParameter(
-                f"{text!r} is neither a time (2026-11-22T10:00:00Z) nor a duration ago (2h)",
-                param_hint=option,
-            ) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
