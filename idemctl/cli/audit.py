@@ -22,6 +22,7 @@ from idemctl.cli.common import (
     settings,
     store_fields,
 )
+from idemctl.cli.keying import KeyOption, OnMissingKeyOption, OrderKeyOption, SequenceOption
 from idemctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -49,33 +50,10 @@ def audit(
     group: Annotated[str, typer.Option("--group", metavar="GROUP", help="Consumer group id")],
     brokers: BrokersOption = None,
     kafka_config: KafkaConfigOption = None,
-    key: Annotated[
-        str,
-        typer.Option(
-            "--key",
-            metavar="STRATEGY",
-            help="Key strategy, as consume was run: header:NAME, template:{field}:{field}, "
-            "payload-hash, offset",
-        ),
-    ] = "header:idempotency-key",
-    on_missing_key: Annotated[
-        str,
-        typer.Option(
-            "--on-missing-key",
-            metavar="ACTION",
-            help="As consume was run: dlq, offset, skip or stop",
-        ),
-    ] = "dlq",
-    order_key: Annotated[
-        str | None,
-        typer.Option(
-            "--order-key", metavar="TEMPLATE", help="Sequence guard's entity, as consume was run"
-        ),
-    ] = None,
-    sequence: Annotated[
-        str | None,
-        typer.Option("--sequence", metavar="FIELD", help="Sequence guard's sequence, likewise"),
-    ] = None,
+    key: KeyOption = "header:idempotency-key",
+    on_missing_key: OnMissingKeyOption = "dlq",
+    order_key: OrderKeyOption = None,
+    sequence: SequenceOption = None,
     last: Annotated[
         int,
         typer.Option(

@@ -29,6 +29,7 @@ from idemctl.cli.common import (
     store_fields,
     use_log_format,
 )
+from idemctl.cli.keying import KeyOption, OnMissingKeyOption, OrderKeyOption, SequenceOption
 from idemctl.cli.live import LiveStatus
 from idemctl.cli.logs import show_warnings
 from idemctl.errors import ConfigError
@@ -55,42 +56,10 @@ def consume(
     ],
     group: Annotated[str, typer.Option("--group", metavar="GROUP", help="Consumer group id")],
     brokers: BrokersOption = None,
-    key: Annotated[
-        str,
-        typer.Option(
-            "--key",
-            metavar="STRATEGY",
-            help="Key strategy: header:NAME, template:{field}:{field}, payload-hash, offset",
-        ),
-    ] = "header:idempotency-key",
-    on_missing_key: Annotated[
-        str,
-        typer.Option(
-            "--on-missing-key",
-            metavar="ACTION",
-            help="A message without a usable key, or with an unreadable payload: dlq, offset "
-            "(topic-partition-offset as its key), skip or stop",
-        ),
-    ] = "dlq",
-    order_key: Annotated[
-        str | None,
-        typer.Option(
-            "--order-key",
-            metavar="TEMPLATE",
-            help="Sequence guard: the entity an event changes, e.g. account:{account_id} or "
-            "header:NAME; with --sequence, an event older than the entity's last applied one "
-            "is not run (stale)",
-        ),
-    ] = None,
-    sequence: Annotated[
-        str | None,
-        typer.Option(
-            "--sequence",
-            metavar="FIELD",
-            help="Sequence guard: the event's sequence, a payload field or header:NAME "
-            "(whole numbers or ISO 8601 timestamps)",
-        ),
-    ] = None,
+    key: KeyOption = "header:idempotency-key",
+    on_missing_key: OnMissingKeyOption = "dlq",
+    order_key: OrderKeyOption = None,
+    sequence: SequenceOption = None,
     on_stale: Annotated[
         str,
         typer.Option(
