@@ -334,7 +334,7 @@ class Consumer(Acting, Watch):
                     return item, wait
             return None
 
-        parts = chunks(items, self.store.claim_chunk or len(items))
+        parts = chunks(items, self._work.chunk_size(len(items)))
         asks = self._claim_ahead(parts)
         taken = 0
         try:
@@ -479,8 +479,7 @@ class Consumer(Acting, Watch):
         at = (m.topic(), m.partition(), m.offset())
         last = claimed.last
         if self.options.transactional:  # the guard is asked inside the transaction
-            entity = self.store.get_entity(item.order.entity)
-            last = None if entity is None else entity.sequence
+            last = self._work.last_applied(item.order.entity)
         if not missing_predecessor(item.order, last):
             self._gap_since.pop(at, None)
             return None

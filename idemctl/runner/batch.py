@@ -75,6 +75,18 @@ class Batch:
         """Keys this batch holds now: claimed, not yet completed or given back."""
         return self._heartbeat.holding
 
+    def chunk_size(self, keys: int) -> int:
+        """Keys to claim in one round trip of ``claim_ahead``, out of ``keys``: the store's
+        ``claim_chunk``, or all of them for a store in this process."""
+        return self.store.claim_chunk or keys
+
+    def last_applied(self, entity: str) -> int | None:
+        """The sequence guard's last applied sequence of ``entity`` (None: none yet), read
+        now: in transactional mode the guard is asked inside the key's transaction, so a
+        HELD claim carries none."""
+        found = self.store.get_entity(entity)
+        return None if found is None else found.sequence
+
     def claim(
         self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None] = ()
     ) -> list[RunResult]:
