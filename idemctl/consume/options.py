@@ -9,6 +9,7 @@ from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.errors import ConfigError
 from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy, order_strategy
 from idemctl.stores.base import LEASE_RANGE, in_range
+from idemctl.tracing import KEY_FORMS
 
 MAX_BATCH = 1_000_000
 """Messages one poll may ask librdkafka for."""
@@ -122,7 +123,7 @@ class ConsumeOptions:
             raise ConfigError("--contiguous needs --order-key and --sequence")
         if self.on_stale not in ("skip", "dlq"):
             raise ConfigError(f"--on-stale {self.on_stale!r}: use skip or dlq")
-        if self.trace_keys not in ("hash", "raw", "none"):
+        if self.trace_keys not in KEY_FORMS:
             raise ConfigError(f"--trace-keys {self.trace_keys!r}: use hash, raw or none")
         if self.gap_timeout < 0:
             raise ConfigError("--gap-timeout cannot be negative")
