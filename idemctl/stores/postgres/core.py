@@ -1,0 +1,127 @@
+"""What every part of PostgresStore stands on: the URL's settings, the pool, the statements
+and a flow run on a pooled connection."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from typing import Any, Self
+
+import psycopg
+
+from idemctl.errors import ConfigError, NotProvisioned
+from idemctl.stores.base import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    BaseStore,
+)
+from idemctl.stores.postgres import flows
+from idemctl.stores.postgres import url as postgres_url
+from idemctl.stores.postgres.flows import drive
+from idemctl.stores.postgres.pool import Pool, PoolSettings
+from idemctl.stores.postgres.sql import (
+    DEFAULT_SCHEMA,
+    names,
+    protocol_statements,
+)
+
+ADMIN_LOCK_WAIT = 3.0
+"""Seconds unlock and forget (of a key or an entity) wait for a row that another
+transaction holds; also how long a settle waits for an entity's row before it gives up."""
+PROVISION_LOCK_WAIT = 60.0
+"""Seconds provision waits for another provisioner of the schema (workers that all start
+at once) and for the locks its DDL needs, instead of the claims' lock_timeout."""
+
+
+class PostgresCore(BaseStore):
+    scheme = "postgresql"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        url: str,
+        schema: str = DEFAULT_SCHEMA,
+        prefix: str = "",
+        lease: float = DEFAULT_LEASE,
+        retention: float = DEFAULT_RETENTION,
+        pool_min: int = 1,
+        pool_max: int = 8,
+        lock_timeout: float = 0.1,
+        statement_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        super().__init__(url, lease=lease, retention=retention)
+        if pool_min > pool_max:
+            raise ConfigError(f"pool_min={pool_min} exceeds pool_max={pool_max}")
+        self.schema, self.prefix = schema, prefix
+        self.names = names(schema, prefix)
+        self.keys_table = self.names.keys_table
+        self.outbox_table = self.names.outbox_table
+        self._pool = Pool(
+            conninfo,
+            url=self.url,
+            schema=schema,
+            pool_min=pool_min,
+            pool_max=pool_max,
+            lock_timeout=lock_timeout,
+            statement_timeout=statement_timeout,
+            connect_timeout=connect_timeout,
+        )
+        self._sql = protocol_statements(self.names)
+
+    @classmethod
+    def from_url(cls, url: str) -> Self:
+        conninfo, settings = postgres_url.from_url(url)
+        return cls(conninfo, url=url, **settings)
+
+    # Plumbing --------------------------------------------------------------------------------
+
+    @property
+    def pool_settings(self) -> PoolSettings:
+        """What this store's connections are made with (the async store makes its own
+        with the same)."""
+        return self._pool.settings
+
+    @property
+    def statements(self) -> dict[str, str]:
+        """The protocol's statements on this store's schema, by name (see ``sql``)."""
+        return self._sql
+
+    def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A pooled connection in autocommit mode (``with conn.transaction():`` for more than
+        one statement); driver errors inside the block become idemctl's errors."""
+        return self._pool.connection()
+
+    def _fetch(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with self.connection() as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def _run(self, flow: flows.Flow[flows.T]) -> flows.T:
+        """``flow`` on a pooled connection."""
+        with self.connection() as conn:
+            return drive(conn, flow)
+
+    # The protocol ------------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        """The version of the provisioned schema; 0 when there is none."""
+        try:
+            return self._run(flows.schema_version(self._sql))
+        except NotProvisioned:
+            return 0
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _now(conn: psycopg.Connection[Any]) -> datetime:
+    row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0].astimezone(UTC)  # type: ignore[no-any-return]
+
+
+def _exists(conn: psycopg.Connection[Any], table: str) -> bool:
+    """Whether ``table`` (schema-qualified, quoted) exists."""
+    row = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+    return row is not None and row[0] is not None
