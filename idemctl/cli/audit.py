@@ -11,18 +11,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from idemctl.cli.common import (
-    BrokersOption,
-    KafkaConfigOption,
     cli_store,
     command,
     emit_json,
-    kafka_settings,
     moment,
     note,
     settings,
     store_fields,
 )
 from idemctl.cli.keying import KeyOption, OnMissingKeyOption, OrderKeyOption, SequenceOption
+from idemctl.cli.running import (
+    BrokersOption,
+    KafkaConfigOption,
+    kafka_settings,
+)
 from idemctl.errors import ConfigError
 
 if TYPE_CHECKING:

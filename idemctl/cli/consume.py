@@ -11,6 +11,18 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    cli_store,
+    command,
+    duration,
+    emit_json,
+    note,
+    settings,
+    store_fields,
+)
+from idemctl.cli.keying import KeyOption, OnMissingKeyOption, OrderKeyOption, SequenceOption
+from idemctl.cli.live import LiveStatus
+from idemctl.cli.logs import show_warnings
+from idemctl.cli.running import (
     METRICS_HOST,
     BrokersOption,
     KafkaConfigOption,
@@ -18,20 +30,10 @@ from idemctl.cli.common import (
     LogFormatOption,
     MetricsHostOption,
     MetricsPortOption,
-    cli_store,
-    command,
-    duration,
-    emit_json,
     kafka_settings,
-    note,
     run_to_end,
-    settings,
-    store_fields,
     use_log_format,
 )
-from idemctl.cli.keying import KeyOption, OnMissingKeyOption, OrderKeyOption, SequenceOption
-from idemctl.cli.live import LiveStatus
-from idemctl.cli.logs import show_warnings
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
 

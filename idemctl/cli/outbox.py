@@ -11,6 +11,22 @@ from rich.markup import escape
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    app,
+    cli_store,
+    command,
+    duration,
+    emit_json,
+    moment,
+    note,
+    settings,
+    store_fields,
+    usage_error,
+)
+from idemctl.cli.help import QuietGroup
+from idemctl.cli.live import LiveStatus
+from idemctl.cli.logs import show_warnings
+from idemctl.cli.repair import DryRunOption, YesOption, changing
+from idemctl.cli.running import (
     METRICS_HOST,
     BrokersOption,
     KafkaConfigOption,
@@ -18,24 +34,10 @@ from idemctl.cli.common import (
     LogFormatOption,
     MetricsHostOption,
     MetricsPortOption,
-    app,
-    cli_store,
-    command,
-    duration,
-    emit_json,
     kafka_settings,
-    moment,
-    note,
     run_to_end,
-    settings,
-    store_fields,
-    usage_error,
     use_log_format,
 )
-from idemctl.cli.help import QuietGroup
-from idemctl.cli.live import LiveStatus
-from idemctl.cli.logs import show_warnings
-from idemctl.cli.repair import DryRunOption, YesOption, changing
 from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
 
 outbox_app = typer.Typer(

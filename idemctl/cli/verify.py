@@ -10,20 +10,22 @@ from rich.markup import escape
 
 from idemctl.cli import render
 from idemctl.cli.common import (
+    command,
+    duration,
+    emit_json,
+    note,
+    store_fields,
+)
+from idemctl.cli.live import LiveStatus
+from idemctl.cli.logs import CLI_LOGGER, log_line, print_line
+from idemctl.cli.running import (
     BrokersOption,
     KafkaConfigOption,
     LogFormat,
     LogFormatOption,
-    command,
-    duration,
-    emit_json,
     kafka_settings,
-    note,
-    store_fields,
     use_log_format,
 )
-from idemctl.cli.live import LiveStatus
-from idemctl.cli.logs import CLI_LOGGER, log_line, print_line
 from idemctl.drivers import require
 from idemctl.stores import refuse_powertools
 from idemctl.urls import redact_url
