@@ -12,8 +12,8 @@ from typing import Any
 from idemctl.audit.judge import Judge, Seen
 from idemctl.audit.kafka import Kafka
 from idemctl.audit.model import LOST_SHOWN, AuditOptions, AuditReport, LostMessage, PartitionAudit
-from idemctl.errors import InvalidKey, InvalidPayload
-from idemctl.keys import Message, key_strategy, order_strategy, unusable_reason
+from idemctl.consume.policy import Keying
+from idemctl.keys import Message
 from idemctl.pacing import paced
 from idemctl.stores.base import Store
 
@@ -26,35 +26,14 @@ class AuditProgress:
     lost: int = 0
 
 
-class Keyer:
-    """A message's key, fingerprint and order, derived as ``consume`` derives them."""
-
-    def __init__(self, options: AuditOptions) -> None:
-        self.key = key_strategy(options.key)
-        self.by_offset = key_strategy("offset")
-        self.order = (
-            order_strategy(options.order_key, options.sequence)
-            if options.order_key is not None and options.sequence is not None
-            else None
-        )
-        self.on_missing_key = options.on_missing_key
-
-    def __call__(self, m: Any) -> Seen:
-        message = Message(m.topic(), m.partition(), m.offset(), m.value(), m.headers() or ())
-        kind, ms = m.timestamp()
-        at = datetime.fromtimestamp(ms / 1000, UTC) if kind and ms >= 0 else None
-        try:
-            key = self.key(message)
-            order = None if self.order is None else self.order(message)
-            return Seen(message.partition, message.offset, at, key, message.fingerprint(), order)
-        except (InvalidKey, InvalidPayload) as exc:
-            if self.on_missing_key == "offset":
-                try:
-                    fp = message.fingerprint()
-                except InvalidPayload:
-                    fp = None
-                return Seen(message.partition, message.offset, at, self.by_offset(message), fp)
-            return Seen(message.partition, message.offset, at, None, unusable=unusable_reason(exc))
+def seen(keying: Keying, m: Any) -> Seen:
+    """A message keyed as ``consume`` keys it (the shared policy's ``Keying``), with its
+    timestamp."""
+    kind, ms = m.timestamp()
+    at = datetime.fromtimestamp(ms / 1000, UTC) if kind and ms >= 0 else None
+    a = keying.admit(Message(m.topic(), m.partition(), m.offset(), m.value(), m.headers() or ()))
+    unusable = None if a.bad is None else a.bad[0]
+    return Seen(m.partition(), m.offset(), at, a.key, a.fingerprint, a.order, unusable)
 
 
 def audit(
@@ -77,14 +56,14 @@ def audit(
     if on_progress is not None:
         on_progress(progress)
     pace = paced(options.rate) if options.rate else None
-    keyer = Keyer(options)
+    keying = Keying(options, refuse=False)
     lost: list[LostMessage] = []
     for batch in kafka.read(spans):
-        seen = [keyer(m) for m in batch]
+        read = [seen(keying, m) for m in batch]
         if options.since is not None:  # offsets_for_times only finds the first: timestamps
-            seen = [s for s in seen if s.timestamp is None or s.timestamp >= options.since]
-        records = store.get_many([s.key for s in seen if s.key is not None])
-        for s in seen:
+            read = [s for s in read if s.timestamp is None or s.timestamp >= options.since]
+        records = store.get_many([s.key for s in read if s.key is not None])
+        for s in read:
             verdict = judge(s, None if s.key is None else records.get(s.key))
             parts[s.partition].counts[verdict.kind] += 1
             if verdict.kind == "lost":

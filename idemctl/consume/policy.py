@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from idemctl.errors import (
     AttemptsExhausted,
@@ -63,12 +63,23 @@ class Admission:
     bad: tuple[str, str] | None = None
 
 
+class KeyOptions(Protocol):
+    """The options a message's key is derived by: ConsumeOptions, audit's AuditOptions."""
+
+    key: str
+    on_missing_key: str
+    order_key: str | None
+    sequence: str | None
+
+
 class Keying:
     """Keys messages by ``--key`` and the sequence guard's ``--order-key``/``--sequence``,
-    applying ``--on-missing-key`` to a message without a usable key."""
+    applying ``--on-missing-key`` to a message without a usable key. ``refuse``: whether
+    a template the first message cannot fill, and ``stop``, raise (consume's refusals);
+    without, such a message is only unusable (audit judges it)."""
 
-    def __init__(self, options: ConsumeOptions, spell: Spelling = flag) -> None:
-        self.options, self.spell = options, spell
+    def __init__(self, options: KeyOptions, spell: Spelling = flag, refuse: bool = True) -> None:
+        self.options, self.spell, self.refuse = options, spell, refuse
         self._strategy = key_strategy(options.key)
         self._by_offset = key_strategy("offset")
         self._order = (
@@ -95,7 +106,12 @@ class Keying:
             return Admission(key, message.fingerprint(), order)
         except (InvalidKey, InvalidPayload) as exc:
             where = f"{message.topic}[{message.partition}]@{message.offset}"
-            if first and isinstance(exc, MissingField) and o.on_missing_key == "dlq":
+            if (
+                self.refuse
+                and first
+                and isinstance(exc, MissingField)
+                and o.on_missing_key == "dlq"
+            ):
                 raise ConfigError(
                     f"{self.spell('key', o.key)} cannot work: the first message, {where}, is a "
                     f"JSON object but {exc}; stopping before anything is claimed or "
@@ -108,7 +124,7 @@ class Keying:
                 except InvalidPayload:
                     fingerprint = None  # the offset is the key: nothing to compare it with
                 return Admission(self._by_offset(message), fingerprint)
-            if o.on_missing_key in ("stop", "fail"):
+            if self.refuse and o.on_missing_key in ("stop", "fail"):
                 raise ConsumeAborted(
                     f"message {where}: {reason} ({exc}); stopping "
                     f"({self.spell('on_missing_key', o.on_missing_key)})"
