@@ -18,15 +18,16 @@ import argparse
 import contextlib
 import json
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import BenchError, stdout_console, stop_on_sigterm
+from ops_scale import server_for, store_url  # the same throwaway servers and namespaces
 
 STORES = ("redis", "postgres")
 NAMES = {"redis": "Redis", "postgres": "PostgreSQL"}
@@ -121,25 +122,6 @@ def read_rate(bootstrap: str, topic: str, group: str, n: int, batch: int) -> flo
     return n / (time.perf_counter() - started)
 
 
-@contextlib.contextmanager
-def server_for(store: str) -> Iterator[str]:
-    if store == "redis":
-        from redis_claims import own_redis_server
-
-        with own_redis_server() as url:
-            yield url
-    else:
-        from postgres_claims import own_postgres_server
-
-        with own_postgres_server(fsync=True) as (url, _pid):
-            yield url
-
-
-def store_url(store: str, base: str) -> str:
-    name = f"a{uuid.uuid4().hex[:8]}"
-    return f"{base}?prefix={name}:" if store == "redis" else f"{base}?schema={name}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=50_000)
@@ -156,7 +138,7 @@ def main() -> int:
 
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    with contextlib.ExitStack() as servers:
+    with contextlib.ExitStack() as servers, tempfile.TemporaryDirectory() as tmp:
         bootstrap = servers.enter_context(local_broker())
         topic, group = f"bench-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
         ends = produce(bootstrap, topic, args.messages, args.partitions)
@@ -164,7 +146,7 @@ def main() -> int:
         kafka_alone = read_rate(bootstrap, topic, group, args.messages, args.batch)
         for store in stores:
             try:
-                base = servers.enter_context(server_for(store))
+                base = servers.enter_context(server_for(store, tmp))
             except (BenchError, ImportError, OSError) as exc:
                 notes.append(f"{store} left out: {exc}")
                 continue
