@@ -101,7 +101,7 @@ class AsyncPostgresStore(AsyncStore):
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]:
         check_claims(requests)
-        return await self._claim_many(requests, self.sync._lease(lease))
+        return await self._claim_many(requests, self.lease_for(lease))
 
     async def _claim_many(
         self, requests: Sequence[ClaimRequest], lease: float
@@ -124,12 +124,12 @@ class AsyncPostgresStore(AsyncStore):
         retention: float | None = None,
     ) -> Record:
         done = Completion(key, owner, fencing_token, result)
-        return await self._run(flows.complete_one(self._sql, done, self.sync._retention(retention)))
+        return await self._run(flows.complete_one(self._sql, done, self.retention_for(retention)))
 
     async def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
-        retention = self.sync._retention(retention)
+        retention = self.retention_for(retention)
         return await self._run(flows.complete_many(self._sql, completions, retention))
 
     async def fail(
@@ -142,14 +142,14 @@ class AsyncPostgresStore(AsyncStore):
         retention: float | None = None,
     ) -> Record:
         held = Holder(key, owner, fencing_token)
-        retention = self.sync._retention(retention)
+        retention = self.retention_for(retention)
         return await self._run(flows.fail(self._sql, held, error, retriable, retention))
 
     async def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
         held = Holder(key, owner, fencing_token)
-        return await self._run(flows.extend(self._sql, held, self.sync._lease(lease)))
+        return await self._run(flows.extend(self._sql, held, self.lease_for(lease)))
 
     async def release(
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
@@ -166,7 +166,7 @@ class AsyncPostgresStore(AsyncStore):
         self, guards: Sequence[Guard], lease: float | None = None
     ) -> list[GuardReply]:
         check_guards(guards)
-        return await self._guard_many(guards, self.sync._lease(lease)) if guards else []
+        return await self._guard_many(guards, self.lease_for(lease)) if guards else []
 
     async def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
         try:
@@ -189,7 +189,7 @@ class AsyncPostgresStore(AsyncStore):
     ) -> list[bool]:
         if not settles:
             return []
-        seconds = self.sync._retention(retention)
+        seconds = self.retention_for(retention)
         try:
             async with self._on_entities(), self.connection() as conn:
                 return await self._settle_on(conn, settles, seconds)
@@ -272,7 +272,7 @@ class AsyncUnit:
             raise StoreError(NOT_ACQUIRED)
         store = self._store
         done = complete_unit(
-            store._sql, self.outcome, self.order, result, store.sync._retention(retention)
+            store._sql, self.outcome, self.order, result, store.retention_for(retention)
         )
         async with store._pool.translated():
             record = await drive_async(self.connection, done)
@@ -295,7 +295,7 @@ async def _transaction(
         store.names,
         key,
         fingerprint,
-        store.sync._lease(lease),
+        store.lease_for(lease),
         order,
         store.default_retention,
     )

@@ -32,9 +32,10 @@ from idemctl.model import (
 from idemctl.stores.base import check_claims, check_guards
 from idemctl.stores.redis import RedisStore
 from idemctl.stores.redis.connect import mendable
-from idemctl.stores.redis.core import Call, Op
 from idemctl.stores.redis.errors import translate
+from idemctl.stores.redis.ops import Call, Op, live
 from idemctl.stores.redis.records import server_time
+from idemctl.stores.redis.scripts import has_waitaof
 
 T = TypeVar("T")
 
@@ -81,7 +82,7 @@ class AsyncRedisStore(AsyncStore):
     async def _call(self, c: Call) -> list[Any]:
         """ScriptRunner.call's pipelined way, awaited: EVALSHA per group of keys, what
         confirms them under durable=1, and once more for the calls refused with NOSCRIPT."""
-        runner = self.sync._scripts
+        runner = self.sync.script_runner
         calls = runner.commands(runner.scripts[c.name].sha, c.shared, c.items)
         replies: list[Any] = [None] * len(c.items)
         try:
@@ -106,20 +107,19 @@ class AsyncRedisStore(AsyncStore):
         raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
 
     async def _load(self) -> None:
-        for script in self.sync._scripts.scripts.values():
+        for script in self.sync.script_runner.scripts.values():
             await self._client.script_load(script.source)
 
     async def _confirmation(self, pipe: Pipeline | ClusterPipeline) -> int:
         """Queue durable=1's confirmation: what the server has is asked once, as the sync
         store does (ScriptRunner._add_confirmation)."""
-        runner = self.sync._scripts
-        if runner._waitaof is None:
-            version = str((await self._client.info("server")).get("redis_version", "0"))
-            waitaof = tuple(int(p) for p in version.split(".")[:2]) >= (7, 2)
+        runner = self.sync.script_runner
+        if runner.waitaof is None:
+            waitaof = has_waitaof(await self._client.info("server"))
             if not waitaof:
-                runner._check_fsync(await self._client.config_get("append*"))
-            runner._waitaof = waitaof
-        return runner._add_confirmation(pipe)
+                runner.check_fsync(await self._client.config_get("append*"))
+            runner.waitaof = waitaof
+        return runner.add_confirmation(pipe)
 
     # The claim/complete protocol ---------------------------------------------------------------
 
@@ -127,7 +127,7 @@ class AsyncRedisStore(AsyncStore):
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]:
         check_claims(requests)
-        return await self._do(self.sync._claim_op(requests, self.sync._lease(lease)))
+        return await self._do(self.sync.ops.claim(requests, self.lease_for(lease)))
 
     async def complete(
         self,
@@ -138,12 +138,12 @@ class AsyncRedisStore(AsyncStore):
         retention: float | None = None,
     ) -> Record:
         done = Completion(key, owner, fencing_token, result)
-        return await self._do(self.sync._complete_op(done, self.sync._retention(retention)))
+        return await self._do(self.sync.ops.complete(done, self.retention_for(retention)))
 
     async def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
-        op = self.sync._complete_many_op(completions, self.sync._retention(retention))
+        op = self.sync.ops.complete_many(completions, self.retention_for(retention))
         return await self._do(op)
 
     async def fail(
@@ -156,23 +156,23 @@ class AsyncRedisStore(AsyncStore):
         retention: float | None = None,
     ) -> Record:
         held = Holder(key, owner, fencing_token)
-        op = self.sync._fail_op(held, error, retriable, self.sync._retention(retention))
+        op = self.sync.ops.fail(held, error, retriable, self.retention_for(retention))
         return await self._do(op)
 
     async def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
         return await self._do(
-            self.sync._extend_op(key, owner, fencing_token, self.sync._lease(lease))
+            self.sync.ops.extend(key, owner, fencing_token, self.lease_for(lease))
         )
 
     async def release(
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
     ) -> Record:
-        return await self._do(self.sync._release_op(key, owner, fencing_token, handler_ran))
+        return await self._do(self.sync.ops.release(key, owner, fencing_token, handler_ran))
 
     async def get(self, key: str) -> Record | None:
-        rkey = self.sync._rkey(key)
+        rkey = self.sync.ops.rkey(key)
         try:
             if isinstance(self._client, RedisCluster):  # TIME has no key to route by
                 raw = await self._client.get(rkey)
@@ -184,7 +184,7 @@ class AsyncRedisStore(AsyncStore):
                 raw, (seconds, micros) = await pipe.execute()
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.url) from exc
-        return self.sync._live(key, raw, server_time(seconds, micros))
+        return live(key, raw, server_time(seconds, micros))
 
     # The sequence guard --------------------------------------------------------------------------
 
@@ -194,14 +194,14 @@ class AsyncRedisStore(AsyncStore):
         check_guards(guards)
         if not guards:
             return []
-        return await self._do(self.sync._guard_op(guards, self.sync._lease(lease)))
+        return await self._do(self.sync.ops.guard(guards, self.lease_for(lease)))
 
     async def settle_many(
         self, settles: Sequence[Settle], retention: float | None = None
     ) -> list[bool]:
         if not settles:
             return []
-        return await self._do(self.sync._settle_op(settles, self.sync._retention(retention)))
+        return await self._do(self.sync.ops.settle(settles, self.retention_for(retention)))
 
     async def finish_many(
         self,
@@ -213,7 +213,7 @@ class AsyncRedisStore(AsyncStore):
         cluster the entities first, then the keys whose entity was still held."""
         if self.sync.cluster or not settles:
             return await self._settle_then_complete(completions, settles, retention)
-        finish, plain = self.sync._finish_op(completions, settles, self.sync._retention(retention))
+        finish, plain = self.sync.ops.finish(completions, settles, self.retention_for(retention))
         finished = await self._do(finish)
         if plain:
             answers = await self.complete_many(plain, retention)

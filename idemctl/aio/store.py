@@ -34,7 +34,7 @@ from idemctl.model import (
     Stats,
     Status,
 )
-from idemctl.stores.base import Progress, Store
+from idemctl.stores.base import Progress, Store, seconds_for
 
 T = TypeVar("T")
 
@@ -53,6 +53,13 @@ class AsyncStore:
         self.default_retention = sync.default_retention
         self._threads = threads or self.threads
         self._executor: ThreadPoolExecutor | None = None
+
+    def lease_for(self, lease: float | None) -> float:
+        """As ``BaseStore.lease_for``: the seconds an operation given ``lease`` uses."""
+        return seconds_for("lease", lease, self.default_lease)
+
+    def retention_for(self, retention: float | None) -> float:
+        return seconds_for("retention", retention, self.default_retention)
 
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in one of the store's worker threads."""

@@ -286,6 +286,13 @@ def in_range(what: str, seconds: float, bounds: tuple[float, float]) -> float:
         raise ConfigError(str(exc)) from None
 
 
+def seconds_for(name: str, value: float | None, default: float) -> float:
+    """A lease's or retention's seconds: ``default`` for None, else ``value`` in its range."""
+    if value is None:
+        return default
+    return in_range(name, value, LEASE_RANGE if name == "lease" else RETENTION_RANGE)
+
+
 class BaseStore(ABC):
     """What every backend shares: defaults, batch fallbacks, context management."""
 
@@ -299,13 +306,14 @@ class BaseStore(ABC):
         self.default_lease = in_range("lease", lease, LEASE_RANGE)
         self.default_retention = in_range("retention", retention, RETENTION_RANGE)
 
-    def _lease(self, lease: float | None) -> float:
-        return self.default_lease if lease is None else in_range("lease", lease, LEASE_RANGE)
+    def lease_for(self, lease: float | None) -> float:
+        """The lease in seconds that an operation given ``lease`` uses: the store's default
+        for None, else ``lease`` checked against LEASE_RANGE."""
+        return seconds_for("lease", lease, self.default_lease)
 
-    def _retention(self, retention: float | None) -> float:
-        if retention is None:
-            return self.default_retention
-        return in_range("retention", retention, RETENTION_RANGE)
+    def retention_for(self, retention: float | None) -> float:
+        """As ``lease_for``, for retention."""
+        return seconds_for("retention", retention, self.default_retention)
 
     def claim(
         self, key: str, fingerprint: str | None = None, lease: float | None = None
@@ -317,7 +325,7 @@ class BaseStore(ABC):
     ) -> list[ClaimOutcome]:
         """Claim each key, in order: InvalidKey before anything is claimed."""
         check_claims(requests)
-        return self._claim_many(requests, self._lease(lease))
+        return self._claim_many(requests, self.lease_for(lease))
 
     @abstractmethod
     def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
@@ -349,7 +357,7 @@ class BaseStore(ABC):
         retention: float | None = None,
     ) -> Record:
         done = Completion(key, owner, fencing_token, result)
-        return self._complete(done, self._retention(retention))
+        return self._complete(done, self.retention_for(retention))
 
     @abstractmethod
     def _complete(self, c: Completion, retention: float) -> Record:
@@ -365,7 +373,7 @@ class BaseStore(ABC):
         retention: float | None = None,
     ) -> Record:
         held = Holder(key, owner, fencing_token)
-        return self._fail(held, error, retriable, self._retention(retention))
+        return self._fail(held, error, retriable, self.retention_for(retention))
 
     @abstractmethod
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
@@ -373,14 +381,14 @@ class BaseStore(ABC):
 
     def guard_many(self, guards: Sequence[Guard], lease: float | None = None) -> list[GuardReply]:
         check_guards(guards)
-        return self._guard_many(guards, self._lease(lease)) if guards else []
+        return self._guard_many(guards, self.lease_for(lease)) if guards else []
 
     @abstractmethod
     def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
         """``guard_many`` for valid entities and sequences, ``lease`` in seconds."""
 
     def settle_many(self, settles: Sequence[Settle], retention: float | None = None) -> list[bool]:
-        return self._settle_many(settles, self._retention(retention)) if settles else []
+        return self._settle_many(settles, self.retention_for(retention)) if settles else []
 
     @abstractmethod
     def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:

@@ -108,7 +108,7 @@ class RowStore(BaseStore):
                 check_holder(tx.get(key), key, owner, fencing_token, now),
                 now,
                 result,
-                self._retention(retention),
+                self.retention_for(retention),
             )
             tx.put(record)
         return record
@@ -127,7 +127,7 @@ class RowStore(BaseStore):
                 now,
                 error,
                 retriable,
-                self._retention(retention),
+                self.retention_for(retention),
             )
             tx.put(record)
         return record
@@ -138,7 +138,7 @@ class RowStore(BaseStore):
         with self._transaction() as tx:
             now = self.now()
             held = check_holder(tx.get(key), key, owner, fencing_token, now)
-            expires = now + timedelta(seconds=self._lease(lease))
+            expires = now + timedelta(seconds=self.lease_for(lease))
             tx.put(replace(held, lease_expires_at=expires, updated_at=now))
         return expires
 
@@ -187,7 +187,7 @@ class RowStore(BaseStore):
         """In one transaction: each entity advanced and its key completed, or neither
         (``complete_many`` is this without settles)."""
         by_key = {s.key: s for s in settles}
-        keep = self._retention(retention)
+        keep = self.retention_for(retention)
         done = []
         with self._transaction() as tx:
             now = self.now()

@@ -246,7 +246,7 @@ def test_redis_claims_and_completes_on_the_async_client(redis_server: RedisServe
     async def main() -> tuple[Any, Any]:
         async with aio.open_store(redis_url(redis_server)) as store:
             assert isinstance(store, AsyncRedisStore)
-            store.sync._scripts.call = refuse  # type: ignore[method-assign]
+            store.sync.script_runner.call = refuse  # type: ignore[method-assign]
             store.sync._read = refuse  # type: ignore[method-assign]
             result = await aio.run(store, "native-1", lambda ctx: "ok")
             return result, await store.get("native-1")

@@ -603,7 +603,7 @@ def test_cluster_calls_go_to_each_node_over_connections_of_the_stores_own(
         def no_pipeline(*args: Any) -> Any:
             raise AssertionError("the cluster call went through redis-py's pipeline")
 
-        monkeypatch.setattr(store._scripts, "_pipelined", no_pipeline)  # type: ignore[attr-defined]
+        monkeypatch.setattr(store.script_runner, "_pipelined", no_pipeline)  # type: ignore[attr-defined]
         keys = [f"own-{i}" for i in range(120)]
         claimed = store.claim_many([ClaimRequest(k, fingerprint(k)) for k in keys], lease=LONG)
         assert all(isinstance(o, Acquired) for o in claimed)
@@ -613,7 +613,7 @@ def test_cluster_calls_go_to_each_node_over_connections_of_the_stores_own(
         assert done == [True] * 120
         again = store.claim_many([ClaimRequest(k, fingerprint(k)) for k in keys])
         assert [o.record.result for o in again if isinstance(o, Completed)] == list(range(120))
-        nodes = store._scripts._nodes  # type: ignore[attr-defined]
+        nodes = store.script_runner._nodes  # type: ignore[attr-defined]
         assert len(nodes) == len(redis_cluster.nodes)  # every primary, each its own connection
     finally:
         store.close()
@@ -625,7 +625,7 @@ def test_a_slot_moved_to_another_node_is_followed(
     """A node answers MOVED for a slot it no longer serves: the call goes again through
     redis-py's pipeline, which follows it and refreshes the map; nothing is claimed twice."""
     store = open_store(cluster_url(redis_cluster, prefix))
-    scripts: Any = store._scripts  # type: ignore[attr-defined]
+    scripts: Any = store.script_runner  # type: ignore[attr-defined]
     piped: list[str] = []
     pipelined = scripts._pipelined
 

@@ -274,7 +274,7 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
         now = self._now()
-        expires = now + to_ms(self._lease(lease))
+        expires = now + to_ms(self.lease_for(lease))
         values = {
             ":now": n(now),
             ":lease": n(expires),

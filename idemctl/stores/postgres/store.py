@@ -58,7 +58,7 @@ class PostgresStore(PostgresAdmin, PostgresEntities, PostgresProvisioning):
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
-        return self._run(flows.complete_many(self._sql, completions, self._retention(retention)))
+        return self._run(flows.complete_many(self._sql, completions, self.retention_for(retention)))
 
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
         return self._run(flows.fail(self._sql, held, error, retriable, retention))
@@ -67,7 +67,7 @@ class PostgresStore(PostgresAdmin, PostgresEntities, PostgresProvisioning):
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
         held = Holder(key, owner, fencing_token)
-        return self._run(flows.extend(self._sql, held, self._lease(lease)))
+        return self._run(flows.extend(self._sql, held, self.lease_for(lease)))
 
     def release(
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True

@@ -70,7 +70,7 @@ class Unit:
             raise StoreError(NOT_ACQUIRED)
         store = self._store
         done = complete_unit(
-            store.statements, self.outcome, self.order, result, store._retention(retention)
+            store.statements, self.outcome, self.order, result, store.retention_for(retention)
         )
         with store._pool.translated():
             record = drive(self.connection, done)
@@ -93,7 +93,7 @@ def transaction(
         store.names,
         key,
         fingerprint,
-        store._lease(lease),
+        store.lease_for(lease),
         order,
         store.default_retention,
     )

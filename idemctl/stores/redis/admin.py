@@ -16,6 +16,7 @@ from idemctl.stores.machine import check_forgettable, live_lease, not_unlockable
 from idemctl.stores.redis.client import ClusterNode
 from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.index import RedisIndex
+from idemctl.stores.redis.ops import live
 from idemctl.stores.redis.records import fields_of, parse_reply, server_time, text, to_record
 
 
@@ -25,7 +26,7 @@ class RedisAdmin(RedisIndex):
     the index; other pages walk the keyspace."""
 
     def get(self, key: str) -> Record | None:
-        return self._live(key, *self._read(self._rkey(key)))
+        return live(key, *self._read(self._rkey(key)))
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
         keys = list(dict.fromkeys(keys))
@@ -45,18 +46,10 @@ class RedisAdmin(RedisIndex):
                 now = server_time(seconds, micros)
         found = {}
         for key, raw in zip(keys, texts, strict=True):
-            record = self._live(key, raw, now)
+            record = live(key, raw, now)
             if record is not None:
                 found[key] = record
         return found
-
-    def _live(self, key: str, raw: str | bytes | None, now: datetime) -> Record | None:
-        """The record ``raw`` holds for ``key``, unless it is past retention at ``now``."""
-        fields = fields_of(raw)
-        if fields is None:
-            return None
-        record = to_record(key, fields)
-        return None if record.retention_over(now) else record
 
     def _scan_batch(
         self, node: ClusterNode | None, cursor: int, match: str

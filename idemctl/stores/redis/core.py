@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
@@ -19,8 +18,9 @@ from idemctl.stores.redis.client import Client, ClusterClient, ClusterNode, Plai
 from idemctl.stores.redis.connect import Target
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import guard
+from idemctl.stores.redis.ops import Call, Op, Ops, ms
 from idemctl.stores.redis.records import server_time
-from idemctl.stores.redis.scripts import Item, ScriptRunner
+from idemctl.stores.redis.scripts import ScriptRunner
 
 T = TypeVar("T")
 
@@ -46,21 +46,6 @@ def _slot_tags() -> list[str]:
 
 def slot_tag(slot: int) -> str:
     return _slot_tags()[slot]
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One script call: the script's name, the values every key shares, each key with its
-    own values, and whether durable=1 confirms it."""
-
-    name: str
-    shared: Sequence[Any]
-    items: Sequence[Item]
-    confirm: bool
-
-
-Op: TypeAlias = tuple[Call, Callable[[list[Any]], T]]
-"""An operation on the protocol: its script call, and what the call's replies come to."""
 
 
 class RedisCore(BaseStore):
@@ -92,7 +77,9 @@ class RedisCore(BaseStore):
         self.durable = durable
         self.replicas = replicas
         self.durable_timeout = durable_timeout
-        self._scripts = ScriptRunner(
+        self.ops = Ops(prefix, durable, self.default_retention)
+        """The claim/complete path's operations, sans-IO (run by ``_do`` here)."""
+        self.script_runner = ScriptRunner(
             client,
             self._cluster,
             direct,
@@ -101,13 +88,13 @@ class RedisCore(BaseStore):
             replicas=replicas,
             timeout=durable_timeout,
         )
-        self.scripts = self._scripts.scripts
+        self.scripts = self.script_runner.scripts
         self._all_indexes: list[tuple[str, ...]] | None = None
         self.target: Target | None = None
         """The client's settings, when the store was opened by URL (``idemctl.aio``'s too)."""
 
     def _rkey(self, key: str) -> str:
-        return f"{self.prefix}{{{key}}}"
+        return self.ops.rkey(key)
 
     def _key_of(self, rkey: str) -> str:
         return rkey[len(self.prefix) + 1 : -1]
@@ -145,7 +132,7 @@ class RedisCore(BaseStore):
         return server_time(*self._client.time())
 
     def _ms(self, seconds: float) -> int:
-        return max(1, round(seconds * 1000))
+        return ms(seconds)
 
     def _read(self, rkey: str) -> tuple[Any, datetime]:
         """What Redis key ``rkey`` holds, and the server's clock when it was read."""
@@ -166,18 +153,13 @@ class RedisCore(BaseStore):
         durable: bool = False,
         named: Callable[[str], str] | None = None,
     ) -> Call:
-        """Script ``name`` over ``items`` (key, per-key values): one reply per item. A write
-        (``durable``) is confirmed under durable=1 (see ScriptRunner.call). Keys are
-        records' (``_rkey``), or named by ``named`` (an entity's ``_ekey``)."""
-        named = named or self._rkey
-        keyed = [(named(key), values) for key, values in items]
-        return Call(name, shared, keyed, durable and self.durable)
+        return self.ops.script(name, shared, items, durable, named)
 
     def _do(self, op: Op[T]) -> T:
         """Run an operation's script call and read its replies (``idemctl.aio`` awaits the
         same operations on its own client)."""
         call, read = op
-        return read(self._scripts.call(call.name, call.shared, call.items, call.confirm))
+        return read(self.script_runner.call(call.name, call.shared, call.items, call.confirm))
 
     def _call(
         self,
@@ -196,7 +178,7 @@ class RedisCore(BaseStore):
         return self._call(name, shared, [(key, args)], durable)[0]
 
     def close(self) -> None:
-        self._scripts.close()
+        self.script_runner.close()
         self._client.close()
 
 

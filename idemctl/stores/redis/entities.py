@@ -10,50 +10,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any
 
 from idemctl.errors import EntityNotFound
-from idemctl.model import Entity, EntityPage, Guard, GuardReply, Settle, Verdict, validate_key
+from idemctl.model import Entity, EntityPage, Guard, GuardReply, Settle, validate_key
 from idemctl.stores import redis as package
 from idemctl.stores.base import batched
 from idemctl.stores.machine import entity_locked
 from idemctl.stores.redis.client import Client
-from idemctl.stores.redis.core import Op, glob_escape
+from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.index import RedisIndex
+from idemctl.stores.redis.ops import ENTITIES
 from idemctl.stores.redis.records import entity_fields_of, text, to_entity
-
-ENTITIES = "entity:"
-"""What follows the store's prefix in an entity's Redis key, before its ``{name}``."""
 
 
 class RedisEntities(RedisIndex):
     """The sequence guard: a part of RedisStore."""
 
     def _ekey(self, entity: str) -> str:
-        return f"{self.prefix}{ENTITIES}{{{entity}}}"
+        return self.ops.ekey(entity)
 
     def _entity_of(self, ekey: str) -> str:
         return ekey[len(self.prefix) + len(ENTITIES) + 1 : -1]
 
     def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
-        return self._do(self._guard_op(guards, lease))
-
-    def _guard_op(self, guards: Sequence[Guard], lease: float) -> Op[list[GuardReply]]:
-        shared = (self._ms(lease), self._ms(self.default_retention))
-        items = [(g.entity, (g.sequence, g.key, g.fencing_token)) for g in guards]
-        call = self._script("guard", shared, items, True, self._ekey)
-        return call, lambda replies: [_guard_reply(reply) for reply in replies]
+        return self._do(self.ops.guard(guards, lease))
 
     def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
-        return self._do(self._settle_op(settles, retention))
-
-    def _settle_op(self, settles: Sequence[Settle], retention: float) -> Op[list[bool]]:
-        items = [
-            (s.entity, (s.sequence, s.key, s.fencing_token, "1" if s.applied else "0"))
-            for s in settles
-        ]
-        call = self._script("settle", (self._ms(retention),), items, True, self._ekey)
-        return call, lambda replies: [int(reply) == 1 for reply in replies]
+        return self._do(self.ops.settle(settles, retention))
 
     def get_entity(self, entity: str) -> Entity | None:
         raw, now = self._read(self._ekey(entity))
@@ -146,8 +129,3 @@ class RedisEntities(RedisIndex):
                 if not entity.retention_over(now):
                     found.append(entity)
         return found
-
-
-def _guard_reply(reply: Sequence[Any]) -> GuardReply:
-    verdict, last, holder = (text(x) for x in reply)
-    return GuardReply(Verdict(verdict), int(last) if last else None, holder or None)

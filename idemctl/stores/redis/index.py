@@ -67,7 +67,8 @@ class RedisIndex(RedisCore):
                         )
                         items = [(text(k), ()) for k in found]
                         if items:
-                            counted += sum(int(r) for r in self._scripts.call("index", (), items))
+                            replies = self.script_runner.call("index", (), items)
+                            counted += sum(int(r) for r in replies)
             self._client.set(self._ready_key(), str(_ms(self._now())))
         return counted
 
@@ -176,7 +177,7 @@ class RedisIndex(RedisCore):
         """Take keys whose record is gone (or no longer in progress) out of LIVE: the
         script looks again, as a claim may have come meanwhile."""
         if rkeys:
-            self._scripts.call("prune", (), [(rkey, ()) for rkey in rkeys])
+            self.script_runner.call("prune", (), [(rkey, ()) for rkey in rkeys])
 
     # The operator's reads ----------------------------------------------------------------
 
@@ -185,7 +186,8 @@ class RedisIndex(RedisCore):
         to ``settle`` a call: a day's seconds; more only after a long quiet)."""
         items = [(keys[0], ()) for keys in self._indexes()]
         while True:
-            replies = [[int(x) for x in r] for r in self._scripts.call("stats", (settle,), items)]
+            answers = self.script_runner.call("stats", (settle,), items)
+            replies = [[int(x) for x in r] for r in answers]
             if not settle or all(r[5] < settle for r in replies):
                 return replies
 
@@ -272,7 +274,7 @@ class RedisIndex(RedisCore):
             # Every key goes to the script, which deletes what is still over and takes keys
             # whose TTL ended out of GONE.
             shared = (round(older_than * 1000),)
-            replies = self._scripts.call("purge", shared, [(m, ()) for _, m, _ in chunk])
+            replies = self.script_runner.call("purge", shared, [(m, ()) for _, m, _ in chunk])
             purged += sum(int(r) for r in replies)
             if progress is not None:
                 progress(len(chunk))

@@ -18,7 +18,7 @@ class RedisProvisioning(RedisIndex):
 
     def _loaded(self) -> dict[str, bool]:
         with self._guard():
-            return self._scripts.loaded()
+            return self.script_runner.loaded()
 
     def provision(self, dry_run: bool = False) -> Provisioning:
         missing = [name for name, loaded in self._loaded().items() if not loaded]
@@ -35,7 +35,7 @@ class RedisProvisioning(RedisIndex):
         notes = [] if missing else ["all Lua scripts are loaded"]
         if not dry_run and missing:
             with self._guard():
-                self._scripts.load()
+                self.script_runner.load()
         if not dry_run and not ready:
             counted = self.build_index()
             notes.append(f"index built: {counted} record(s) written before it counted")

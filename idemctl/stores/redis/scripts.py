@@ -78,6 +78,12 @@ def load_scripts() -> dict[str, Script]:
     return scripts
 
 
+def has_waitaof(server_info: Mapping[str, Any]) -> bool:
+    """Whether the server that INFO SERVER describes has WAITAOF (Redis 7.2+)."""
+    version = str(server_info.get("redis_version", "0"))
+    return tuple(int(p) for p in version.split(".")[:2]) >= (7, 2)
+
+
 class ScriptRunner:
     """Runs the scripts for one store: on ``cluster`` when it is one, else on one server
     through ``direct``; ``replicas`` and ``timeout`` are durable=1's."""
@@ -99,7 +105,7 @@ class ScriptRunner:
         self.url = url
         self.replicas = replicas
         self.timeout = timeout
-        self._waitaof: bool | None = None  # whether the server has WAITAOF, found on first use
+        self.waitaof: bool | None = None  # whether the server has WAITAOF, found on first use
         self._nodes: dict[str, Connections] = {}
         """A cluster's nodes' own connections, by node name."""
         self.scripts = load_scripts()
@@ -221,7 +227,7 @@ class ScriptRunner:
                 # The cluster pipeline refuses .evalsha() by name, but routes the
                 # command by its first key like any other.
                 pipe.execute_command("EVALSHA", *command)
-            confirmations = self._add_confirmation(pipe) if confirm else 0
+            confirmations = self.add_confirmation(pipe) if confirm else 0
             calls = self.sort(calls, pipe.execute(raise_on_error=False), confirmations, replies)
             if not calls:
                 return replies
@@ -282,26 +288,25 @@ class ScriptRunner:
 
     # durable=1 ------------------------------------------------------------------------------
 
-    def _add_confirmation(self, pipe: Queue) -> int:
+    def add_confirmation(self, pipe: Queue) -> int:
         """Queue what confirms the writes before it on this connection; returns how many replies.
 
         WAITAOF where the server has it (7.2+). Older servers have only WAIT, for replicas;
         that the write reached their own disk is read from their fsync settings, in the same
         round trip every time, since CONFIG SET can change them at any moment."""
         timeout_ms = int(self.timeout * 1000)
-        if self._waitaof is None:
-            version = str(self._client.info("server").get("redis_version", "0"))
-            self._waitaof = tuple(int(p) for p in version.split(".")[:2]) >= (7, 2)
-            if not self._waitaof:  # refuse a server that cannot confirm before writing to it
-                self._check_fsync(self._client.config_get("append*"))
-        if self._waitaof:
+        if self.waitaof is None:
+            self.waitaof = has_waitaof(self._client.info("server"))
+            if not self.waitaof:  # refuse a server that cannot confirm before writing to it
+                self.check_fsync(self._client.config_get("append*"))
+        if self.waitaof:
             pipe.execute_command("WAITAOF", 1, self.replicas, timeout_ms)
             return 1
         pipe.config_get("append*")
         pipe.execute_command("WAIT", self.replicas, timeout_ms)
         return 2
 
-    def _check_fsync(self, config: Mapping[Any, Any]) -> None:
+    def check_fsync(self, config: Mapping[Any, Any]) -> None:
         if config.get("appendonly") != "yes" or config.get("appendfsync") != "always":
             raise StoreError(
                 f"durable=1: Redis at {self.url} cannot confirm writes reach its disk: it has "
@@ -316,7 +321,7 @@ class ScriptRunner:
             raise StoreError(
                 f"durable=1: Redis at {self.url} could not confirm the write: {failed[0]}"
             )
-        if self._waitaof:
+        if self.waitaof:
             local, replicas = (int(x) for x in replies[0])
             if local < 1 or replicas < self.replicas:
                 raise StoreError(
@@ -325,7 +330,7 @@ class ScriptRunner:
                 )
             return
         config, acked = replies
-        self._check_fsync(config)
+        self.check_fsync(config)
         if int(acked) < self.replicas:
             raise StoreError(
                 f"durable=1: only {int(acked)} of {self.replicas} replicas confirmed the write "
