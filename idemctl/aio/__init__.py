@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import importlib
 
-from idemctl.aio.runner import idempotent, run
+from idemctl.aio.attempt import run
+from idemctl.aio.decorator import idempotent
 from idemctl.aio.store import AsyncStore
 from idemctl.stores import DEFAULT_URL
 from idemctl.stores import open_store as open_sync_store

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
+from idemctl.aio import unit
 from idemctl.aio.store import AsyncStore
-from idemctl.errors import NotProvisioned, StoreError
+from idemctl.aio.unit import AsyncUnit
+from idemctl.errors import NotProvisioned
 from idemctl.model import (
     JSON,
-    Acquired,
     Busy,
     ClaimOutcome,
     ClaimRequest,
@@ -34,8 +34,6 @@ from idemctl.model import (
     Order,
     Record,
     Settle,
-    Stale,
-    validate_key,
 )
 from idemctl.stores.base import check_claims, check_guards
 from idemctl.stores.postgres import PostgresStore, flows
@@ -43,13 +41,6 @@ from idemctl.stores.postgres.flows import Flow, T, drive_async
 from idemctl.stores.postgres.pool import AsyncPool, LockTimeout
 from idemctl.stores.postgres.sql import lock_wait
 from idemctl.stores.postgres.store import ADMIN_LOCK_WAIT
-from idemctl.stores.postgres.transactional import (
-    NOT_ACQUIRED,
-    complete_unit,
-    ending,
-    incomplete,
-    open_unit,
-)
 
 
 class AsyncPostgresStore(AsyncStore):
@@ -63,7 +54,7 @@ class AsyncPostgresStore(AsyncStore):
         self.keys_table = sync.keys_table
         self.outbox_table = sync.outbox_table
         """The outbox table that transactional handlers' ``AsyncOutbox`` writes to."""
-        self._sql = sync.statements
+        self.statements = sync.statements
         self._pool = AsyncPool(sync.pool_settings)
 
     # Plumbing --------------------------------------------------------------------------------
@@ -72,6 +63,10 @@ class AsyncPostgresStore(AsyncStore):
         """A pooled async connection in autocommit mode (``async with conn.transaction():``
         for more than one statement); driver errors in the block become idemctl's."""
         return self._pool.connection()
+
+    def translated(self) -> AbstractAsyncContextManager[None]:
+        """Driver errors inside the block become idemctl's (on a connection already lent)."""
+        return self._pool.translated()
 
     async def _run(self, flow: Flow[T]) -> T:
         """``flow`` on a pooled connection."""
@@ -91,7 +86,7 @@ class AsyncPostgresStore(AsyncStore):
 
     async def _schema_version(self) -> int:
         try:
-            return await self._run(flows.schema_version(self._sql))
+            return await self._run(flows.schema_version(self.statements))
         except NotProvisioned:
             return 0
 
@@ -107,7 +102,7 @@ class AsyncPostgresStore(AsyncStore):
         self, requests: Sequence[ClaimRequest], lease: float
     ) -> list[ClaimOutcome]:
         try:
-            return await self._run(flows.claim(self._sql, requests, lease))
+            return await self._run(flows.claim(self.statements, requests, lease))
         except LockTimeout:
             if len(requests) == 1:
                 return [Busy(None)]
@@ -124,13 +119,15 @@ class AsyncPostgresStore(AsyncStore):
         retention: float | None = None,
     ) -> Record:
         done = Completion(key, owner, fencing_token, result)
-        return await self._run(flows.complete_one(self._sql, done, self.retention_for(retention)))
+        return await self._run(
+            flows.complete_one(self.statements, done, self.retention_for(retention))
+        )
 
     async def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
         retention = self.retention_for(retention)
-        return await self._run(flows.complete_many(self._sql, completions, retention))
+        return await self._run(flows.complete_many(self.statements, completions, retention))
 
     async def fail(
         self,
@@ -143,22 +140,22 @@ class AsyncPostgresStore(AsyncStore):
     ) -> Record:
         held = Holder(key, owner, fencing_token)
         retention = self.retention_for(retention)
-        return await self._run(flows.fail(self._sql, held, error, retriable, retention))
+        return await self._run(flows.fail(self.statements, held, error, retriable, retention))
 
     async def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
         held = Holder(key, owner, fencing_token)
-        return await self._run(flows.extend(self._sql, held, self.lease_for(lease)))
+        return await self._run(flows.extend(self.statements, held, self.lease_for(lease)))
 
     async def release(
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
     ) -> Record:
         held = Holder(key, owner, fencing_token)
-        return await self._run(flows.release(self._sql, held, handler_ran))
+        return await self._run(flows.release(self.statements, held, handler_ran))
 
     async def get(self, key: str) -> Record | None:
-        return await self._run(flows.get(self._sql, key))
+        return await self._run(flows.get(self.statements, key))
 
     # The sequence guard --------------------------------------------------------------------------
 
@@ -172,13 +169,15 @@ class AsyncPostgresStore(AsyncStore):
         try:
             async with self._on_entities():
                 return await self._run(
-                    flows.guard(self._sql, guards, lease, self.default_retention)
+                    flows.guard(self.statements, guards, lease, self.default_retention)
                 )
         except LockTimeout:
             if len(guards) == 1:
                 # Its row is held by an open transaction (transactional mode).
                 async with self._on_entities():
-                    unwritten = flows.reply_unwritten(self._sql, guards[0], self.default_retention)
+                    unwritten = flows.reply_unwritten(
+                        self.statements, guards[0], self.default_retention
+                    )
                     return [await self._run(unwritten)]
         # A row of the batch is held by an open transaction: one by one, so only that item
         # answers BUSY. Items that went already go again: the holder asking again keeps it.
@@ -209,7 +208,7 @@ class AsyncPostgresStore(AsyncStore):
     ) -> list[bool]:
         # More than one round: in one transaction, so a lock timeout undoes all of them.
         async with conn.transaction() if flows.settle_in_transaction(settles) else nullcontext():
-            return await drive_async(conn, flows.settle(self._sql, settles, retention))
+            return await drive_async(conn, flows.settle(self.statements, settles, retention))
 
     async def finish_many(
         self,
@@ -244,77 +243,10 @@ class AsyncPostgresStore(AsyncStore):
         entity's row is locked in the transaction: a stale event's key is completed and
         committed before the block (``unit.outcome`` is Stale), and ``unit.complete()``
         advances the entity in the transaction."""
-        return _transaction(self, key, fingerprint, lease, order)
+        return unit.transaction(self, key, fingerprint, lease, order)
 
     # Lifetime -------------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
         await self._pool.close()
         await super().aclose()
-
-
-@dataclass
-class AsyncUnit:
-    """One key inside an open transaction (``AsyncPostgresStore.transaction``)."""
-
-    outcome: ClaimOutcome | Stale
-    connection: psycopg.AsyncConnection[Any] | None
-    """The transaction's async connection while the key is Acquired; run your SQL on it."""
-    _store: AsyncPostgresStore | None = field(default=None, repr=False)
-    completed: Record | None = None
-    order: Order | None = None
-    """The event's place in its entity's history: ``complete`` advances the entity to it."""
-
-    async def complete(self, result: JSON = None, retention: float | None = None) -> Record:
-        """Complete the key in this transaction (and, with an order, advance its entity):
-        it commits with everything else or not at all."""
-        if not isinstance(self.outcome, Acquired) or self.connection is None or self._store is None:
-            raise StoreError(NOT_ACQUIRED)
-        store = self._store
-        done = complete_unit(
-            store._sql, self.outcome, self.order, result, store.retention_for(retention)
-        )
-        async with store._pool.translated():
-            record = await drive_async(self.connection, done)
-        self.completed = record
-        return record
-
-
-@asynccontextmanager
-async def _transaction(
-    store: AsyncPostgresStore,
-    key: str,
-    fingerprint: str | None,
-    lease: float | None,
-    order: Order | None,
-) -> AsyncIterator[AsyncUnit]:
-    """``store.transaction(key, fingerprint, lease, order)``: see there."""
-    validate_key(key)
-    opening = open_unit(
-        store._sql,
-        store.names,
-        key,
-        fingerprint,
-        store.lease_for(lease),
-        order,
-        store.default_retention,
-    )
-    async with store.connection() as conn:
-        await conn.execute("BEGIN")
-        open_tx = True
-        try:
-            outcome = await drive_async(conn, opening)
-            if not isinstance(outcome, Acquired):
-                await conn.execute(ending(outcome))
-                open_tx = False
-                yield AsyncUnit(outcome, None)
-                return
-            unit = AsyncUnit(outcome, conn, store, order=order)
-            yield unit
-            if unit.completed is None:
-                raise incomplete(key)
-            await conn.execute("COMMIT")
-            open_tx = False
-        finally:
-            if open_tx and not conn.closed:
-                await conn.execute("ROLLBACK")

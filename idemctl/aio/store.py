@@ -14,8 +14,9 @@ import asyncio
 import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
 
 from idemctl.model import (
     JSON,
@@ -27,10 +28,12 @@ from idemctl.model import (
     Finding,
     Guard,
     GuardReply,
+    Order,
     Page,
     Provisioning,
     Record,
     Settle,
+    Stale,
     Stats,
     Status,
 )
@@ -236,3 +239,28 @@ class AsyncStore:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class AsyncTransactionUnit(Protocol):
+    """One key inside an open transaction (``AsyncTransactionalStore.transaction``)."""
+
+    outcome: ClaimOutcome | Stale
+    connection: Any
+    """The transaction's async connection while the key is Acquired."""
+
+    async def complete(self, result: JSON = None, retention: float | None = None) -> Record: ...
+
+
+@runtime_checkable
+class AsyncTransactionalStore(Protocol):
+    """An async store whose claim, the handler's SQL and completion share one transaction."""
+
+    outbox_table: str
+
+    def transaction(
+        self,
+        key: str,
+        fingerprint: str | None = None,
+        lease: float | None = None,
+        order: Order | None = None,
+    ) -> AbstractAsyncContextManager[AsyncTransactionUnit]: ...

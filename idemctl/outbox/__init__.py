@@ -6,6 +6,7 @@ relayed to Kafka after they commit, replayed on demand with their original ids.
 - ``idemctl.outbox.table.OutboxTable``: status, selection for replay, purge
 """
 
-from idemctl.outbox.writer import NoOutbox, Outbox, add, outbox_table
+from idemctl.outbox.rows import NoOutbox, outbox_table
+from idemctl.outbox.writer import Outbox, add
 
 __all__ = ["NoOutbox", "Outbox", "add", "outbox_table"]

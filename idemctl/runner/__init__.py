@@ -1,12 +1,12 @@
 """Run units of work: claim -> handler -> complete or fail, for one key (``run``,
 ``@idempotent``) and for a batch of keys held together (``Batch``, what consume runs on)."""
 
+from idemctl.runner.attempt import invoke, run
 from idemctl.runner.batch import Batch
 from idemctl.runner.context import NO_OUTBOX, Context, current_context
 from idemctl.runner.decorator import idempotent
 from idemctl.runner.heartbeat import Heartbeat
-from idemctl.runner.outcome import NEVER_RETRIED, Outcome, RunResult, stored_form
-from idemctl.runner.single import Invocation, invoke, run
+from idemctl.runner.outcome import NEVER_RETRIED, Invocation, Outcome, RunResult, stored_form
 
 __all__ = [
     "NEVER_RETRIED",

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, IdemctlError, StoreUnavailable
 from idemctl.model import Acquired, ClaimRequest, Completion, Guard, Order, Settle, Verdict
+from idemctl.runner.attempt import invoke, let_go, not_run, run
 from idemctl.runner.context import Context
 from idemctl.runner.heartbeat import Heartbeat
-from idemctl.runner.ordering import guard_of, let_go, not_run, settle_of
+from idemctl.runner.ordering import guard_of, settle_of
 from idemctl.runner.outcome import Outcome, RunResult, settled
-from idemctl.runner.single import invoke, run
 from idemctl.stores.base import TransactionalStore
 
 if TYPE_CHECKING:

@@ -9,11 +9,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from idemctl.outbox.writer import AsyncOutbox, NoOutbox, Outbox
+from idemctl.outbox.rows import NoOutbox
 
 if TYPE_CHECKING:
+    from idemctl.aio.outbox import AsyncOutbox
     from idemctl.aio.store import AsyncStore
     from idemctl.model import Acquired, Order
+    from idemctl.outbox.writer import Outbox
     from idemctl.stores.base import Store
 
 NO_OUTBOX = NoOutbox(
@@ -40,7 +42,7 @@ class Context:
     connection: Any = None
     """In PostgreSQL transactional mode: the psycopg connection whose open transaction holds
     the key. Write your effects on it; they commit together with the key, or not at all."""
-    outbox: Outbox | AsyncOutbox = NO_OUTBOX
+    outbox: Outbox | AsyncOutbox | NoOutbox = NO_OUTBOX
     """In PostgreSQL transactional mode: ``ctx.outbox.add(aggregatetype, aggregateid, type,
     payload, headers=None)`` writes an event that commits with the key and the effects;
     ``idemctl outbox relay`` publishes it (under ``idemctl.aio``, ``await ctx.outbox.add``).
@@ -56,7 +58,7 @@ class Context:
         store: Store | AsyncStore,
         logger: logging.Logger,
         connection: Any = None,
-        outbox: Outbox | AsyncOutbox = NO_OUTBOX,
+        outbox: Outbox | AsyncOutbox | NoOutbox = NO_OUTBOX,
         order: Order | None = None,
     ) -> Context:
         """The context of the attempt that holds ``a``."""
@@ -92,8 +94,13 @@ def current_context() -> Context:
         ) from None
 
 
-def call_in_context(ctx: Context, handler: Callable[[Context], Any]) -> Any:
-    """Run the handler with ``current_context()`` set to ``ctx``, in a copy of this context."""
+Handler = Callable[[Context], Any]
+"""A handler: ``def handler(ctx) -> JSON``."""
+
+
+def call_handler(ctx: Context, handler: Handler) -> Any:
+    """Run the handler with ``current_context()`` set to ``ctx``, in a copy of this context
+    (``idemctl.aio.context.call_handler`` is its async counterpart)."""
 
     def call() -> Any:
         _current.set(ctx)

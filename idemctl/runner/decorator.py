@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from idemctl.errors import ConfigError, FingerprintMismatch, KeyBusy, PreviouslyFailed, StaleEvent
 from idemctl.model import Order, sequence_of
 from idemctl.model import fingerprint as fingerprint_of
+from idemctl.runner.attempt import run
 from idemctl.runner.outcome import Outcome, RunResult
-from idemctl.runner.single import run
 from idemctl.stores import open_store
 
 if TYPE_CHECKING:

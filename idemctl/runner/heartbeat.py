@@ -22,13 +22,25 @@ class Heartbeat:
     A key whose lease was lost is dropped (completing it says so); a store that does
     not answer is tried again at the next beat, while the lease may still hold."""
 
-    def __init__(self, store: Store, lease: float, name: str = "idemctl-heartbeat") -> None:
+    def __init__(
+        self,
+        store: Store,
+        lease: float,
+        held: Iterable[Acquired] = (),
+        guards: Iterable[Guard] = (),
+        *,
+        name: str = "idemctl-heartbeat",
+    ) -> None:
+        """Keys ``held`` (and the entity holds ``guards`` name) are held from the start."""
         self.store, self.lease = store, lease
         self._held: dict[str, Acquired] = {}
         self._guards: dict[str, Guard] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=name, daemon=True)
+        held = list(held)
+        if held:
+            self.hold(held, guards)
 
     def hold(self, acquired: Iterable[Acquired], guards: Iterable[Guard] = ()) -> None:
         """Keep these keys' leases alive too (starts the thread the first time), and the

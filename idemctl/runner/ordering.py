@@ -15,12 +15,12 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from idemctl.errors import IdemctlError, LeaseLost
+from idemctl.errors import LeaseLost
 from idemctl.model import Acquired, Completion, Guard, GuardReply, Order, Settle, Verdict
 from idemctl.runner.outcome import Outcome, RunResult
 
 if TYPE_CHECKING:
-    from idemctl.stores.base import Store
+    pass
 
 
 def guard_of(a: Acquired, order: Order) -> Guard:
@@ -37,24 +37,6 @@ def missing_predecessor(order: Order, last: int | None) -> bool:
     return order.sequence > (0 if last is None else last) + 1
 
 
-def not_run(
-    store: Store,
-    held: Sequence[tuple[Acquired, GuardReply]],
-    retention: float | None,
-    logger: logging.Logger,
-) -> list[RunResult]:
-    """What keys whose guard said stale or busy come to. Stale keys are completed with a
-    null result (in one round trip): the event is decided; busy keys are given back."""
-    stale = stale_completions(held)
-    done = store.complete_many(stale, retention) if stale else []
-    for a, _ in busy(held):
-        try:
-            store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
-        except IdemctlError as exc:  # its lease runs out by itself
-            logger.debug("release %s: %s", a.key, exc)
-    return not_run_results(held, done, logger)
-
-
 def stale_completions(held: Sequence[tuple[Acquired, GuardReply]]) -> list[Completion]:
     """The completions, with a null result, of the keys whose guard said stale."""
     return [_completion(a) for a, r in held if r.verdict is Verdict.STALE]
@@ -68,7 +50,8 @@ def busy(held: Sequence[tuple[Acquired, GuardReply]]) -> list[tuple[Acquired, Gu
 def not_run_results(
     held: Sequence[tuple[Acquired, GuardReply]], done: Sequence[bool], logger: logging.Logger
 ) -> list[RunResult]:
-    """``not_run``'s results, ``done`` answering ``stale_completions(held)``."""
+    """What ``not_run`` (``idemctl.runner.attempt``) returns, ``done`` answering
+    ``stale_completions(held)``."""
     stale = [(a, r) for a, r in held if r.verdict is Verdict.STALE]
     results = {}
     for (a, reply), ok in zip(stale, done, strict=True):
@@ -88,14 +71,6 @@ def not_run_results(
 
 def _completion(a: Acquired) -> Completion:
     return Completion(a.key, a.owner, a.fencing_token, None)
-
-
-def let_go(store: Store, a: Acquired, order: Order, logger: logging.Logger) -> None:
-    """The handler will not finish: free the entity for its next event at once."""
-    try:
-        store.settle_many([settle_of(a, order, applied=False)])
-    except IdemctlError as exc:  # its hold runs out by itself
-        logger.debug("let go of entity %s: %s", order.entity, exc)
 
 
 def out_of_order(a: Acquired, order: Order) -> LeaseLost:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from idemctl.errors import AttemptsExhausted, OutboxError, Permanent
+from idemctl.errors import AttemptsExhausted, LeaseLost, OutboxError, Permanent
 from idemctl.model import (
     JSON,
     Acquired,
@@ -111,3 +113,58 @@ def stored_form(value: Any) -> JSON:
 def error_text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What running a handler under a held key gave: a storable ``value``, or ``error``
+    (already recorded in the store with ``store.fail``), or a lost lease."""
+
+    value: JSON = None
+    error: BaseException | None = None
+    retriable: bool = False
+    record: Record | None = None
+    lease_lost: LeaseLost | None = None
+
+    def failed(self, acquired: Acquired) -> RunResult | None:
+        """LEASE_LOST or ERROR when the handler gave no value to complete, else None."""
+        a = acquired
+        if self.lease_lost is not None:
+            lost = self.lease_lost
+            return RunResult(
+                Outcome.LEASE_LOST, a.key, None, lost.record, lost, a.attempt, a.fencing_token
+            )
+        if self.error is not None:
+            return RunResult(
+                Outcome.ERROR,
+                a.key,
+                None,
+                self.record,
+                self.error,
+                a.attempt,
+                a.fencing_token,
+                self.retriable,
+            )
+        return None
+
+
+def discarded(key: str, lost: LeaseLost) -> LeaseLost:
+    """Why a handler's result was not stored: completing it found the lease ``lost``."""
+    return LeaseLost(
+        f"result for {key!r} discarded: {lost} (the handler ran past its lease; "
+        "raise the lease or keep the heartbeat on)",
+        lost.record,
+    )
+
+
+def result_lost(a: Acquired, lost: LeaseLost, logger: logging.Logger) -> RunResult:
+    """LEASE_LOST for a handler that finished after its key (or entity) was taken: logged."""
+    logger.warning("%s", lost, extra={"idemctl": {"key": a.key, "outcome": "lease_lost"}})
+    return RunResult(
+        Outcome.LEASE_LOST,
+        a.key,
+        error=lost,
+        record=lost.record,
+        attempt=a.attempt,
+        fencing_token=a.fencing_token,
+    )

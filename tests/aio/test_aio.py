@@ -135,11 +135,11 @@ def test_a_cancellation_while_the_heartbeat_stops_is_not_swallowed(
 ) -> None:
     """The task is cancelled just as the handler returns, while run waits for its heartbeat
     task to end: run ends cancelled (the key given back), not as if nothing had happened."""
-    from idemctl.aio import runner
+    from idemctl.aio import heartbeat
 
     stopping = asyncio.Event()
 
-    async def slow_to_stop(self: runner.Heartbeat) -> None:
+    async def slow_to_stop(self: heartbeat.Heartbeat) -> None:
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
@@ -147,7 +147,7 @@ def test_a_cancellation_while_the_heartbeat_stops_is_not_swallowed(
             await asyncio.sleep(0.5)  # winding down takes a while: the window
             raise
 
-    monkeypatch.setattr(runner.Heartbeat, "_beat", slow_to_stop)
+    monkeypatch.setattr(heartbeat.Heartbeat, "_beat", slow_to_stop)
 
     async def quick(ctx: Context) -> str:
         await asyncio.sleep(0.05)  # the heartbeat task has started meanwhile

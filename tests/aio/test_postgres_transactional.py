@@ -19,6 +19,7 @@ import pytest
 from psycopg import sql
 
 from idemctl import aio
+from idemctl.aio.outbox import AsyncOutbox
 from idemctl.aio.postgres import AsyncPostgresStore
 from idemctl.errors import (
     ConfigError,
@@ -43,7 +44,6 @@ from idemctl.model import (
     Verdict,
     fingerprint,
 )
-from idemctl.outbox.writer import AsyncOutbox
 from idemctl.stores import open_store
 from tests.backends import unique_schema
 from tests.servers import PostgresServer, free_port

@@ -7,9 +7,10 @@
   parameter and row's reading
 - ``pool``: the connection pools (sync and async, one set of settings), and the driver's
   errors as idemctl's
-- ``transactional``: transactional mode (``PostgresStore.transaction`` and its ``Unit``),
-  with the entity's row locked and advanced in the same transaction when given an order;
-  its flows serve ``idemctl.aio``'s ``async with store.transaction(key)`` too
+- ``transactional``: transactional mode's flows, with the entity's row locked and advanced
+  in the same transaction when given an order
+- ``unit``: ``PostgresStore.transaction`` and its ``Unit``, driving those flows (written by
+  scripts/unasync.py from ``idemctl.aio.unit``, ``async with store.transaction(key)``)
 - ``store``: ``PostgresStore`` itself
 
 Imported only when a ``postgresql://`` store is opened (``idemctl.stores.open_store``):
@@ -19,7 +20,7 @@ importing it loads psycopg.
 from idemctl.stores import base
 from idemctl.stores.postgres.sql import Names, migrations, names, quote_ident
 from idemctl.stores.postgres.store import ADMIN_LOCK_WAIT, PostgresStore
-from idemctl.stores.postgres.transactional import Unit
+from idemctl.stores.postgres.unit import Unit
 
 BATCH = base.BATCH
 """Rows per statement of unlock-stale and purge. Read from here at every call: it may be set."""

@@ -93,6 +93,11 @@ class PostgresCore(BaseStore):
         one statement); driver errors inside the block become idemctl's errors."""
         return self._pool.connection()
 
+    def translated(self) -> AbstractContextManager[None]:
+        """Driver errors inside the block become idemctl's (on a connection of this store's
+        already lent, such as a transactional unit's)."""
+        return self._pool.translated()
+
     def _fetch(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         with self.connection() as conn:
             return conn.execute(sql, params).fetchall()

@@ -27,13 +27,13 @@ from idemctl.model import (
     Order,
     Record,
 )
-from idemctl.stores.postgres import flows, transactional
+from idemctl.stores.postgres import flows, unit
 from idemctl.stores.postgres.admin import PostgresAdmin
 from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT, PROVISION_LOCK_WAIT
 from idemctl.stores.postgres.entities import PostgresEntities
 from idemctl.stores.postgres.pool import LockTimeout
 from idemctl.stores.postgres.provision import PostgresProvisioning
-from idemctl.stores.postgres.transactional import Unit
+from idemctl.stores.postgres.unit import Unit
 
 __all__ = ["ADMIN_LOCK_WAIT", "PROVISION_LOCK_WAIT", "PostgresStore"]
 
@@ -100,6 +100,6 @@ class PostgresStore(PostgresAdmin, PostgresEntities, PostgresProvisioning):
         nothing is held. Otherwise ``unit.complete()`` advances the entity too, in the
         transaction: it commits with the handler's SQL or not at all.
         """
-        return transactional.transaction(self, key, fingerprint, lease, order)
+        return unit.transaction(self, key, fingerprint, lease, order)
 
     # Admin ----------------------------------------------------------------------------------------

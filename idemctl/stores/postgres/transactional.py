@@ -8,18 +8,14 @@ transaction on the entity is Busy at once instead of waiting), a stale event's k
 completed with a null result and committed before the block, and ``complete()`` advances
 the entity in the same transaction as everything else.
 
-What happens inside the transaction is two flows (``flows``): ``open_unit`` before the
-block and ``complete_unit`` in it, run here on a sync connection and by
-``idemctl.aio.postgres`` on an async one."""
+This module holds what happens inside the transaction, sans-IO: two flows (``flows``),
+``open_unit`` before the block and ``complete_unit`` in it. ``idemctl.stores.postgres.unit``
+drives them on a sync connection, ``idemctl.aio.unit`` on an async one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
-import psycopg
 from psycopg import errors as pg_errors
 
 from idemctl.errors import IncompleteTransaction, StoreError
@@ -35,87 +31,16 @@ from idemctl.model import (
     Record,
     Stale,
     Verdict,
-    validate_key,
 )
 from idemctl.stores.machine import decide_guard
 from idemctl.stores.postgres import flows
-from idemctl.stores.postgres.flows import Flow, Statement, drive
+from idemctl.stores.postgres.flows import Flow, Statement
 from idemctl.stores.postgres.sql import Names, entity_of, utc
-
-if TYPE_CHECKING:
-    from idemctl.stores.postgres.store import PostgresStore
 
 ENTITY_TRIES = 3
 """Times the entity's row is made and locked when it vanishes in between (a purge or a
 forced forget between the two statements): then the unit is Busy."""
 NOT_ACQUIRED = "complete() needs a unit that acquired its key"
-
-
-@dataclass
-class Unit:
-    """One key inside an open transaction (``PostgresStore.transaction``)."""
-
-    outcome: ClaimOutcome | Stale
-    connection: psycopg.Connection[Any] | None
-    """The transaction's connection while the key is Acquired; run your own SQL on it."""
-    _store: PostgresStore | None = field(default=None, repr=False)
-    completed: Record | None = None
-    order: Order | None = None
-    """The event's place in its entity's history: ``complete`` advances the entity to it."""
-
-    def complete(self, result: JSON = None, retention: float | None = None) -> Record:
-        """Complete the key in this transaction (and, with an order, advance its entity):
-        it commits with everything else or not at all."""
-        if not isinstance(self.outcome, Acquired) or self.connection is None or self._store is None:
-            raise StoreError(NOT_ACQUIRED)
-        store = self._store
-        done = complete_unit(
-            store.statements, self.outcome, self.order, result, store.retention_for(retention)
-        )
-        with store._pool.translated():
-            record = drive(self.connection, done)
-        self.completed = record
-        return record
-
-
-@contextmanager
-def transaction(
-    store: PostgresStore,
-    key: str,
-    fingerprint: str | None,
-    lease: float | None,
-    order: Order | None = None,
-) -> Iterator[Unit]:
-    """``store.transaction(key, fingerprint, lease, order)``: see there."""
-    validate_key(key)
-    opening = open_unit(
-        store.statements,
-        store.names,
-        key,
-        fingerprint,
-        store.lease_for(lease),
-        order,
-        store.default_retention,
-    )
-    with store.connection() as conn:
-        conn.execute("BEGIN")
-        open_tx = True
-        try:
-            outcome = drive(conn, opening)
-            if not isinstance(outcome, Acquired):
-                conn.execute(ending(outcome))
-                open_tx = False
-                yield Unit(outcome, None)
-                return
-            unit = Unit(outcome, conn, store, order=order)
-            yield unit
-            if unit.completed is None:
-                raise incomplete(key)
-            conn.execute("COMMIT")
-            open_tx = False
-        finally:
-            if open_tx and not conn.closed:
-                conn.execute("ROLLBACK")
 
 
 def ending(outcome: ClaimOutcome | Stale) -> str:

@@ -1,46 +1,60 @@
-"""Run one unit of work: claim the key, run the handler, complete or fail it.
+"""One attempt at a key: claim it, run the handler, complete or fail it.
 
 ``run()`` is what ``@idempotent`` builds on; ``invoke()`` runs a handler for a key already
 held (``Batch`` builds on it). While a handler runs, a heartbeat extends its lease; a result
-produced after the lease was lost is discarded, never stored.
+produced after the lease was lost is discarded, never stored. A handler that is interrupted
+(Ctrl-C, a cancelled task) gives its key back at once.
+
+This module is the original of ``idemctl.runner.attempt`` (scripts/unasync.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from idemctl.errors import ConfigError, InvalidPayload, LeaseLost, StoreError
-from idemctl.model import JSON, Acquired, Order, Record, Stale, Verdict, validate_key
-from idemctl.outbox.writer import Outbox
-from idemctl.runner.context import Context, call_in_context
-from idemctl.runner.heartbeat import Heartbeat
-from idemctl.runner.ordering import guard_of, let_go, not_run, out_of_order, settle_of
+from idemctl.aio.context import Handler, call_handler
+from idemctl.aio.heartbeat import Heartbeat
+from idemctl.aio.outbox import AsyncOutbox
+from idemctl.aio.store import AsyncTransactionalStore
+from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, LeaseLost, StoreError
+from idemctl.model import Acquired, GuardReply, Order, Stale, Verdict, validate_key
+from idemctl.runner.context import Context
+from idemctl.runner.ordering import (
+    busy,
+    guard_of,
+    not_run_results,
+    out_of_order,
+    settle_of,
+    stale_completions,
+)
 from idemctl.runner.outcome import (
     NEVER_RETRIED,
+    Invocation,
     Outcome,
     RunResult,
+    discarded,
     error_text,
     exhausted,
     exhausted_error,
     last_attempt,
+    result_lost,
     settled,
     stored_form,
 )
-from idemctl.stores.base import TransactionalStore
 
 if TYPE_CHECKING:
-    from idemctl.stores.base import Store
+    from idemctl.aio.store import AsyncStore
 
 log = logging.getLogger("idemctl.runner")
 
 
-def run(
-    store: Store,
+async def run(
+    store: AsyncStore,
     key: str,
-    handler: Callable[[Context], Any],
+    handler: Handler,
     *,
     fingerprint: str | None = None,
     lease: float | None = None,
@@ -73,7 +87,7 @@ def run(
     """
     validate_key(key)  # InvalidKey before anything is claimed, the same on every store
     if transactional:
-        return _run_transactional(
+        return await _run_transactional(
             store,
             key,
             handler,
@@ -85,24 +99,57 @@ def run(
             logger,
             order,
         )
-    outcome = store.claim(key, fingerprint, lease)
+    outcome = await store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
         return settled(key, outcome)
     if order is not None:
-        (reply,) = store.guard_many([guard_of(outcome, order)], lease)
+        (reply,) = await store.guard_many([guard_of(outcome, order)], lease)
         if reply.verdict is not Verdict.GO:
-            return not_run(store, [(outcome, reply)], retention, logger)[0]
-    return _execute(
+            results = await not_run(store, [(outcome, reply)], retention, logger)
+            return results[0]
+    did = await invoke(
         store,
         outcome,
         handler,
-        lease,
-        retention,
-        permanent,
-        heartbeat,
-        max_attempts,
-        logger,
-        order,
+        lease=lease,
+        retention=retention,
+        permanent=permanent,
+        heartbeat=heartbeat,
+        max_attempts=max_attempts,
+        order=order,
+        logger=logger,
+    )
+    return await _complete(store, outcome, did, retention, order, logger)
+
+
+async def _complete(
+    store: AsyncStore,
+    a: Acquired,
+    did: Invocation,
+    retention: float | None,
+    order: Order | None,
+    logger: logging.Logger,
+) -> RunResult:
+    """What the handler's run ``did`` comes to: its failure, or its value stored (and, with
+    ``order``, the entity advanced first); LEASE_LOST if the key or entity was taken."""
+    failed = did.failed(a)
+    if failed is not None:
+        return failed
+    if order is not None:
+        (advanced,) = await store.settle_many([settle_of(a, order)], retention)
+        if not advanced:
+            return result_lost(a, out_of_order(a, order), logger)
+    try:
+        record = await store.complete(a.key, a.owner, a.fencing_token, did.value, retention)
+    except LeaseLost as lost:
+        return result_lost(a, discarded(a.key, lost), logger)
+    return RunResult(
+        Outcome.EXECUTED,
+        a.key,
+        did.value,
+        record,
+        attempt=a.attempt,
+        fencing_token=a.fencing_token,
     )
 
 
@@ -110,10 +157,10 @@ class _Rollback(Exception):
     """Raised inside a transaction to roll it back after the handler failed."""
 
 
-def _run_transactional(
-    store: Store,
+async def _run_transactional(
+    store: AsyncStore,
     key: str,
-    handler: Callable[[Context], Any],
+    handler: Handler,
     fingerprint: str | None,
     lease: float | None,
     retention: float | None,
@@ -122,11 +169,11 @@ def _run_transactional(
     logger: logging.Logger,
     order: Order | None,
 ) -> RunResult:
-    if not isinstance(store, TransactionalStore):
+    if not isinstance(store, AsyncTransactionalStore):
         raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
     failure: Exception | None = None
     try:
-        with store.transaction(key, fingerprint, lease, order) as unit:
+        async with store.transaction(key, fingerprint, lease, order) as unit:
             if isinstance(unit.outcome, Stale):
                 return RunResult(Outcome.STALE, key, last=unit.outcome.last)
             if not isinstance(unit.outcome, Acquired):
@@ -135,14 +182,14 @@ def _run_transactional(
             if exhausted(a, max_attempts):
                 failure = exhausted_error(a, max_attempts)
                 raise _Rollback
-            outbox = Outbox(unit.connection, store.outbox_table)
+            outbox = AsyncOutbox(unit.connection, store.outbox_table)
             ctx = Context.held(a, store, logger, unit.connection, outbox, order)
             try:
-                value = stored_form(call_in_context(ctx, handler))
+                value = stored_form(await call_handler(ctx, handler))
             except Exception as exc:
                 failure = exc
                 raise _Rollback from exc
-            record = unit.complete(value, retention)
+            record = await unit.complete(value, retention)
             return RunResult(
                 Outcome.EXECUTED,
                 key,
@@ -156,10 +203,10 @@ def _run_transactional(
     # The handler's transaction is gone with all it wrote; record the failure on its own,
     # so attempts are counted and a permanent failure is not run again.
     retriable = not isinstance(failure, (*NEVER_RETRIED, InvalidPayload, *permanent))
-    outcome = store.claim(key, fingerprint, lease)
+    outcome = await store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
         return RunResult(Outcome.ERROR, key, error=failure, retriable=retriable)
-    record = store.fail(
+    record = await store.fail(
         key,
         outcome.owner,
         outcome.fencing_token,
@@ -178,43 +225,10 @@ def _run_transactional(
     )
 
 
-@dataclass(frozen=True)
-class Invocation:
-    """What running a handler under a held key gave: a storable ``value``, or ``error``
-    (already recorded in the store with ``store.fail``), or a lost lease."""
-
-    value: JSON = None
-    error: BaseException | None = None
-    retriable: bool = False
-    record: Record | None = None
-    lease_lost: LeaseLost | None = None
-
-    def failed(self, acquired: Acquired) -> RunResult | None:
-        """LEASE_LOST or ERROR when the handler gave no value to complete, else None."""
-        a = acquired
-        if self.lease_lost is not None:
-            lost = self.lease_lost
-            return RunResult(
-                Outcome.LEASE_LOST, a.key, None, lost.record, lost, a.attempt, a.fencing_token
-            )
-        if self.error is not None:
-            return RunResult(
-                Outcome.ERROR,
-                a.key,
-                None,
-                self.record,
-                self.error,
-                a.attempt,
-                a.fencing_token,
-                self.retriable,
-            )
-        return None
-
-
-def invoke(
-    store: Store,
+async def invoke(
+    store: AsyncStore,
     acquired: Acquired,
-    handler: Callable[[Context], Any],
+    handler: Handler,
     *,
     lease: float | None = None,
     retention: float | None = None,
@@ -230,41 +244,34 @@ def invoke(
     the ``max_attempts``-th run, and a claim past it fails without running the handler.
     With ``order`` (whose guard said go), the heartbeat keeps the entity's hold too, and a
     handler that does not finish lets go of the entity; settling is the caller's."""
-    key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
+    key = acquired.key
     if exhausted(acquired, max_attempts):
         error: Exception = exhausted_error(acquired, max_attempts)
-        return _record_failure(store, acquired, error, False, retention, order=order)
+        return await _record_failure(store, acquired, error, False, retention, order=order)
     ctx = Context.held(acquired, store, logger, order=order)
     beat = (
         Heartbeat(
-            store, store.default_lease if lease is None else lease, f"idemctl-heartbeat-{key}"
+            store,
+            store.default_lease if lease is None else lease,
+            [acquired],
+            [] if order is None else [guard_of(acquired, order)],
+            name=f"idemctl-heartbeat-{key}",
         )
         if heartbeat
         else None
     )
     try:
-        if beat is not None:
-            beat.hold([acquired], [] if order is None else [guard_of(acquired, order)])
         try:
-            value = call_in_context(ctx, handler)
+            value = await call_handler(ctx, handler)
         finally:
             if beat is not None:
-                beat.stop()
+                await beat.stop()
     except Exception as exc:
         error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
     except BaseException:
-        # Interrupted (Ctrl-C, SystemExit): free the key for the next delivery at once.
-        if order is not None:
-            let_go(store, acquired, order, logger)
-        try:
-            store.release(key, owner, token)
-        except StoreError as exc:
-            logger.warning(
-                "could not release %r after an interrupt: %s",
-                key,
-                exc,
-                extra={"idemctl": {"key": key}},
-            )
+        # Interrupted (Ctrl-C, SystemExit, a cancelled task): free the key for the next
+        # delivery at once, even if the task is cancelled again meanwhile.
+        await asyncio.shield(give_back(store, acquired, order, logger))
         raise
     else:
         try:
@@ -278,12 +285,14 @@ def invoke(
             )
             retriable = False
     final = last_attempt(acquired, max_attempts)
-    return _record_failure(store, acquired, error, retriable, retention, final=final, order=order)
+    return await _record_failure(
+        store, acquired, error, retriable, retention, final=final, order=order
+    )
 
 
-def _record_failure(
-    store: Store,
-    acquired: Acquired,
+async def _record_failure(
+    store: AsyncStore,
+    a: Acquired,
     error: Exception,
     retriable: bool,
     retention: float | None,
@@ -291,13 +300,12 @@ def _record_failure(
     final: bool = False,
     order: Order | None = None,
 ) -> Invocation:
-    """Record ``error`` for the key ``acquired`` holds: retriable unless ``final``; with
+    """Record ``error`` for the key ``a`` holds: retriable unless ``final``; with
     ``order``, let go of its entity first, so the entity's next event need not wait."""
-    a = acquired
     if order is not None:
-        let_go(store, a, order, log)
+        await let_go(store, a, order, log)
     try:
-        record = store.fail(
+        record = await store.fail(
             a.key, a.owner, a.fencing_token, error_text(error), retriable and not final, retention
         )
     except LeaseLost as lost:
@@ -305,61 +313,44 @@ def _record_failure(
     return Invocation(error=error, retriable=retriable, record=record)
 
 
-def _execute(
-    store: Store,
-    acquired: Acquired,
-    handler: Callable[[Context], Any],
-    lease: float | None,
-    retention: float | None,
-    permanent: tuple[type[BaseException], ...],
-    heartbeat: bool,
-    max_attempts: int | None,
-    logger: logging.Logger,
-    order: Order | None = None,
-) -> RunResult:
-    key, owner, token = acquired.key, acquired.owner, acquired.fencing_token
-    done: dict[str, Any] = {"attempt": acquired.attempt, "fencing_token": token}
-    did = invoke(
-        store,
-        acquired,
-        handler,
-        lease=lease,
-        retention=retention,
-        permanent=permanent,
-        heartbeat=heartbeat,
-        max_attempts=max_attempts,
-        order=order,
-        logger=logger,
-    )
-    failed = did.failed(acquired)
-    if failed is not None:
-        return failed
-    if order is not None and not store.settle_many([settle_of(acquired, order)], retention)[0]:
-        return result_lost(acquired, out_of_order(acquired, order), logger)
+async def give_back(
+    store: AsyncStore, a: Acquired, order: Order | None, logger: logging.Logger
+) -> None:
+    """An interrupted handler's key (and entity) freed for the next delivery at once."""
+    if order is not None:
+        await let_go(store, a, order, logger)
     try:
-        record = store.complete(key, owner, token, did.value, retention)
-    except LeaseLost as lost:
-        return result_lost(acquired, discarded(key, lost), logger)
-    return RunResult(Outcome.EXECUTED, key, did.value, record, **done)
+        await store.release(a.key, a.owner, a.fencing_token)
+    except StoreError as exc:
+        logger.warning(
+            "could not release %r after an interrupt: %s",
+            a.key,
+            exc,
+            extra={"idemctl": {"key": a.key}},
+        )
 
 
-def discarded(key: str, lost: LeaseLost) -> LeaseLost:
-    """Why a handler's result was not stored: completing it found the lease ``lost``."""
-    return LeaseLost(
-        f"result for {key!r} discarded: {lost} (the handler ran past its lease; "
-        "raise the lease or keep the heartbeat on)",
-        lost.record,
-    )
+async def not_run(
+    store: AsyncStore,
+    held: Sequence[tuple[Acquired, GuardReply]],
+    retention: float | None,
+    logger: logging.Logger,
+) -> list[RunResult]:
+    """What keys whose guard said stale or busy come to. Stale keys are completed with a
+    null result (in one round trip): the event is decided; busy keys are given back."""
+    stale = stale_completions(held)
+    done = await store.complete_many(stale, retention) if stale else []
+    for a, _ in busy(held):
+        try:
+            await store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
+        except IdemctlError as exc:  # its lease runs out by itself
+            logger.debug("release %s: %s", a.key, exc)
+    return not_run_results(held, done, logger)
 
 
-def result_lost(a: Acquired, lost: LeaseLost, logger: logging.Logger) -> RunResult:
-    """LEASE_LOST for a handler that finished after its key (or entity) was taken: logged."""
-    logger.warning("%s", lost, extra={"idemctl": {"key": a.key, "outcome": "lease_lost"}})
-    return RunResult(
-        Outcome.LEASE_LOST,
-        a.key,
-        error=lost,
-        record=lost.record,
-        attempt=a.attempt,
-        fencing_token=a.fencing_token,
-    )
+async def let_go(store: AsyncStore, a: Acquired, order: Order, logger: logging.Logger) -> None:
+    """The handler will not finish: free the entity for its next event at once."""
+    try:
+        await store.settle_many([settle_of(a, order, applied=False)])
+    except IdemctlError as exc:  # its hold runs out by itself
+        logger.debug("let go of entity %s: %s", order.entity, exc)

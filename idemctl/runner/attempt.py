@@ -1,0 +1,352 @@
+# Written by scripts/unasync.py from idemctl/aio/attempt.py: change that file and run the
+# script (scripts/test checks the two agree). Do not edit this one.
+"""One attempt at a key: claim it, run the handler, complete or fail it.
+
+``run()`` is what ``@idempotent`` builds on; ``invoke()`` runs a handler for a key already
+held (``Batch`` builds on it). While a handler runs, a heartbeat extends its lease; a result
+produced after the lease was lost is discarded, never stored. A handler that is interrupted
+(Ctrl-C, a cancelled task) gives its key back at once.
+
+Written by scripts/unasync.py from ``idemctl.aio.attempt``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, LeaseLost, StoreError
+from idemctl.model import Acquired, GuardReply, Order, Stale, Verdict, validate_key
+from idemctl.outbox.writer import Outbox
+from idemctl.runner.context import Context, Handler, call_handler
+from idemctl.runner.heartbeat import Heartbeat
+from idemctl.runner.ordering import (
+    busy,
+    guard_of,
+    not_run_results,
+    out_of_order,
+    settle_of,
+    stale_completions,
+)
+from idemctl.runner.outcome import (
+    NEVER_RETRIED,
+    Invocation,
+    Outcome,
+    RunResult,
+    discarded,
+    error_text,
+    exhausted,
+    exhausted_error,
+    last_attempt,
+    result_lost,
+    settled,
+    stored_form,
+)
+from idemctl.stores.base import TransactionalStore
+
+if TYPE_CHECKING:
+    from idemctl.stores.base import Store
+
+log = logging.getLogger("idemctl.runner")
+
+
+def run(
+    store: Store,
+    key: str,
+    handler: Handler,
+    *,
+    fingerprint: str | None = None,
+    lease: float | None = None,
+    retention: float | None = None,
+    permanent: tuple[type[BaseException], ...] = (),
+    heartbeat: bool = True,
+    transactional: bool = False,
+    max_attempts: int | None = None,
+    order: Order | None = None,
+    logger: logging.Logger = log,
+) -> RunResult:
+    """Run ``handler`` at most once to completion for ``key``.
+
+    Store problems (StoreUnavailable, ...) propagate: nothing was decided, so the caller
+    must not treat the work as done. Handler exceptions do not propagate; they come back
+    as ``Outcome.ERROR`` with the exception in ``error``. ``idemctl.Permanent`` and the
+    exception types in ``permanent`` fail the key for good; others leave it retriable.
+    The result is returned as JSON gives it back, the same on the first run and on replays.
+
+    ``transactional=True`` (PostgreSQL): claim, the handler's SQL on ``ctx.connection`` and
+    complete share one transaction, so the effects commit exactly when the key does.
+
+    ``max_attempts`` bounds the handler's runs for the key, counted in the store (so across
+    restarts, redeliveries and duplicates): the last run's failure is recorded as final,
+    and a claim past the bound fails the key with AttemptsExhausted without running it.
+
+    ``order`` (an entity and the event's sequence) adds the sequence guard: the handler
+    runs only if the sequence is above the last one the entity applied, else the result is
+    ``Outcome.STALE``; BUSY while another key's event of the entity is being handled.
+    """
+    validate_key(key)  # InvalidKey before anything is claimed, the same on every store
+    if transactional:
+        return _run_transactional(
+            store,
+            key,
+            handler,
+            fingerprint,
+            lease,
+            retention,
+            permanent,
+            max_attempts,
+            logger,
+            order,
+        )
+    outcome = store.claim(key, fingerprint, lease)
+    if not isinstance(outcome, Acquired):
+        return settled(key, outcome)
+    if order is not None:
+        (reply,) = store.guard_many([guard_of(outcome, order)], lease)
+        if reply.verdict is not Verdict.GO:
+            results = not_run(store, [(outcome, reply)], retention, logger)
+            return results[0]
+    did = invoke(
+        store,
+        outcome,
+        handler,
+        lease=lease,
+        retention=retention,
+        permanent=permanent,
+        heartbeat=heartbeat,
+        max_attempts=max_attempts,
+        order=order,
+        logger=logger,
+    )
+    return _complete(store, outcome, did, retention, order, logger)
+
+
+def _complete(
+    store: Store,
+    a: Acquired,
+    did: Invocation,
+    retention: float | None,
+    order: Order | None,
+    logger: logging.Logger,
+) -> RunResult:
+    """What the handler's run ``did`` comes to: its failure, or its value stored (and, with
+    ``order``, the entity advanced first); LEASE_LOST if the key or entity was taken."""
+    failed = did.failed(a)
+    if failed is not None:
+        return failed
+    if order is not None:
+        (advanced,) = store.settle_many([settle_of(a, order)], retention)
+        if not advanced:
+            return result_lost(a, out_of_order(a, order), logger)
+    try:
+        record = store.complete(a.key, a.owner, a.fencing_token, did.value, retention)
+    except LeaseLost as lost:
+        return result_lost(a, discarded(a.key, lost), logger)
+    return RunResult(
+        Outcome.EXECUTED,
+        a.key,
+        did.value,
+        record,
+        attempt=a.attempt,
+        fencing_token=a.fencing_token,
+    )
+
+
+class _Rollback(Exception):
+    """Raised inside a transaction to roll it back after the handler failed."""
+
+
+def _run_transactional(
+    store: Store,
+    key: str,
+    handler: Handler,
+    fingerprint: str | None,
+    lease: float | None,
+    retention: float | None,
+    permanent: tuple[type[BaseException], ...],
+    max_attempts: int | None,
+    logger: logging.Logger,
+    order: Order | None,
+) -> RunResult:
+    if not isinstance(store, TransactionalStore):
+        raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
+    failure: Exception | None = None
+    try:
+        with store.transaction(key, fingerprint, lease, order) as unit:
+            if isinstance(unit.outcome, Stale):
+                return RunResult(Outcome.STALE, key, last=unit.outcome.last)
+            if not isinstance(unit.outcome, Acquired):
+                return settled(key, unit.outcome)
+            a = unit.outcome
+            if exhausted(a, max_attempts):
+                failure = exhausted_error(a, max_attempts)
+                raise _Rollback
+            outbox = Outbox(unit.connection, store.outbox_table)
+            ctx = Context.held(a, store, logger, unit.connection, outbox, order)
+            try:
+                value = stored_form(call_handler(ctx, handler))
+            except Exception as exc:
+                failure = exc
+                raise _Rollback from exc
+            record = unit.complete(value, retention)
+            return RunResult(
+                Outcome.EXECUTED,
+                key,
+                value,
+                record,
+                attempt=a.attempt,
+                fencing_token=a.fencing_token,
+            )
+    except _Rollback:
+        assert failure is not None
+    # The handler's transaction is gone with all it wrote; record the failure on its own,
+    # so attempts are counted and a permanent failure is not run again.
+    retriable = not isinstance(failure, (*NEVER_RETRIED, InvalidPayload, *permanent))
+    outcome = store.claim(key, fingerprint, lease)
+    if not isinstance(outcome, Acquired):
+        return RunResult(Outcome.ERROR, key, error=failure, retriable=retriable)
+    record = store.fail(
+        key,
+        outcome.owner,
+        outcome.fencing_token,
+        error_text(failure),
+        retriable and not last_attempt(outcome, max_attempts),
+        retention,
+    )
+    return RunResult(
+        Outcome.ERROR,
+        key,
+        record=record,
+        error=failure,
+        retriable=retriable,
+        attempt=outcome.attempt,
+        fencing_token=outcome.fencing_token,
+    )
+
+
+def invoke(
+    store: Store,
+    acquired: Acquired,
+    handler: Handler,
+    *,
+    lease: float | None = None,
+    retention: float | None = None,
+    permanent: tuple[type[BaseException], ...] = (),
+    heartbeat: bool = True,
+    max_attempts: int | None = None,
+    order: Order | None = None,
+    logger: logging.Logger = log,
+) -> Invocation:
+    """Run ``handler`` for a key this attempt holds, with a heartbeat, and record a failure;
+    completing is left to the caller (``complete`` or, for a batch, ``complete_many``).
+    ``retriable`` tells what the exception is; the store records the failure as final on
+    the ``max_attempts``-th run, and a claim past it fails without running the handler.
+    With ``order`` (whose guard said go), the heartbeat keeps the entity's hold too, and a
+    handler that does not finish lets go of the entity; settling is the caller's."""
+    key = acquired.key
+    if exhausted(acquired, max_attempts):
+        error: Exception = exhausted_error(acquired, max_attempts)
+        return _record_failure(store, acquired, error, False, retention, order=order)
+    ctx = Context.held(acquired, store, logger, order=order)
+    beat = (
+        Heartbeat(
+            store,
+            store.default_lease if lease is None else lease,
+            [acquired],
+            [] if order is None else [guard_of(acquired, order)],
+            name=f"idemctl-heartbeat-{key}",
+        )
+        if heartbeat
+        else None
+    )
+    try:
+        try:
+            value = call_handler(ctx, handler)
+        finally:
+            if beat is not None:
+                beat.stop()
+    except Exception as exc:
+        error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
+    except BaseException:
+        # Interrupted (Ctrl-C, SystemExit, a cancelled task): free the key for the next
+        # delivery at once, even if the task is cancelled again meanwhile.
+        give_back(store, acquired, order, logger)
+        raise
+    else:
+        try:
+            # What a replay will return; the first run returns the same, so callers cannot
+            # come to depend on a form (a tuple, an object) that only the first run gives.
+            return Invocation(value=stored_form(value))
+        except InvalidPayload as exc:
+            # The effects happened; failing permanently keeps them from happening twice.
+            error = InvalidPayload(
+                f"handler for {key!r} returned a result that cannot be stored: {exc}"
+            )
+            retriable = False
+    final = last_attempt(acquired, max_attempts)
+    return _record_failure(store, acquired, error, retriable, retention, final=final, order=order)
+
+
+def _record_failure(
+    store: Store,
+    a: Acquired,
+    error: Exception,
+    retriable: bool,
+    retention: float | None,
+    *,
+    final: bool = False,
+    order: Order | None = None,
+) -> Invocation:
+    """Record ``error`` for the key ``a`` holds: retriable unless ``final``; with
+    ``order``, let go of its entity first, so the entity's next event need not wait."""
+    if order is not None:
+        let_go(store, a, order, log)
+    try:
+        record = store.fail(
+            a.key, a.owner, a.fencing_token, error_text(error), retriable and not final, retention
+        )
+    except LeaseLost as lost:
+        return Invocation(error=error, retriable=retriable, lease_lost=lost)
+    return Invocation(error=error, retriable=retriable, record=record)
+
+
+def give_back(store: Store, a: Acquired, order: Order | None, logger: logging.Logger) -> None:
+    """An interrupted handler's key (and entity) freed for the next delivery at once."""
+    if order is not None:
+        let_go(store, a, order, logger)
+    try:
+        store.release(a.key, a.owner, a.fencing_token)
+    except StoreError as exc:
+        logger.warning(
+            "could not release %r after an interrupt: %s",
+            a.key,
+            exc,
+            extra={"idemctl": {"key": a.key}},
+        )
+
+
+def not_run(
+    store: Store,
+    held: Sequence[tuple[Acquired, GuardReply]],
+    retention: float | None,
+    logger: logging.Logger,
+) -> list[RunResult]:
+    """What keys whose guard said stale or busy come to. Stale keys are completed with a
+    null result (in one round trip): the event is decided; busy keys are given back."""
+    stale = stale_completions(held)
+    done = store.complete_many(stale, retention) if stale else []
+    for a, _ in busy(held):
+        try:
+            store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
+        except IdemctlError as exc:  # its lease runs out by itself
+            logger.debug("release %s: %s", a.key, exc)
+    return not_run_results(held, done, logger)
+
+
+def let_go(store: Store, a: Acquired, order: Order, logger: logging.Logger) -> None:
+    """The handler will not finish: free the entity for its next event at once."""
+    try:
+        store.settle_many([settle_of(a, order, applied=False)])
+    except IdemctlError as exc:  # its hold runs out by itself
+        logger.debug("let go of entity %s: %s", order.entity, exc)

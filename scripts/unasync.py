@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Derive idemctl's sync control flow from its async original, so it is written once.
+
+The runner's attempt (claim, handler, complete or fail; transactional mode), PostgreSQL's
+transactional unit and the outbox writer are written for asyncio under ``idemctl/aio/``;
+this script writes their sync modules by removing ``async``/``await`` and renaming the
+async names (``AsyncStore`` -> ``Store``, ...), then formats them with ruff. Both heartbeats
+(a thread and a task) and both decorators stay hand-written.
+
+    scripts/unasync.py           write the sync modules
+    scripts/unasync.py --check   exit 1, naming the files, when one differs from its original
+
+Model: httpcore's ``scripts/unasync.py`` and psycopg's ``tools/async_to_sync.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FILES = {
+    "idemctl/aio/attempt.py": "idemctl/runner/attempt.py",
+    "idemctl/aio/unit.py": "idemctl/stores/postgres/unit.py",
+    "idemctl/aio/outbox.py": "idemctl/outbox/writer.py",
+}
+"""Each async original and the sync module written from it."""
+
+MODULES = {
+    "idemctl.aio.attempt": "idemctl.runner.attempt",
+    "idemctl.aio.context": "idemctl.runner.context",
+    "idemctl.aio.heartbeat": "idemctl.runner.heartbeat",
+    "idemctl.aio.outbox": "idemctl.outbox.writer",
+    "idemctl.aio.postgres": "idemctl.stores.postgres.store",
+    "idemctl.aio.store": "idemctl.stores.base",
+    "idemctl.aio.unit": "idemctl.stores.postgres.unit",
+}
+
+NAMES = {
+    "AsyncConnection": "Connection",
+    "AsyncIterator": "Iterator",
+    "AsyncOutbox": "Outbox",
+    "AsyncPostgresStore": "PostgresStore",
+    "AsyncStore": "Store",
+    "AsyncTransactionalStore": "TransactionalStore",
+    "AsyncUnit": "Unit",
+    "asynccontextmanager": "contextmanager",
+    "drive_async": "drive",
+}
+"""Whole words renamed, in code, comments and docstrings alike."""
+
+SYNTAX: list[tuple[re.Pattern[str], str]] = [
+    # A give-back shielded from a second cancellation is, in a thread, a plain call.
+    (re.compile(r"await asyncio\.shield\((.*)\)$", re.M), r"\1"),
+    (re.compile(r"\bawait "), ""),
+    (re.compile(r"\basync (def|with|for) "), r"\1 "),
+]
+WORDS = {**MODULES, **NAMES}
+WORD = re.compile(r"\b(" + "|".join(re.escape(w) for w in sorted(WORDS, key=len)[::-1]) + r")\b")
+
+
+def unasync(text: str, original: str) -> str:
+    """The sync module for the async ``text`` (from file ``original``), unformatted."""
+    for pattern, replacement in SYNTAX:
+        text = pattern.sub(replacement, text)
+    text = WORD.sub(lambda m: WORDS[m.group(1)], text)
+    text = text.replace(
+        f"This module is the original of ``{_module(FILES[original])}`` (scripts/unasync.py).",
+        f"Written by scripts/unasync.py from ``{_module(original)}``.",
+    )
+    header = (
+        f"# Written by scripts/unasync.py from {original}: change that file and run the\n"
+        "# script (scripts/test checks the two agree). Do not edit this one.\n"
+    )
+    return header + text
+
+
+def _module(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def formatted(text: str, path: str) -> str:
+    """``text`` as ruff leaves it: imports sorted, the unused ones gone, formatted."""
+    ruff = [sys.executable, "-m", "ruff"]
+    fixed = subprocess.run(  # noqa: S603 (ruff, on our own source)
+        [*ruff, "check", "--fix-only", "--select", "I,F401", "--stdin-filename", path, "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    return subprocess.run(  # noqa: S603
+        [*ruff, "format", "--stdin-filename", path, "-"],
+        input=fixed,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail on drift, write nothing")
+    args = parser.parse_args()
+    drifted = []
+    for original, derived in FILES.items():
+        text = formatted(unasync((ROOT / original).read_text(), original), derived)
+        target = ROOT / derived
+        if args.check:
+            if not target.exists() or target.read_text() != text:
+                drifted.append(derived)
+        elif not target.exists() or target.read_text() != text:
+            target.write_text(text)
+            print(f"wrote {derived}")
+    for derived in drifted:
+        original = next(o for o, d in FILES.items() if d == derived)
+        print(
+            f"{derived} differs from what {original} gives: change {original}, not the "
+            "sync copy, and run scripts/unasync.py",
+            file=sys.stderr,
+        )
+    return 1 if drifted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
