@@ -52,17 +52,19 @@ def fields(**fields: Any) -> dict[str, Any]:
     return {"idemctl": fields}
 
 
-def chunks(items: list[Item], size: int) -> list[list[Item]]:
-    """``items`` in order, cut where the keys reach ``size``."""
+def chunks(items: list[Item], sizes: list[int]) -> list[list[Item]]:
+    """``items`` in order, cut where the keys reach each of ``sizes`` in turn (a message
+    with no key stays in the chunk at hand)."""
     chunks: list[list[Item]] = [[]]
     keys = 0
     for item in items:
         if item.key is not None:
-            if keys == size:
+            if keys == sizes[len(chunks) - 1]:
                 chunks.append([])
                 keys = 0
             keys += 1
         chunks[-1].append(item)
+    chunks += [[] for _ in sizes[len(chunks) :]]
     return chunks
 
 

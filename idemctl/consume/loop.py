@@ -52,7 +52,6 @@ from idemctl.keys import (
 )
 from idemctl.model import ClaimRequest
 from idemctl.runner import Batch, Context, Outcome, RunResult
-from idemctl.runner.batch import Ahead
 from idemctl.runner.ordering import missing_predecessor
 
 if TYPE_CHECKING:
@@ -334,8 +333,11 @@ class Consumer(Acting, Watch):
                     return item, wait
             return None
 
-        parts = chunks(items, self._work.chunk_size(len(items)))
-        asks = self._claim_ahead(parts)
+        asks = self._work.start_round(
+            [ClaimRequest(i.key, i.fingerprint) for i in items if i.key is not None],
+            [i.order for i in items if i.key is not None] if self._keying.ordered else (),
+        )
+        parts = chunks(items, [len(ask.requests) for ask in asks])
         taken = 0
         try:
             for chunk, ask in zip(parts, asks, strict=True):
@@ -361,10 +363,8 @@ class Consumer(Acting, Watch):
                 for stop in self._side_by_side(work, [i for i in chunk if usable(i)]):
                     if stop is not None:
                         block(*stop)
-        finally:
-            for ask in asks[taken:]:  # sent but not run now: given back
-                ask.drop()
-            completed = self._work.complete_all()  # every completion sent and answered
+        finally:  # chunks sent but not run now are given back; every completion answered
+            completed = self._work.end_round()
         self._completed(items, completed, usable, block)
 
     def _side_by_side(self, work: Callable[[list[Item]], Stop], items: list[Item]) -> list[Stop]:
@@ -376,18 +376,6 @@ class Consumer(Acting, Watch):
         if self._pool is not None and len(parts) > 1:
             return list(self._pool.map(work, parts))
         return [work(part) for part in parts]
-
-    def _claim_ahead(self, parts: list[list[Item]]) -> list[Ahead]:
-        """Each chunk's keys claimed, one round trip after another (``Batch.claim_ahead``)."""
-        return self._work.claim_ahead(
-            [
-                (
-                    [ClaimRequest(i.key, i.fingerprint) for i in chunk if i.key is not None],
-                    [i.order for i in chunk if i.key is not None] if self._keying.ordered else (),
-                )
-                for chunk in parts
-            ]
-        )
 
     def _completed(
         self,

@@ -26,19 +26,19 @@ log = logging.getLogger("idemctl.runner")
 
 
 class Batch:
-    """The unit of work for many keys at once, reused round after round.
+    """Many keys at once, round after round: what ``consume`` runs on.
 
-    ``claim`` claims a round's keys in one round trip (each answer a RunResult: HELD, or
-    how a key not acquired settles: replayed, busy, mismatch, failed) and one heartbeat keeps
-    every held key's lease alive until the round ends. ``run`` runs one held key's handler
-    (threads may run different keys side by side): RAN hands its completion to a completer
-    thread, which sends finished keys' completions in batches while later handlers run, so a
-    kill repeats only the handlers it cut off and the few completions not yet sent.
-    ``give_back`` returns a held key that will not run now; ``complete_all`` ends the round:
-    it waits for every completion and says how each ended (executed, lease_lost, unavailable).
+    ``start_round`` claims a round's keys, a chunk a round trip (each answer a RunResult:
+    HELD, or how a key not acquired ended: replayed, busy, mismatch, failed), and one
+    heartbeat keeps every held key's lease alive until the round ends. ``run`` runs one held
+    key's handler (threads may run different keys side by side): RAN hands its completion to
+    a completer thread, which sends finished keys' completions in batches while later
+    handlers run, so a kill repeats only the handlers it cut off and the few completions not
+    yet sent. ``give_back`` returns a held key that will not run now; ``end_round`` waits
+    for every completion and says how each ended (executed, lease_lost, unavailable).
 
-    ``transactional=True`` (PostgreSQL): ``claim`` claims nothing; ``run`` claims, runs and
-    completes each key in a transaction of its own, with the handler's SQL.
+    ``transactional=True`` (PostgreSQL): ``start_round`` claims nothing; ``run`` claims,
+    runs and completes each key in a transaction of its own, with the handler's SQL.
     """
 
     def __init__(
@@ -67,6 +67,7 @@ class Batch:
         self._fingerprints: dict[str, str | None] = {}
         self._orders: dict[str, Order] = {}
         self._claimer: ThreadPoolExecutor | None = None
+        self._round: list[Ahead] = []
         self.timed: Callable[[str, float], None] | None = None
         """Told each claim and completion round trip: ``"claim"`` or ``"complete"``, seconds."""
 
@@ -75,11 +76,6 @@ class Batch:
         """Keys this batch holds now: claimed, not yet completed or given back."""
         return self._heartbeat.holding
 
-    def chunk_size(self, keys: int) -> int:
-        """Keys to claim in one round trip of ``claim_ahead``, out of ``keys``: the store's
-        ``claim_chunk``, or all of them for a store in this process."""
-        return self.store.claim_chunk or keys
-
     def last_applied(self, entity: str) -> int | None:
         """The sequence guard's last applied sequence of ``entity`` (None: none yet), read
         now: in transactional mode the guard is asked inside the key's transaction, so a
@@ -87,37 +83,38 @@ class Batch:
         found = self.store.get_entity(entity)
         return None if found is None else found.sequence
 
-    def claim(
+    def start_round(
         self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None] = ()
-    ) -> list[RunResult]:
-        """Claim every key (all different, and none this round holds) in one round trip:
-        each answer HELD, or how a key not acquired settles. StoreUnavailable propagates:
-        nothing was claimed. The round ends with ``complete_all``.
+    ) -> list[Ahead]:
+        """Start a round: claim its keys (all different, and none held), in chunks of the
+        store's ``claim_chunk`` (all at once for a store in this process), one round trip
+        after another from the batch's claimer thread while the caller runs the handlers
+        of the chunks before. Take each chunk's answers in order (each HELD, or how a key
+        not acquired ended: replayed, busy, mismatch, failed), and ``end_round``.
 
         ``orders`` (one per request, or none) adds the sequence guard, asked for every held
         key with an order in one more round trip: STALE or BUSY keys do not stay held, and
-        a HELD one carries the entity's last applied sequence in ``last``."""
-        return self._accept(requests, orders, self._ask(requests, orders))
-
-    def claim_ahead(
-        self, chunks: Sequence[tuple[Sequence[ClaimRequest], Sequence[Order | None]]]
-    ) -> list[Ahead]:
-        """Claim ``chunks`` (requests, and their orders or none) one round trip after another
-        from the batch's claimer thread, while the caller runs the handlers of the chunks
-        before: the store answers the next chunk's claims while this one's handlers run.
-        Take each chunk's answers, in order, as ``claim`` gives them, or drop the chunk."""
+        a HELD one carries the entity's last applied sequence in ``last``. A round of no
+        request is one chunk of none."""
+        size = self.store.claim_chunk or len(requests) or 1
+        chunks = [
+            (requests[i : i + size], orders[i : i + size])
+            for i in range(0, max(len(requests), 1), size)
+        ]
         if self.transactional or len(chunks) < 2:  # nothing to overlap
-            return [Ahead(self, requests, orders, None) for requests, orders in chunks]
+            self._round = [Ahead(self, requests, orders, None) for requests, orders in chunks]
+            return self._round
         if self._claimer is None:
             self._claimer = ThreadPoolExecutor(1, thread_name_prefix="idemctl-claimer")
-        return [
+        self._round = [
             Ahead(self, requests, orders, self._claimer.submit(self._ask, requests, orders))
             for requests, orders in chunks
         ]
+        return self._round
 
     def _ask(self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None]) -> _Asked:
         """The round trips of a claim, which touch nothing of the round: any thread."""
-        if self.transactional:
+        if self.transactional or not requests:
             return {r.key: RunResult(Outcome.HELD, r.key) for r in requests}, {}, None
         by_key = {r.key: o for r, o in zip(requests, orders, strict=False) if o is not None}
         timed, started, sent = self.timed, time.perf_counter(), time.time_ns()
@@ -247,12 +244,17 @@ class Batch:
             self.logger.debug("release %s: %s", key, exc)
         return RunResult(Outcome.RELEASED, key, attempt=a.attempt, fencing_token=a.fencing_token)
 
-    def complete_all(self) -> list[RunResult]:
-        """End the round: send what completions are left and wait for every answer since
-        the round began: EXECUTED, LEASE_LOST, or UNAVAILABLE (nothing decided)."""
+    def end_round(self) -> list[RunResult]:
+        """End the round: the chunks not taken are dropped (given back if claimed), what
+        completions are left are sent, and every answer since the round began is waited
+        for: EXECUTED, LEASE_LOST, or UNAVAILABLE (nothing decided)."""
         try:
+            for ahead in self._round:
+                if not ahead.done:
+                    ahead.drop()
             return self._completer.drain()
         finally:
+            self._round = []
             self._heartbeat.clear()
             self._held, self._orders, self._fingerprints = {}, {}, {}
 
@@ -275,7 +277,7 @@ since the epoch; None where nothing was sent)."""
 
 
 class Ahead:
-    """One chunk's claims, on their way (``Batch.claim_ahead``)."""
+    """One chunk of a round's claims, on their way (``Batch.start_round``)."""
 
     def __init__(
         self,
@@ -287,10 +289,13 @@ class Ahead:
         self._batch, self.requests, self._orders, self._future = batch, requests, orders, future
         self.sent: tuple[int, int] | None = None
         """Once taken: when the claim was sent and answered, in ns since the epoch."""
+        self.done = False
+        """Taken or dropped: the round is through with it."""
 
     def take(self) -> list[RunResult]:
-        """Wait for the answers and add what they hold to the round, as ``Batch.claim``
-        does (StoreUnavailable: nothing of this chunk was claimed)."""
+        """Wait for the answers and add what they hold to the round (StoreUnavailable:
+        nothing of this chunk was claimed)."""
+        self.done = True
         b = self._batch
         asked = (
             b._ask(self.requests, self._orders) if self._future is None else self._future.result()
@@ -300,6 +305,7 @@ class Ahead:
 
     def drop(self) -> None:
         """Not wanted now: not claimed if it was not sent yet, else given back."""
+        self.done = True
         if self._future is None or self._future.cancel():
             return
         try:

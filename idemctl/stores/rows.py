@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from idemctl.errors import EntityNotFound, KeyNotFound, LeaseLost
 from idemctl.model import (
@@ -74,7 +74,7 @@ class RowTx(Protocol):
 class RowStore(BaseStore):
     """Every store operation, written once over ``_transaction()``."""
 
-    claim_chunk = None  # in this process: nothing to overlap
+    claim_chunk: ClassVar[int | None] = None  # in this process: nothing to overlap
 
     def __init__(self, url: str, *, clock: Callable[[], datetime] = utcnow, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)

@@ -4,17 +4,25 @@ vocabulary."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import pytest
 
 from idemctl.errors import ConfigError
-from idemctl.model import Acquired, Busy, ClaimRequest, Status
-from idemctl.runner import Batch, Context, Outcome
+from idemctl.model import Acquired, Busy, ClaimRequest, Order, Status
+from idemctl.runner import Batch, Context, Outcome, RunResult
 from idemctl.stores.memory import MemoryStore
 
 
 def boom(ctx: Context) -> None:
     raise ValueError("no")
+
+
+def claim(
+    batch: Batch, requests: Sequence[ClaimRequest], orders: Sequence[Order | None] = ()
+) -> list[RunResult]:
+    """A round's claims, every chunk taken."""
+    return [r for ahead in batch.start_round(requests, orders) for r in ahead.take()]
 
 
 def test_a_round_claims_runs_gives_back_and_completes_each_with_a_run_result() -> None:
@@ -23,7 +31,7 @@ def test_a_round_claims_runs_gives_back_and_completes_each_with_a_run_result() -
     assert isinstance(done, Acquired)
     store.complete("old", done.owner, done.fencing_token, {"was": "before"})
     with Batch(store, max_attempts=3) as batch:
-        claimed = batch.claim([ClaimRequest(k) for k in ("old", "a", "b", "c")])
+        claimed = claim(batch, [ClaimRequest(k) for k in ("old", "a", "b", "c")])
         assert [r.outcome for r in claimed] == [Outcome.REPLAYED] + [Outcome.HELD] * 3
         assert claimed[0].result == {"was": "before"}
         assert all(r.fencing_token is not None and r.attempt == 1 for r in claimed[1:])
@@ -35,7 +43,7 @@ def test_a_round_claims_runs_gives_back_and_completes_each_with_a_run_result() -
         assert isinstance(failed.error, ValueError)
         assert batch.give_back("c").outcome is Outcome.RELEASED
 
-        completed = batch.complete_all()
+        completed = batch.end_round()
     assert [(r.outcome, r.key, r.result) for r in completed] == [
         (Outcome.EXECUTED, "a", {"key": "a"})
     ]
@@ -50,22 +58,22 @@ def test_a_round_claims_runs_gives_back_and_completes_each_with_a_run_result() -
 def test_one_heartbeat_keeps_every_held_key_alive_while_a_slow_handler_runs() -> None:
     store = MemoryStore()
     with Batch(store, lease=0.3) as batch:
-        batch.claim([ClaimRequest("slow"), ClaimRequest("waiting")])
+        claim(batch, [ClaimRequest("slow"), ClaimRequest("waiting")])
         batch.run("slow", lambda ctx: time.sleep(0.9))  # three leases long
         other = store.claim("waiting")  # still held by the batch: its lease was extended
         assert isinstance(other, Busy)
         assert batch.run("waiting", lambda ctx: "ok").outcome is Outcome.RAN
-        results = {r.key: r.outcome for r in batch.complete_all()}
+        results = {r.key: r.outcome for r in batch.end_round()}
     assert results == {"slow": Outcome.EXECUTED, "waiting": Outcome.EXECUTED}
 
 
 def test_a_completion_the_store_refuses_comes_back_as_lease_lost() -> None:
     store = MemoryStore()
     with Batch(store) as batch:
-        batch.claim([ClaimRequest("k")])
+        claim(batch, [ClaimRequest("k")])
         store.unlock("k", force=True)  # an operator frees it meanwhile
         assert batch.run("k", lambda ctx: 1).outcome is Outcome.RAN
-        [result] = batch.complete_all()
+        [result] = batch.end_round()
     assert result.outcome is Outcome.LEASE_LOST
 
 
@@ -82,18 +90,18 @@ def test_a_round_with_orders_asks_the_guard_and_settles_what_ran() -> None:
     assert isinstance(other, Acquired)
     store.guard_many([Guard("acct:busy", 1, "other", other.fencing_token)])
     with Batch(store) as batch:
-        done = batch.claim([ClaimRequest("first")], [Order("acct:1", 3)])
+        done = claim(batch, [ClaimRequest("first")], [Order("acct:1", 3)])
         assert done[0].outcome is Outcome.HELD and done[0].last is None
         assert batch.run("first", lambda ctx: ctx.sequence).outcome is Outcome.RAN
-        assert [r.outcome for r in batch.complete_all()] == [Outcome.EXECUTED]
+        assert [r.outcome for r in batch.end_round()] == [Outcome.EXECUTED]
         orders = [Order("acct:1", 2), Order("acct:1", 5), Order("acct:busy", 2), None]
-        claimed = batch.claim([ClaimRequest(k) for k in ("late", "next", "held", "plain")], orders)
+        claimed = claim(batch, [ClaimRequest(k) for k in ("late", "next", "held", "plain")], orders)
         assert [r.outcome for r in claimed] == [
             Outcome.STALE, Outcome.HELD, Outcome.BUSY, Outcome.HELD
         ]  # fmt: skip
         assert (claimed[0].last, claimed[1].last) == (3, 3)
         assert batch.give_back("next").outcome is Outcome.RELEASED
-        batch.complete_all()
+        batch.end_round()
     entity = store.get_entity("acct:1")
     assert entity is not None and (entity.sequence, entity.key, entity.holder) == (3, "first", None)
     late, held = store.get("late"), store.get("held")
@@ -111,16 +119,18 @@ def test_a_guard_the_store_does_not_answer_gives_every_claim_back() -> None:
 
     store = Down()
     with Batch(store) as batch, pytest.raises(StoreUnavailable):
-        batch.claim([ClaimRequest("a"), ClaimRequest("b")], [Order("e", 1), None])
+        claim(batch, [ClaimRequest("a"), ClaimRequest("b")], [Order("e", 1), None])
     for key in ("a", "b"):  # nothing decided: claimable again at once
         assert isinstance(store.claim(key), Acquired)
 
 
 def test_claims_ahead_are_taken_in_order_and_dropped_ones_leave_nothing_held() -> None:
-    store = MemoryStore()
-    chunks = [([ClaimRequest(f"{c}-{i}") for i in range(5)], ()) for c in "abcd"]
+    class Chunked(MemoryStore):
+        claim_chunk = 5  # four chunks of five
+
+    store = Chunked()
     with Batch(store) as batch:
-        ahead = batch.claim_ahead(chunks)
+        ahead = batch.start_round([ClaimRequest(f"{c}-{i}") for c in "abcd" for i in range(5)])
         assert [r.key for r in ahead[0].take()] == [f"a-{i}" for i in range(5)]
         taken = ahead[1].take()
         assert all(r.outcome is Outcome.HELD for r in taken)
@@ -129,7 +139,7 @@ def test_claims_ahead_are_taken_in_order_and_dropped_ones_leave_nothing_held() -
             rest.drop()
         for key in [f"a-{i}" for i in range(5)] + [f"b-{i}" for i in range(1, 5)]:
             batch.give_back(key)
-        assert [(r.outcome, r.key) for r in batch.complete_all()] == [(Outcome.EXECUTED, "b-0")]
+        assert [(r.outcome, r.key) for r in batch.end_round()] == [(Outcome.EXECUTED, "b-0")]
     for c in "acd":
         for i in range(5):
             assert isinstance(store.claim(f"{c}-{i}"), Acquired), f"{c}-{i}"
@@ -142,6 +152,7 @@ def test_a_chunk_the_store_does_not_answer_raises_when_taken_and_claims_nothing(
 
     class DownOnSecond(MemoryStore):
         calls = 0
+        claim_chunk = 3  # three chunks of three
 
         def _claim_many(self, requests, lease):  # type: ignore[no-untyped-def]
             self.calls += 1
@@ -150,13 +161,14 @@ def test_a_chunk_the_store_does_not_answer_raises_when_taken_and_claims_nothing(
             return super()._claim_many(requests, lease)
 
     store = DownOnSecond()
-    chunks = [([ClaimRequest(f"{c}-{i}") for i in range(3)], ()) for c in "abc"]
     with Batch(store) as batch:
-        first, second, third = batch.claim_ahead(chunks)
+        first, second, third = batch.start_round(
+            [ClaimRequest(f"{c}-{i}") for c in "abc" for i in range(3)]
+        )
         assert len(first.take()) == 3
         with pytest.raises(StoreUnavailable):
             second.take()
         third.drop()
-        batch.complete_all()
+        batch.end_round()
     for i in range(3):
         assert store.get(f"b-{i}") is None  # nothing of the chunk was claimed
