@@ -135,10 +135,10 @@ end
 -- A tombstone (forget.lua) carries gone: ms since the epoch when its TTL ends. A record the
 -- index counts carries n = '1' (records written before the index have none:
 -- `idemctl init` counts them, see index.lua). Redis removes a record when its TTL ends and
--- runs no script then: settle() takes a second's records out of the counts once that second
+-- runs no script then: expire_due() takes a second's records out of the counts once that second
 -- is over, so a record is counted at most a second past the end of its TTL. A record still
 -- there at the very end of its second (Redis removes it just after) finds its field gone:
--- uncount() leaves the counts alone, as settle() took it out already.
+-- uncount() leaves the counts alone, as expire_due() took it out already.
 local LIVE, COUNTS, DUE, GONE
 
 local function indexed()
@@ -168,7 +168,7 @@ local function uncount(key, rec)
   end
   if class == 't' then redis.call('ZREM', GONE, key) end
   local field = class .. ':' .. int(second)
-  if redis.call('HEXISTS', COUNTS, field) == 1 then  -- else settled: c/f/t no longer hold it
+  if redis.call('HEXISTS', COUNTS, field) == 1 then  -- else expired: c/f/t no longer count it
     redis.call('HINCRBY', COUNTS, field, -1)
     redis.call('HINCRBY', COUNTS, class, -1)
   end
@@ -190,7 +190,7 @@ end
 
 -- Take up to `limit` seconds that are over out of the counts;
 -- returns how many it took.
-local function settle(now, limit)
+local function expire_due(now, limit)
   local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', math.floor(now / 1000), 'LIMIT', 0, limit)
   for _, s in ipairs(due) do
     for _, class in ipairs({'c', 'f', 't', 'e'}) do

@@ -17,7 +17,7 @@
 indexed()
 local lease, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now, now_us = now_ms_us()
-settle(now, 2)  -- the TTL's work, a little at a time, so the operator's stats find little
+expire_due(now, 2)  -- the TTL's work, a little at a time, so the operator's stats find little
 
 local function acquired(how, rec)
   return {how, rec.token, rec.attempts, rec.lease}

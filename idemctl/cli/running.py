@@ -131,23 +131,23 @@ class LongRun(Protocol[S]):
 
 def run_to_end(
     current: Settings,
-    work: LongRun[S],
+    job: LongRun[S],
     status: LiveStatus,
     metrics: Callable[[Any, CollectorRegistry], Ready],
     metrics_host: str,
     metrics_port: int | None,
 ) -> S:
-    """Run ``work`` and return its summary: its progress on ``status``, the metrics and
+    """Run ``job`` (a consumer or a relay) and return its summary: its progress on ``status``, the metrics and
     readiness ``metrics`` registers for it served at ``metrics_host:metrics_port`` when a
     port is given, and SIGTERM or Ctrl-C stopping it once the work in hand is done."""
     from idemctl.metrics import serving  # http.server and ssl: not at every start-up
 
     with (
-        serving(lambda registry: metrics(work, registry), metrics_host, metrics_port),
-        stop_on_signals(current, work.stop),
+        serving(lambda registry: metrics(job, registry), metrics_host, metrics_port),
+        stop_on_signals(current, job.stop),
         status,
     ):
-        return work.run()
+        return job.run()
 
 
 def _pairs(items: list[str]) -> dict[str, str]:

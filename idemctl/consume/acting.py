@@ -1,4 +1,4 @@
-"""The consume loop's acts on a message once the policy decided: count it, log it, hold
+"""The consume loop's acts on a message once the policy decided: count it, log it, pause
 its partition or write its dead letter (and count the storm), by ``consume.policy``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.event import Event
-from idemctl.consume.item import Hold, Item, about
+from idemctl.consume.item import Item, Pause, about
 from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.consume.policy import (
     DEAD_LETTERED,
@@ -48,10 +48,10 @@ class Acting:
             if outcome in ("executed", "replayed"):
                 self._breaker.ran()
 
-    def _act(self, item: Item, result: RunResult) -> Hold | None:
+    def _act(self, item: Item, result: RunResult) -> Pause | None:
         """What a RunResult comes to in Kafka, by the policy's ``decide``, for both modes:
         None when the message is finished (or its completion is on its way), else how long
-        to hold its partition and why."""
+        to pause its partition and why."""
         d = decide(result, self.options, item.key, item.order)
         if d.act is Act.PENDING:
             return None  # completed (or not) by the batch: its answer comes back here
@@ -74,7 +74,7 @@ class Acting:
         getattr(log, level)(text, *args, extra=about(item, d.outcome, **more))
         return None if d.act is Act.FINISH else (d.delay, d.outcome)
 
-    def _unusable(self, item: Item) -> Hold | None:
+    def _unusable(self, item: Item) -> Pause | None:
         """A message that cannot be claimed: dead-lettered, or passed by (``skip``)."""
         assert item.bad is not None
         reason, detail = item.bad
@@ -112,10 +112,10 @@ class Acting:
 
     def _dead_letter(
         self, item: Item, reason: str, detail: str, exc: BaseException | None = None
-    ) -> Hold | None:
+    ) -> Pause | None:
         """Produce the message to the dead-letter topic and wait for the broker's ack;
         only then is it finished (and its offset may be stored). A dead letter the broker
-        refuses holds the partition, the back-off doubling with each refusal in a row. The
+        refuses pauses the partition, the back-off doubling with each refusal in a row. The
         ``dlq_breaker``-th in a row for one reason trips the breaker: the round ends and
         the consumer stops."""
         if self._storm_tripped is not None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from idemctl.model import Order
 
-Hold = tuple[float, str]
-"""Hold a partition at a message: seconds to wait, and why (the summary's count)."""
+Pause = tuple[float, str]
+"""Pause a partition at a message: seconds to wait, and why (the summary's count)."""
 
 
 @dataclass(slots=True)
@@ -33,7 +33,7 @@ class Item:
     ran_ns: int = 0
 
 
-Stop = tuple[Item, Hold] | None
+Stop = tuple[Item, Pause] | None
 """Where a partition's run stopped, and why: None when it went through."""
 
 

@@ -3,7 +3,7 @@
 Per poll batch, in rounds of distinct keys: a ``runner.Batch`` claims every key in one round
 trip, runs the handlers of the keys it holds, completes each as its handler returns (from a
 completer thread, while later handlers run) and gives back those not run. This module does
-Kafka's part: polling, per-partition order, holding a partition (seek back, pause, back-off),
+Kafka's part: polling, per-partition order, pausing a partition (seek back, pause, back-off),
 dead letters and offsets. What each message is and what each RunResult comes to in Kafka
 is the policy's (``consume.policy``, shared with the FastStream middleware); ``acting``
 carries its decisions out, the same for batched and transactional mode.
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.acting import Acting
 from idemctl.consume.deadletter import DeadLetters, kafka_text
-from idemctl.consume.item import Hold, Item, Stop, about, chunks, fields, while_done
+from idemctl.consume.item import Item, Pause, Stop, about, chunks, fields, while_done
 from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.consume.policy import (
     MAX_BACKOFF,
@@ -94,7 +94,7 @@ class Consumer(Acting, Watch):
         self._refusals = Refusals(options.backoff)
         self._breaker = Breaker(options.dlq_breaker)
         self._storm_tripped: str | None = None
-        self._work = Batch(
+        self._runner = Batch(
             store,
             lease=options.lease,
             permanent=options.permanent_errors,
@@ -111,12 +111,12 @@ class Consumer(Acting, Watch):
         """Tell ``handler`` each handler run's seconds, and ``store`` each claim and
         completion round trip's (``"claim"`` or ``"complete"``, and the seconds)."""
         self._handler_timed = handler
-        self._work.timed = store
+        self._runner.timed = store
 
     @property
     def in_flight(self) -> int:
         """Keys this consumer holds now (claimed, not yet completed or given back)."""
-        return self._work.in_flight
+        return self._runner.in_flight
 
     def stop(self) -> None:
         """Drain and return (signal-safe): the running handlers finish, their keys are
@@ -200,7 +200,7 @@ class Consumer(Acting, Watch):
     def _close(self) -> None:
         from confluent_kafka import KafkaException
 
-        self._work.close()
+        self._runner.close()
         if self._pool is not None:
             self._pool.shutdown()
         try:
@@ -216,7 +216,7 @@ class Consumer(Acting, Watch):
 
     # Pausing ------------------------------------------------------------------------------
 
-    def _hold(self, item: Item, seconds: float) -> None:
+    def _pause(self, item: Item, seconds: float) -> None:
         """Stop ``item``'s partition at it: seek back, pause, resume after ``seconds``."""
         from confluent_kafka import KafkaException, TopicPartition
 
@@ -306,11 +306,11 @@ class Consumer(Acting, Watch):
             at = blocked.get(item.tp)
             return at is None or item.offset < at
 
-        def block(item: Item, wait: Hold) -> None:
+        def block(item: Item, wait: Pause) -> None:
             item.blocked = True
             blocked[item.tp] = item.offset
             self._count(wait[1])
-            self._hold(item, wait[0])
+            self._pause(item, wait[0])
 
         claimed: dict[str, RunResult] = {}
 
@@ -318,22 +318,22 @@ class Consumer(Acting, Watch):
             """Give back the claims of messages that will not run now."""
             for item in part:
                 if item.key is not None and claimed[item.key].outcome is HELD:
-                    self._work.give_back(item.key)
+                    self._runner.give_back(item.key)
 
-        def work(part: list[Item]) -> Stop:
+        def run_partition(part: list[Item]) -> Stop:
             """One partition's messages in order; stops at the first that must wait, on
             stop() (SIGTERM: the handler in hand finishes, no more) or a tripped breaker."""
             for i, item in enumerate(part):
                 if self._stop.is_set() or self._storm_tripped is not None:
                     release(part[i:])
                     return None
-                wait = self._settle(item, claimed.get(item.key) if item.key else None)
+                wait = self._process(item, claimed.get(item.key) if item.key else None)
                 if wait is not None:
                     release(part[i + 1 :])  # behind a stopped message: not now
                     return item, wait
             return None
 
-        asks = self._work.start_round(
+        asks = self._runner.start_round(
             [ClaimRequest(i.key, i.fingerprint) for i in items if i.key is not None],
             [i.order for i in items if i.key is not None] if self._keying.ordered else (),
         )
@@ -360,32 +360,34 @@ class Consumer(Acting, Watch):
                             block(item, (o.backoff, "store_unavailable"))
                     break
                 release([i for i in chunk if not usable(i)])
-                for stop in self._side_by_side(work, [i for i in chunk if usable(i)]):
+                for stop in self._side_by_side(run_partition, [i for i in chunk if usable(i)]):
                     if stop is not None:
                         block(*stop)
         finally:  # chunks sent but not run now are given back; every completion answered
-            completed = self._work.end_round()
+            completed = self._runner.end_round()
         self._completed(items, completed, usable, block)
 
-    def _side_by_side(self, work: Callable[[list[Item]], Stop], items: list[Item]) -> list[Stop]:
-        """``work`` on each partition's items, partitions side by side with ``concurrency``."""
+    def _side_by_side(
+        self, run_partition: Callable[[list[Item]], Stop], items: list[Item]
+    ) -> list[Stop]:
+        """``run_partition`` on each partition's items, side by side with ``concurrency``."""
         partitions: dict[tuple[str, int], list[Item]] = defaultdict(list)
         for item in items:
             partitions[item.tp].append(item)
         parts = list(partitions.values())
         if self._pool is not None and len(parts) > 1:
-            return list(self._pool.map(work, parts))
-        return [work(part) for part in parts]
+            return list(self._pool.map(run_partition, parts))
+        return [run_partition(part) for part in parts]
 
     def _completed(
         self,
         items: list[Item],
         completed: list[RunResult],
         usable: Callable[[Item], bool],
-        block: Callable[[Item, Hold], None],
+        block: Callable[[Item, Pause], None],
     ) -> None:
         """The round's completions answered: executed ones are finished; one that failed
-        holds its partition at its message, even where a later message of it stopped the
+        pauses its partition at its message, even where a later message of it stopped the
         partition already: nothing past it may be stored."""
         keyed = {i.key: i for i in items if i.key is not None}
         failed = []
@@ -410,15 +412,15 @@ class Consumer(Acting, Watch):
                     self._trace.end(item.span, item.outcome or result.outcome.value)
                     item.span = None
 
-    def _settle(self, item: Item, claimed: RunResult | None) -> Hold | None:
+    def _process(self, item: Item, claimed: RunResult | None) -> Pause | None:
         """Run a held key's handler; then what its result comes to. With tracing, inside
         the message's process span, which ends here unless a completion is on its way."""
         trace = self._trace
         if trace is None:
-            return self._settled(item, claimed)
+            return self._handle(item, claimed)
         item.span = trace.begin(item.msg, item.key, claimed, item.claim_ns)
         try:
-            wait = self._settled(item, claimed)
+            wait = self._handle(item, claimed)
         except BaseException as exc:
             item.span.record_exception(exc)
             trace.end(item.span, None)
@@ -428,7 +430,7 @@ class Consumer(Acting, Watch):
             item.span = None
         return wait
 
-    def _settled(self, item: Item, claimed: RunResult | None) -> Hold | None:
+    def _handle(self, item: Item, claimed: RunResult | None) -> Pause | None:
         if claimed is None:
             return self._unusable(item)
         if claimed.outcome is not HELD:
@@ -450,31 +452,31 @@ class Consumer(Acting, Watch):
                 timed(time.perf_counter() - started)
 
         if self._trace is None:
-            ran = self._work.run(claimed.key, call)
+            ran = self._runner.run(claimed.key, call)
         else:
             with self._trace.run(item.span) as span:
-                ran = self._work.run(claimed.key, call)
+                ran = self._runner.run(claimed.key, call)
                 self._trace.ran(span, ran)
             item.ran_ns = time.time_ns()
         return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
 
-    def _gap(self, item: Item, claimed: RunResult) -> Hold | None:
-        """--contiguous: hold an event whose predecessor is not applied yet, the busy
-        path's way, until ``gap_timeout`` has passed since it was first held; then it runs
-        (a gap counted)."""
+    def _gap(self, item: Item, claimed: RunResult) -> Pause | None:
+        """--contiguous: pause the partition at an event whose predecessor is not applied
+        yet, the busy path's way, until ``gap_timeout`` has passed since it was first
+        paused; then it runs (a gap counted)."""
         assert item.order is not None
         m = item.msg
         at = (m.topic(), m.partition(), m.offset())
         last = claimed.last
         if self.options.transactional:  # the guard is asked inside the transaction
-            last = self._work.last_applied(item.order.entity)
+            last = self._runner.last_applied(item.order.entity)
         if not missing_predecessor(item.order, last):
             self._gap_since.pop(at, None)
             return None
         now = time.monotonic()
         since = self._gap_since.setdefault(at, now)
         if now - since < self.options.gap_timeout:
-            self._work.give_back(claimed.key)
+            self._runner.give_back(claimed.key)
             left = self.options.gap_timeout - (now - since)
             return min(self.options.backoff, left), "gap_wait"
         del self._gap_since[at]

@@ -72,7 +72,7 @@ class ConsumeOptions:
     """An event the guard finds stale: skip (its offset is stored, logged at info) or dlq
     (dead-lettered, then stored)."""
     contiguous: bool = False
-    """Hold an event whose predecessor (sequence - 1) is not applied yet, up to
+    """Pause the partition at an event whose predecessor (sequence - 1) is not applied yet, up to
     ``gap_timeout`` seconds, then apply it and count a gap."""
     gap_timeout: float = 30.0
     trace_keys: str = "hash"
@@ -137,7 +137,7 @@ class Summary:
 
     counts: Counter[str] = field(default_factory=Counter)
     """executed, replayed, dead_lettered, skipped, stale, retried, busy, store_unavailable,
-    lease_lost, dead_letter_refused; with --contiguous, gap_wait (holds for a missing
+    lease_lost, dead_letter_refused; with --contiguous, gap_wait (pauses for a missing
     predecessor) and gaps (events applied after waiting out --gap-timeout)"""
     dead_letters: Counter[str] = field(default_factory=Counter)
     """Dead letters by reason (no idempotency key, invalid idempotency key, ...)."""

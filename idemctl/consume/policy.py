@@ -5,7 +5,7 @@ once and free of I/O.
   usable (``--on-missing-key``); a key template the first message cannot fill, and
   ``--on-missing-key stop``, refuse to go on.
 - ``decide``: what a run's outcome comes to in Kafka: finish the message, leave it to the
-  batch (its completion is on its way), hold its partition a while, or dead-letter it.
+  batch (its completion is on its way), pause its partition a while, or dead-letter it.
 - ``log_line``: the line each decision is logged with.
 - ``Breaker``: dead letters in a row for one reason; at ``--dlq-breaker`` the consumer stops.
 - ``Refusals``: the back-off of a partition whose dead letter the broker refused, doubling
@@ -137,7 +137,7 @@ class Act(StrEnum):
     """Finished: its offset may be committed."""
     PENDING = "pending"
     """Run by the batch, its completion (or release) on its way: decided when that comes."""
-    HOLD = "hold"
+    PAUSE = "pause"
     """Not finished: its partition waits ``delay`` seconds at it, then it comes again."""
     DEAD_LETTER = "dead_letter"
     """To the dead-letter topic; finished once the broker acknowledged it."""
@@ -166,9 +166,9 @@ def decide(
     if outcome in (Outcome.RAN, Outcome.RELEASED, Outcome.HELD):
         return Decision(Act.PENDING, outcome.value)
     if outcome in (Outcome.BUSY, Outcome.LEASE_LOST):
-        return Decision(Act.HOLD, outcome.value, options.backoff)
+        return Decision(Act.PAUSE, outcome.value, options.backoff)
     if outcome is Outcome.UNAVAILABLE:
-        return Decision(Act.HOLD, "store_unavailable", options.backoff, error=result.error)
+        return Decision(Act.PAUSE, "store_unavailable", options.backoff, error=result.error)
     if outcome is Outcome.MISMATCH:
         detail = f"key {key!r} was seen before with another payload"
         return Decision(Act.DEAD_LETTER, reason="fingerprint mismatch", detail=detail)
@@ -193,7 +193,7 @@ def decide(
                 error=result.error,
             )  # fmt: skip
         return Decision(
-            Act.HOLD, "retried", verdict.retry_in, detail=verdict.error, attempt=verdict.attempt
+            Act.PAUSE, "retried", verdict.retry_in, detail=verdict.error, attempt=verdict.attempt
         )
     raise AssertionError(f"no decision for {outcome}")
 

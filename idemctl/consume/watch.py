@@ -3,9 +3,9 @@ there, how far behind is it, is a partition stalled; what the live view, ``/read
 ``exit_when_idle`` go by.
 
 librdkafka keeps a partition paused across a revoke and a new assignment: what idemctl
-paused (a hold) is resumed when the partition is revoked or lost, and every partition
-assigned is resumed once the assignment is in place, so that idemctl's holds and the
-client's pauses never disagree (a hold is made again, deliberately, when its message comes
+paused (idemctl's pause) is resumed when the partition is revoked or lost, and every partition
+assigned is resumed once the assignment is in place, so that idemctl's pauses and the
+client's never disagree (a pause is made again, deliberately, when its message comes
 round again)."""
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ class Watch:
 
     def _resume_assigned(self) -> None:
         """Resume what the last rebalance assigned: librdkafka may still have it paused from
-        a hold before the rebalance."""
+        a pause before the rebalance."""
         from confluent_kafka import KafkaException
 
         assigned, self._assigned = self._assigned, []
@@ -266,7 +266,7 @@ class Watch:
         from confluent_kafka import KafkaException
 
         try:
-            self._kafka.resume(partitions)  # no hold outlives the assignment it was made in
+            self._kafka.resume(partitions)  # no pause outlives the assignment it was made in
         except KafkaException as exc:
             log.debug("resume on revoke: %s", exc)
         self._stalls.forget((p.topic, p.partition) for p in partitions)

@@ -1,4 +1,4 @@
-"""The FastStream middleware's aiokafka side: holding a partition at a message (seek back,
+"""The FastStream middleware's aiokafka side: pausing a partition at a message (seek back,
 pause, resume after a back-off), writing dead letters and waiting for the broker, and
 stopping the app before a record is committed."""
 
@@ -53,7 +53,7 @@ class _Item:
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
 
-class _Holds:
+class _Pauses:
     """The partitions of one Kafka consumer held back, and when each resumes."""
 
     def __init__(self, consumer: Any) -> None:
@@ -61,7 +61,7 @@ class _Holds:
         self.until: dict[Any, float] = {}
         self._timer: asyncio.TimerHandle | None = None
 
-    def hold(self, item: _Item, seconds: float, *, everything: bool) -> None:
+    def pause(self, item: _Item, seconds: float, *, everything: bool) -> None:
         tp = TopicPartition(item.topic, item.partition)
         tps = set(self.consumer.assignment()) | {tp} if everything else {tp}
         try:

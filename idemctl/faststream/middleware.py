@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
     from idemctl.aio import AsyncStore
 
-from idemctl.faststream.aiokafka import _DeadLetters, _Holds, _Item, _refuse, _seek_back
+from idemctl.faststream.aiokafka import _DeadLetters, _Item, _Pauses, _refuse, _seek_back
 
 log = logging.getLogger("idemctl.faststream")
 
@@ -150,7 +150,7 @@ class IdempotencyMiddleware:
         self.store: AsyncStore = aio.open_store(store) if isinstance(store, str) else store
         self._keying = Keying(self.options, keyword)
         self._groupless: set[int] = set()
-        self._holds: weakref.WeakKeyDictionary[Any, _Holds] = weakref.WeakKeyDictionary()
+        self._pauses: weakref.WeakKeyDictionary[Any, _Pauses] = weakref.WeakKeyDictionary()
         self._dead_letters = _DeadLetters(dlq_timeout, dict(dlq_config or {}))
         self._refusals = Refusals(backoff)
         self._breaker = Breaker(dlq_breaker)
@@ -247,7 +247,7 @@ class IdempotencyMiddleware:
                 exc,
                 extra=_about(item, "store_unavailable"),
             )
-            self._hold(item, o.backoff, "store_unavailable", everything=True)
+            self._pause(item, o.backoff, "store_unavailable", everything=True)
             return _Done.HELD
         except IdemctlError as exc:  # not provisioned, a setting the store refuses, ...
             _refuse(item.consumer, [item.record], f"the store cannot run {item.key!r}: {exc}")
@@ -273,7 +273,7 @@ class IdempotencyMiddleware:
         if d.act is Act.FINISH:  # stale, skipped
             self._count(d.outcome)
             return _Done.FINISHED
-        self._hold(item, d.delay, d.outcome)
+        self._pause(item, d.delay, d.outcome)
         return _Done.HELD
 
     async def _unusable(self, item: _Item) -> _Done:
@@ -297,7 +297,7 @@ class IdempotencyMiddleware:
         self, item: _Item, reason: str, detail: str, exc: BaseException | None = None
     ) -> _Done:
         """Write the message to its dead-letter topic and wait for the broker: only then is
-        it finished. A refused dead letter holds the partition, the back-off doubling with
+        it finished. A refused dead letter pauses the partition, the back-off doubling with
         each refusal in a row; the ``dlq_breaker``-th dead letter in a row for one reason
         stops the app (that last one is not committed)."""
         o, record = self.options, item.record
@@ -324,7 +324,7 @@ class IdempotencyMiddleware:
                 wait,
                 extra=_about(item, "dead_letter_refused", reason=reason),
             )
-            self._hold(item, wait, "dead_letter_refused")
+            self._pause(item, wait, "dead_letter_refused")
             return _Done.HELD
         self._refusals.accepted(tp)
         self._count("dead_lettered")
@@ -353,17 +353,17 @@ class IdempotencyMiddleware:
 
     # Kafka's part ----------------------------------------------------------------------------
 
-    def _hold(self, item: _Item, seconds: float, why: str, *, everything: bool = False) -> None:
+    def _pause(self, item: _Item, seconds: float, why: str, *, everything: bool = False) -> None:
         """Stop the message's partition at it (every partition of its consumer with
         ``everything``): seek back, pause, resume after ``seconds`` (at most 60)."""
         self._count(why)
         consumer = item.consumer
-        if not hasattr(consumer, "pause"):  # FastStream's test client: nothing to hold
+        if not hasattr(consumer, "pause"):  # FastStream's test client: nothing to pause
             return
-        holds = self._holds.get(consumer)
-        if holds is None:
-            holds = self._holds[consumer] = _Holds(consumer)
-        holds.hold(item, min(seconds, MAX_BACKOFF), everything=everything)
+        pauses = self._pauses.get(consumer)
+        if pauses is None:
+            pauses = self._pauses[consumer] = _Pauses(consumer)
+        pauses.pause(item, min(seconds, MAX_BACKOFF), everything=everything)
 
 
 class _Done(StrEnum):
@@ -461,7 +461,7 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
                 exc_val,
                 extra=_about(item, "publish_failed"),
             )
-            self.idem._hold(item, self.idem.options.backoff, "publish_failed")
+            self.idem._pause(item, self.idem.options.backoff, "publish_failed")
             await self._nack()
             return True
         if self.entered:  # not the handler's (run() returns those): a fault on idemctl's side
@@ -472,7 +472,7 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
                 exc_info=exc_val,
                 extra=_about(item, "unexpected"),
             )
-            self.idem._hold(item, self.idem.options.backoff, "unexpected")
+            self.idem._pause(item, self.idem.options.backoff, "unexpected")
             await self._nack()
             return True
         # FastStream could not hand it to a handler: it could not parse it, or no

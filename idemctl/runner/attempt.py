@@ -39,8 +39,8 @@ from idemctl.runner.outcome import (
     exhausted,
     exhausted_error,
     last_attempt,
+    not_acquired,
     result_lost,
-    settled,
     stored_form,
 )
 from idemctl.stores.base import TransactionalStore
@@ -101,7 +101,7 @@ def run(
         )
     outcome = store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
-        return settled(key, outcome)
+        return not_acquired(key, outcome)
     if order is not None:
         (reply,) = store.guard_many([guard_of(outcome, order)], lease)
         if reply.verdict is not Verdict.GO:
@@ -177,7 +177,7 @@ def _run_transactional(
             if isinstance(unit.outcome, Stale):
                 return RunResult(Outcome.STALE, key, last=unit.outcome.last)
             if not isinstance(unit.outcome, Acquired):
-                return settled(key, unit.outcome)
+                return not_acquired(key, unit.outcome)
             a = unit.outcome
             if exhausted(a, max_attempts):
                 failure = exhausted_error(a, max_attempts)

@@ -16,7 +16,7 @@ from idemctl.runner.attempt import invoke, let_go, not_run, run
 from idemctl.runner.context import Context
 from idemctl.runner.heartbeat import Heartbeat
 from idemctl.runner.ordering import guard_of, settle_of
-from idemctl.runner.outcome import Outcome, RunResult, settled
+from idemctl.runner.outcome import Outcome, RunResult, not_acquired
 from idemctl.stores.base import TransactionalStore
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class Batch:
                     fencing_token=outcome.fencing_token,
                 )
             else:
-                results[r.key] = settled(r.key, outcome)
+                results[r.key] = not_acquired(r.key, outcome)
         guards = [guard_of(a, by_key[k]) for k, a in held.items() if k in by_key]
         if guards:
             self._guard(guards, results, held)

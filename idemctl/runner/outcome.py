@@ -73,7 +73,7 @@ class RunResult(NamedTuple):
     """With an order: the entity's last applied sequence when the guard answered."""
 
 
-def settled(key: str, outcome: ClaimOutcome) -> RunResult:
+def not_acquired(key: str, outcome: ClaimOutcome) -> RunResult:
     """What a claim that did not acquire its key comes to."""
     match outcome:
         case Completed(record):
@@ -84,7 +84,7 @@ def settled(key: str, outcome: ClaimOutcome) -> RunResult:
             return RunResult(Outcome.MISMATCH, key, record=record)
         case Failed(record):
             return RunResult(Outcome.FAILED, key, record=record)
-    raise AssertionError(f"not a settled claim outcome: {outcome!r}")
+    raise AssertionError(f"not a claim outcome that acquired nothing: {outcome!r}")
 
 
 def exhausted(acquired: Acquired, max_attempts: int | None) -> bool:

@@ -69,9 +69,9 @@ def test_a_template_the_first_message_cannot_fill_refuses_but_a_later_one_dead_l
         (Outcome.RAN, Act.PENDING, "ran"),
         (Outcome.RELEASED, Act.PENDING, "released"),
         (Outcome.HELD, Act.PENDING, "held"),
-        (Outcome.BUSY, Act.HOLD, "busy"),
-        (Outcome.LEASE_LOST, Act.HOLD, "lease_lost"),
-        (Outcome.UNAVAILABLE, Act.HOLD, "store_unavailable"),
+        (Outcome.BUSY, Act.PAUSE, "busy"),
+        (Outcome.LEASE_LOST, Act.PAUSE, "lease_lost"),
+        (Outcome.UNAVAILABLE, Act.PAUSE, "store_unavailable"),
         (Outcome.MISMATCH, Act.DEAD_LETTER, ""),
         (Outcome.FAILED, Act.DEAD_LETTER, ""),
     ],
@@ -79,7 +79,7 @@ def test_a_template_the_first_message_cannot_fill_refuses_but_a_later_one_dead_l
 def test_each_outcome_comes_to_one_act(outcome: Outcome, act: Act, counted: str) -> None:
     d = decide(RunResult(outcome, "k"), options(backoff=2.0), "k")
     assert (d.act, d.outcome) == (act, counted)
-    if act is Act.HOLD:
+    if act is Act.PAUSE:
         assert d.delay == 2.0
 
 
@@ -97,7 +97,7 @@ def test_a_failure_is_retried_with_a_doubling_back_off_then_dead_lettered() -> N
     o = options(max_attempts=3, backoff=0.5)
     first = decide(RunResult(Outcome.ERROR, "k", error=boom, attempt=1, retriable=True), o, "k")
     second = decide(RunResult(Outcome.ERROR, "k", error=boom, attempt=2, retriable=True), o, "k")
-    assert (first.act, first.delay, second.delay) == (Act.HOLD, 0.5, 1.0)
+    assert (first.act, first.delay, second.delay) == (Act.PAUSE, 0.5, 1.0)
     assert first.detail == "RuntimeError: boom" and first.attempt == 1
     last = decide(RunResult(Outcome.ERROR, "k", error=boom, attempt=3, retriable=True), o, "k")
     assert (last.act, last.reason, last.error) == (Act.DEAD_LETTER, "failed 3 times", boom)
@@ -108,10 +108,10 @@ def test_a_failure_is_retried_with_a_doubling_back_off_then_dead_lettered() -> N
 
 
 def test_log_lines_name_where_and_why() -> None:
-    hold = Decision(Act.HOLD, "busy", 1.5)
+    hold = Decision(Act.PAUSE, "busy", 1.5)
     level, text, args = log_line(hold, "t[1]@7", "k")
     assert (level, text % args) == ("debug", "busy t[1]@7: key 'k'; holding its partition 1.5s")
-    retried = Decision(Act.HOLD, "retried", 1.0, detail="RuntimeError: boom", attempt=2)
+    retried = Decision(Act.PAUSE, "retried", 1.0, detail="RuntimeError: boom", attempt=2)
     level, text, args = log_line(retried, "t[1]@7", "k")
     assert (level, text % args) == ("info", "k failed (attempt 2), retrying: RuntimeError: boom")
 

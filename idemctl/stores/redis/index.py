@@ -23,8 +23,9 @@ from idemctl.stores.base import InProgressTally, Progress, Query, Scan
 from idemctl.stores.redis.core import RedisCore, glob_escape
 from idemctl.stores.redis.records import fields_of, text, to_record
 
-SETTLE = 100_000
-"""Seconds one stats script takes out of the counts at most (a day is 86,400)."""
+EXPIRE_DUE = 100_000
+"""Seconds that are over one stats script takes out of the counts at most (a day is
+86,400): ``expire_due()`` in lua/_lib.lua."""
 
 Position = tuple[int, float, str]
 """Where a walk of an index's sorted sets is: the index's number, a score, a member."""
@@ -99,7 +100,7 @@ class RedisIndex(RedisCore):
         if self._cluster is None:
             return [0] if first == 0 else []
         column = 4 if which == 0 else 6
-        replies = self._settled(settle=0)
+        replies = self._stats_replies(due=0)
         return [n for n in range(first, len(replies)) if replies[n][column]]
 
     def _zwalk(self, zkey: str, high: float, after: Position | None) -> Iterator[tuple[float, str]]:
@@ -181,14 +182,14 @@ class RedisIndex(RedisCore):
 
     # The operator's reads ----------------------------------------------------------------
 
-    def _settled(self, settle: int = SETTLE) -> list[list[int]]:
-        """Every index's stats.lua reply, once the seconds that are over are settled (up
-        to ``settle`` a call: a day's seconds; more only after a long quiet)."""
+    def _stats_replies(self, due: int = EXPIRE_DUE) -> list[list[int]]:
+        """Every index's stats.lua reply, once the seconds that are over are out of the
+        counts (up to ``due`` a call: a day's seconds; more only after a long quiet)."""
         items = [(keys[0], ()) for keys in self._indexes()]
         while True:
-            answers = self.script_runner.call("stats", (settle,), items)
+            answers = self.script_runner.call("stats", (due,), items)
             replies = [[int(x) for x in r] for r in answers]
-            if not settle or all(r[5] < settle for r in replies):
+            if not due or all(r[5] < due for r in replies):
                 return replies
 
     @staticmethod
@@ -198,10 +199,10 @@ class RedisIndex(RedisCore):
         return c, f, t, e
 
     def _index_entities(self) -> int:
-        return self._counts(self._settled())[3]
+        return self._counts(self._stats_replies())[3]
 
     def _index_stats(self) -> Stats:
-        replies = self._settled()
+        replies = self._stats_replies()
         with self._guard():
             now = self._now()
         completed, failed, gone, _ = self._counts(replies)
