@@ -1,6 +1,7 @@
-"""Every store the contract suite runs on. A new backend joins by adding one entry to
-BACKENDS: a function that takes pytest's request and returns a Backend (starting its server
-through a session fixture if it needs one)."""
+"""Every store the suites run on. A new backend joins by adding one entry to KINDS: a
+function that takes pytest's request and returns a Backend (starting its server through a
+session fixture if it needs one), and its traits, from which every per-backend list of the
+suites is drawn (``backends(where)``)."""
 
 from __future__ import annotations
 
@@ -145,12 +146,120 @@ def _dynamodb(request: pytest.FixtureRequest) -> Backend:
     return Backend("dynamodb", url, open_provisioned, provision)
 
 
-BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
-    "memory": _memory,
-    "sqlite": _sqlite,
-    "redis": _redis,
-    "redis-cluster": _redis_cluster,
-    "fakeredis": _fakeredis,
-    "postgres": _postgres,
-    "dynamodb": _dynamodb,
+@dataclass(frozen=True)
+class Kind:
+    """A backend of the registry, and what the tests may rely on it to be: every
+    per-backend list and table of the suites is drawn from these traits."""
+
+    make: Callable[[pytest.FixtureRequest], Backend]
+    family: str
+    """The store's driver: sqlite, memory, redis, postgres or dynamodb."""
+    by_url: bool = True
+    """Another process opens it by URL (the CLI, a race's workers): the CLI suites' stores."""
+    first_of_family: bool = False
+    """Where a suite that runs one store of each family runs this family."""
+    slow: bool = False
+    """Its server answers slowly (moto): suites that need many round trips leave it out."""
+    transactional: bool = False
+    """Claim, the handler's SQL and completion can share one transaction."""
+    provisions: str = ""
+    """What ``idemctl init`` makes, as doctor names it when missing: schema, table, scripts."""
+    init_marker: str = ""
+    """What ``idemctl init --dry-run`` shows that it would run."""
+    readable_bare: bool = False
+    """Readable before ``idemctl init`` (Redis keeps its scripts server-wide)."""
+    counted_by: str = ""
+    """What ``stats`` counts by once provisioned: query, index or scan (approximate)."""
+    own_cursor: bool = False
+    """Its list cursor is its own encoding (a bad one is a usage error)."""
+    durable_here: bool = True
+    """Doctor finds it durable as the tests run it (the test redis-server has no
+    persistence)."""
+    clock: str = "server"
+    """Whose clock its leases and retention run on: the server's, or this machine's."""
+    counts_by_second: bool = False
+    """Its counts drop a record only once the second its retention ends is over."""
+    unreachable: Callable[[int], str] | None = None
+    """A URL of its kind where nothing listens on ``port`` (and that gives up within a second)."""
+
+
+KINDS: dict[str, Kind] = {
+    "memory": Kind(_memory, "memory", by_url=False, clock="local"),
+    "sqlite": Kind(
+        _sqlite,
+        "sqlite",
+        first_of_family=True,
+        provisions="schema",
+        init_marker="CREATE TABLE IF NOT EXISTS idem_keys",
+        counted_by="query",
+        clock="local",
+    ),
+    "redis": Kind(
+        _redis,
+        "redis",
+        first_of_family=True,
+        provisions="scripts",
+        init_marker="SCRIPT LOAD",
+        readable_bare=True,
+        counted_by="index",
+        own_cursor=True,
+        durable_here=False,
+        counts_by_second=True,
+        unreachable=lambda port: f"redis://127.0.0.1:{port}/0",
+    ),
+    "redis-cluster": Kind(
+        _redis_cluster,
+        "redis",
+        provisions="scripts",
+        init_marker="SCRIPT LOAD",
+        readable_bare=True,
+        counted_by="index",
+        own_cursor=True,
+        durable_here=False,
+        counts_by_second=True,
+        unreachable=lambda port: f"redis+cluster://127.0.0.1:{port}",
+    ),
+    "fakeredis": Kind(_fakeredis, "redis", by_url=False, counts_by_second=True),
+    "postgres": Kind(
+        _postgres,
+        "postgres",
+        first_of_family=True,
+        transactional=True,
+        provisions="schema",
+        init_marker="CREATE TABLE",
+        counted_by="query",
+        unreachable=lambda port: f"postgresql://app:pw@127.0.0.1:{port}/db?connect_timeout=1s",
+    ),
+    "dynamodb": Kind(
+        _dynamodb,
+        "dynamodb",
+        first_of_family=True,
+        slow=True,
+        provisions="table",
+        init_marker="CreateTable",
+        counted_by="scan",
+        own_cursor=True,
+        unreachable=lambda port: (
+            f"dynamodb://tbl?region=us-east-1&endpoint_url=http://127.0.0.1:{port}"
+            "&connect_timeout=1s&max_attempts=1"
+        ),
+    ),
 }
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
+    name: kind.make for name, kind in KINDS.items()
+}
+
+
+def backends(where: Callable[[Kind], bool] = lambda kind: True) -> list[str]:
+    """The names of the backends whose traits ``where`` accepts, in the registry's order."""
+    return [name for name, kind in KINDS.items() if where(kind)]
+
+
+BY_URL = backends(lambda k: k.by_url)
+"""The stores another process opens by URL: every CLI command runs on each (memory://
+lives in one process, and fakeredis in the test's)."""
+FAMILIES = backends(lambda k: k.by_url and k.first_of_family)
+"""One store of each family: sqlite, redis, postgres, dynamodb."""
+QUICK_FAMILIES = backends(lambda k: k.by_url and k.first_of_family and not k.slow)
+"""One store of each family whose server answers quickly: what the consume suites run on."""

@@ -15,7 +15,6 @@ import pytest
 from idemctl import aio
 from idemctl.aio.redis import AsyncRedisStore
 from idemctl.errors import (
-    ConfigError,
     FingerprintMismatch,
     KeyBusy,
     Permanent,
@@ -267,15 +266,6 @@ def test_an_unreachable_redis_fails_closed_without_the_password() -> None:
             assert time.monotonic() - started < 30  # refused at once, not retried for long
             assert "hunter2" not in str(unavailable.value)
             assert f"127.0.0.1:{port}" in str(unavailable.value)
-
-    asyncio.run(main())
-
-
-def test_transactional_needs_postgres(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with aio.open_store(f"sqlite:///{tmp_path}/t.db") as store:
-            with pytest.raises(ConfigError, match="PostgreSQL"):
-                await aio.run(store, "k-1", lambda ctx: None, transactional=True)
 
     asyncio.run(main())
 

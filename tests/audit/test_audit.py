@@ -23,7 +23,7 @@ from idemctl import Acquired, Permanent, open_store
 from idemctl.audit import LOST_SHOWN, AuditOptions, AuditReport, audit
 from idemctl.consume import ConsumeOptions, Consumer, Event, adapt
 from idemctl.consume.options import Summary
-from tests.backends import unique_prefix, unique_schema
+from tests.backends import QUICK_FAMILIES, unique_prefix, unique_schema
 from tests.consume.test_consume import committed, names
 from tests.servers import KafkaBroker
 
@@ -32,7 +32,7 @@ FAST_GROUPS = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "300"}
 ORDER = {"order_key": "account:{account}", "sequence": "seq"}
 
 
-@pytest.fixture(params=["sqlite", "redis", "postgres"])
+@pytest.fixture(params=QUICK_FAMILIES)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/audit.db"

@@ -22,20 +22,14 @@ from typer.testing import CliRunner, Result
 from idemctl.model import Acquired, Record
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
-from tests.backends import BACKENDS
+from tests.backends import BACKENDS, BY_URL, KINDS, backends
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
 SCHEMA_BASE = "https://idemctl.dev/schemas/"
 
-STORES = ["sqlite", "redis", "redis-cluster", "postgres", "dynamodb"]
-COUNTED_BY = {
-    "sqlite": "query",
-    "postgres": "query",
-    "redis": "index",
-    "redis-cluster": "index",
-    "dynamodb": "scan",
-}
+STORES = BY_URL
+COUNTED_BY = {name: KINDS[name].counted_by for name in STORES}
 """What ``stats`` says it counted by on each store, provisioned; DynamoDB's own counts
 are approximate, so the tests that compare every count ask it for ``--exact``
 (``stats_args``), and check the approximate ones agree where they are exact."""
@@ -43,14 +37,14 @@ are approximate, so the tests that compare every count ask it for ``--exact``
 
 def stats_args(target: Target, *, as_json: bool = True) -> list[str]:
     """``stats`` (``--json``), and ``--exact`` where the store's own counts are approximate."""
-    exact = ["--exact"] if target.name == "dynamodb" else []
+    exact = ["--exact"] if KINDS[target.name].counted_by == "scan" else []
     return ["stats", *(["--json"] if as_json else []), *exact]
 
 
 def approximate_agrees(target: Target, exact: dict[str, Any]) -> None:
     """On DynamoDB: plain ``stats`` counts the keys in progress as ``--exact`` does, and
     says the rest is approximate."""
-    if target.name != "dynamodb":
+    if KINDS[target.name].counted_by != "scan":
         return
     result = on(target.url, "stats", "--json")
     assert result.exit_code == 0, result.stderr
@@ -302,7 +296,7 @@ def bare_fixture(request: pytest.FixtureRequest) -> Target:
     return make_target(request, request.param)
 
 
-@pytest.fixture(name="unprovisioned", params=["sqlite", "postgres", "dynamodb"])
+@pytest.fixture(name="unprovisioned", params=backends(lambda k: k.by_url and not k.readable_bare))
 def unprovisioned_fixture(request: pytest.FixtureRequest) -> Target:
     """The stores that cannot be read before ``idemctl init``: a missing SQLite file, a
     PostgreSQL schema that does not exist, a DynamoDB table that does not exist."""

@@ -19,6 +19,7 @@ import pytest
 
 import idemctl
 from idemctl.cli.exitcodes import ExitCode
+from tests.backends import BY_URL, KINDS, backends
 from tests.cli.helpers import (  # noqa: F401 - fixtures
     COUNTED_BY,
     Target,
@@ -39,25 +40,13 @@ from tests.cli.helpers import (  # noqa: F401 - fixtures
     unprovisioned_fixture,
 )
 
+SERVED = backends(lambda k: k.unreachable is not None)
+"""The stores behind a server of their own: each can be unreachable."""
 STALE_LEASE = 0.3
 PAST = 0.6
 """Seconds to sleep for a STALE_LEASE (or a retention that long) to be over."""
 
 FINGERPRINT = "ab" * 32
-INIT_MARKER = {
-    "sqlite": "CREATE TABLE IF NOT EXISTS idem_keys",
-    "postgres": "CREATE TABLE",
-    "dynamodb": "CreateTable",
-    "redis": "SCRIPT LOAD",
-    "redis-cluster": "SCRIPT LOAD",
-}
-NOT_PROVISIONED_FINDING = {
-    "sqlite": "schema",
-    "postgres": "schema",
-    "dynamodb": "table",
-    "redis": "scripts",
-    "redis-cluster": "scripts",
-}
 
 
 def keys_of(documents: list[dict[str, object]]) -> list[str]:
@@ -85,7 +74,7 @@ def grid(text: str) -> dict[str, list[str]]:
 def unprovisioned_before(target: Target) -> None:
     """Make ``target`` look like a store nobody ran ``init`` on (Redis: no scripts loaded)."""
     target.unload_scripts()
-    if target.name == "sqlite":
+    if KINDS[target.name].family == "sqlite":
         assert not sqlite_file(target).exists()
 
 
@@ -99,11 +88,11 @@ def sqlite_file(target: Target) -> Path:
 
 def test_init_dry_run_changes_nothing_then_twice_is_harmless(bare: Target) -> None:
     unprovisioned_before(bare)
-    finding = NOT_PROVISIONED_FINDING[bare.name]
+    finding = KINDS[bare.name].provisions
 
     dry = on(bare.url, "init", "--dry-run")
     assert dry.exit_code == 0, dry.stderr
-    assert INIT_MARKER[bare.name] in dry.stdout
+    assert KINDS[bare.name].init_marker in dry.stdout
     dry_json = on(bare.url, "init", "--dry-run", "--json")
     assert dry_json.exit_code == 0, dry_json.stderr
     plan = json_doc(dry_json, "init.schema.json")
@@ -116,14 +105,14 @@ def test_init_dry_run_changes_nothing_then_twice_is_harmless(bare: Target) -> No
     assert messages(dry).startswith(
         f"-- dry run: {len(plan['statements'])} statement(s) would run on {bare.store.url}"
     )
-    if bare.name == "sqlite":
+    if KINDS[bare.name].family == "sqlite":
         assert not sqlite_file(bare).exists()  # not even an empty file
     # The dry runs changed nothing: still not provisioned (Redis: scripts not loaded yet,
     # a warning only, since each loads on its first use).
     before = on(bare.url, "doctor", "--json")
     levels = {f["name"]: f["level"] for f in json_doc(before, "doctor.schema.json")["findings"]}
-    if bare.name.startswith("redis"):
-        assert before.exit_code == DOCTOR_EXIT[bare.name], before.stdout + before.stderr
+    if KINDS[bare.name].readable_bare:
+        assert before.exit_code == doctor_exit(bare.name), before.stdout + before.stderr
         assert levels[finding] == "warn"
     else:
         assert before.exit_code == ExitCode.NOT_PROVISIONED, before.stdout + before.stderr
@@ -201,7 +190,7 @@ def test_init_json_reports_what_it_provisioned(bare: Target) -> None:
     assert document["store"] == bare.store.url
     assert document["dry_run"] is False
     assert document["changed"] is True
-    assert any(INIT_MARKER[bare.name] in s for s in document["statements"])
+    assert any(KINDS[bare.name].init_marker in s for s in document["statements"])
     assert document["store_source"] == "--store"
     assert result.stderr == store_line(bare.store.url)  # which store, also with --json
 
@@ -429,13 +418,7 @@ def test_list_pages_with_cursor(target: Target) -> None:
     assert next_cursor(default) is None
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "sqlite", "redis", "redis-cluster", "postgres",
-        "dynamodb",
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("name", BY_URL)
 def test_list_offers_a_cursor_only_when_more_remain(
     request: pytest.FixtureRequest, name: str
 ) -> None:
@@ -454,7 +437,7 @@ def test_list_offers_a_cursor_only_when_more_remain(
     assert next_cursor(rest) is None, rest.stderr
 
 
-@pytest.mark.parametrize("name", ["redis", "redis-cluster", "dynamodb"])
+@pytest.mark.parametrize("name", backends(lambda k: k.by_url and k.own_cursor))
 def test_list_bad_cursor_is_a_usage_error(request: pytest.FixtureRequest, name: str) -> None:
     from typer.testing import CliRunner
 
@@ -525,8 +508,8 @@ def test_stats_counts_what_was_made(target: Target) -> None:
     time.sleep(PAST)
     # Redis and DynamoDB tell their TTL to drop a record past retention (Redis does at
     # once; moto never does); SQLite and PostgreSQL keep it until purged.
-    past = 0 if target.name.startswith("redis") else 2
-    if target.name.startswith("redis"):  # its index counts a record until its second is over
+    past = 0 if KINDS[target.name].family == "redis" else 2
+    if KINDS[target.name].counts_by_second:  # its index counts a record until its second is over
         time.sleep(1.0)
 
     result = on(target.url, *stats_args(target))
@@ -602,19 +585,16 @@ def test_stats_empty_store(target: Target) -> None:
 
 # doctor ----------------------------------------------------------------------------------
 
-DOCTOR_EXIT = {
-    "sqlite": ExitCode.OK,
-    "postgres": ExitCode.OK,
-    "dynamodb": ExitCode.OK,
-    # The test redis-server runs without persistence: doctor says so.
-    "redis": ExitCode.UNEXPECTED,
-    "redis-cluster": ExitCode.UNEXPECTED,
-}
+
+def doctor_exit(name: str) -> ExitCode:
+    """What doctor exits with on a provisioned store of backend ``name``: the test
+    redis-server runs without persistence, and doctor says so."""
+    return ExitCode.OK if KINDS[name].durable_here else ExitCode.UNEXPECTED
 
 
 def test_doctor_on_a_provisioned_store(target: Target) -> None:
     result = on(target.url, "doctor", "--json")
-    expected = DOCTOR_EXIT[target.name]
+    expected = doctor_exit(target.name)
     assert result.exit_code == expected, result.stdout + result.stderr
     document = json_doc(result, "doctor.schema.json")
     assert document["store"] == target.store.url
@@ -641,7 +621,7 @@ def test_doctor_on_a_provisioned_store(target: Target) -> None:
         appendfsync = next(f for f in findings if f["name"] == "appendfsync")
         assert appendfsync["level"] == "warn" and appendfsync["ok"] is True
         assert "everysec" in appendfsync["detail"] and "always" in appendfsync["fix"]
-    if target.name != "sqlite":  # SQLite runs on this machine's clock
+    if KINDS[target.name].clock == "server":  # SQLite runs on this machine's clock
         assert "clock" in names
 
     shown = on(target.url, "doctor")
@@ -740,7 +720,7 @@ def test_doctor_other_problems_are_exit_1(tmp_path: Path) -> None:
 def test_doctor_on_an_unprovisioned_store_is_exit_4(unprovisioned: Target) -> None:
     bare = unprovisioned
     unprovisioned_before(bare)
-    name = NOT_PROVISIONED_FINDING[bare.name]
+    name = KINDS[bare.name].provisions
     result = on(bare.url, "doctor", "--json")
     assert result.exit_code == ExitCode.NOT_PROVISIONED, result.stdout + result.stderr
     document = json_doc(result, "doctor.schema.json")
@@ -752,7 +732,7 @@ def test_doctor_on_an_unprovisioned_store_is_exit_4(unprovisioned: Target) -> No
     assert shown.exit_code == ExitCode.NOT_PROVISIONED
     assert re.search(rf"FAIL\s+{name}\s", shown.stdout)
     assert "fix: run 'idemctl init'" in shown.stdout
-    if bare.name == "sqlite":
+    if KINDS[bare.name].family == "sqlite":
         assert not sqlite_file(bare).exists()  # looking created no database
 
 
@@ -761,22 +741,12 @@ def unreachable_url(name: str) -> str:
     from tests.servers import free_port
 
     port = free_port()
-    return {
-        "redis": f"redis://127.0.0.1:{port}/0",
-        "redis-cluster": f"redis+cluster://127.0.0.1:{port}",
-        "postgres": f"postgresql://app:pw@127.0.0.1:{port}/db?connect_timeout=1s",
-        "dynamodb": f"dynamodb://tbl?region=us-east-1&endpoint_url=http://127.0.0.1:{port}"
-        "&connect_timeout=1s&max_attempts=1",
-    }[name]
+    unreachable = KINDS[name].unreachable
+    assert unreachable is not None, name
+    return unreachable(port)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "redis", "postgres", "dynamodb",
-        "redis-cluster",
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("name", SERVED)
 def test_doctor_on_an_unreachable_store_is_exit_3(name: str, aws_credentials: None) -> None:
     url = unreachable_url(name)
     result = on(url, "doctor", "--json")
@@ -794,7 +764,7 @@ def test_doctor_on_an_unreachable_store_is_exit_3(name: str, aws_credentials: No
     assert re.search(r"FAIL\s+connection\s", shown.stdout)
 
 
-@pytest.mark.parametrize("name", ["redis", "redis-cluster", "postgres", "dynamodb"])
+@pytest.mark.parametrize("name", SERVED)
 def test_commands_on_an_unreachable_store_exit_3(name: str, aws_credentials: None) -> None:
     url = unreachable_url(name)
     for args in (["list", "--json"], ["unlock", "--stale", "--yes"]):
@@ -824,7 +794,7 @@ def test_commands_on_an_unprovisioned_store_exit_4(unprovisioned: Target, args: 
     assert messages(result).startswith("error: ")
     assert "idemctl init" in result.stderr
     assert len(messages(result).strip().splitlines()) == 1
-    if unprovisioned.name == "sqlite":
+    if KINDS[unprovisioned.name].family == "sqlite":
         assert not sqlite_file(unprovisioned).exists()  # looking created nothing
 
 
@@ -905,13 +875,7 @@ def test_unlock_key(target: Target) -> None:
     assert record is not None and record.owner == again.owner  # the live lease, untouched
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "sqlite", "redis", "redis-cluster", "postgres",
-        "dynamodb",
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("name", BY_URL)
 def test_unlock_json_record_is_the_stored_record(request: pytest.FixtureRequest, name: str) -> None:
     target = make_target(request, name, provision=True)
     target.claim("u:live")
@@ -1116,7 +1080,7 @@ def test_purge(target: Target) -> None:
     # SQLite and PostgreSQL keep records past retention until purged. Redis drops them by
     # TTL at once. DynamoDB's TTL deletes them some time later (moto's never does), so
     # purge finds them there.
-    expected = 0 if target.name.startswith("redis") else 4
+    expected = 0 if KINDS[target.name].family == "redis" else 4
 
     def past() -> int:  # --exact: DynamoDB's own counts do not know
         stats = json_doc(on(target.url, "stats", "--json", "--exact"), "stats.schema.json")

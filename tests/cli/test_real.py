@@ -31,7 +31,7 @@ from referencing import Registry, Resource
 from idemctl import Acquired, Busy, __version__, open_store
 from idemctl.config import load_config
 from idemctl.errors import ConfigError
-from tests.backends import BACKENDS, unique_prefix, unique_schema
+from tests.backends import BACKENDS, BY_URL, unique_prefix, unique_schema
 from tests.fixtures_redis import REDIS_PASSWORD
 from tests.servers import ctrl_c_reaches_it, free_port
 
@@ -324,7 +324,7 @@ print(json.dumps({"lease_expires_at": expires.timestamp()}), flush=True)
 time.sleep(600)
 """
 
-REAL_STORES = ["sqlite", "redis", "redis-cluster", "postgres", "dynamodb"]
+REAL_STORES = BY_URL
 
 
 @pytest.mark.parametrize("store_name", REAL_STORES)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from idemctl import open_store
-from tests.backends import unique_prefix, unique_schema
+from tests.backends import QUICK_FAMILIES, unique_prefix, unique_schema
 
 
-@pytest.fixture(params=["sqlite", "redis", "postgres"])
+@pytest.fixture(params=QUICK_FAMILIES)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/consume.db"

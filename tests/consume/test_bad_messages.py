@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from idemctl import open_store
-from tests.backends import unique_prefix, unique_schema, unique_table
+from tests.backends import FAMILIES, unique_prefix, unique_schema, unique_table
 from tests.consume.test_consume import REPO, committed, kafka_flags, names, read_all
 from tests.servers import KafkaBroker
 
@@ -29,7 +29,7 @@ BAD: dict[str, tuple[bytes | None, bytes, str]] = {
 }
 
 
-@pytest.fixture(params=["sqlite", "redis", "postgres", "dynamodb"])
+@pytest.fixture(params=FAMILIES)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/keys.db"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from idemctl import open_store
-from tests.backends import unique_schema
+from tests.backends import QUICK_FAMILIES, unique_schema
 from tests.consume.test_consume import committed, produce, read_all
 from tests.servers import KafkaBroker
 
@@ -197,7 +197,7 @@ def test_killed_consumers_with_an_outside_effect_lose_nothing(
     assert len(twice) <= kills * batch  # only what a kill cut off between charge and completion
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "redis", "postgres"])
+@pytest.mark.parametrize("backend", QUICK_FAMILIES)
 def test_ten_kills_then_the_group_drains_to_the_end(
     kafka_broker: KafkaBroker, request: pytest.FixtureRequest, backend: str, tmp_path: Path
 ) -> None:

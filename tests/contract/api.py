@@ -1,13 +1,14 @@
 """The contract suite on both APIs: the same tests drive a sync store directly, or an async
 one (``idemctl.aio``) through ``Blocking``, which runs each of its coroutines on an event
-loop of its own; ``run`` is ``idemctl.run`` or ``await idemctl.aio.run`` to match."""
+loop of its own; ``run`` is ``idemctl.run`` or ``await idemctl.aio.run`` to match, and a
+handler's own SQL (transactional mode) is written once with ``after``."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -79,9 +80,26 @@ def run(store: Any, key: str, handler: Callable[[Context], Any], **options: Any)
         return run_sync(store, key, handler, **options)
 
     async def handle(ctx: Context) -> Any:
-        return handler(ctx)
+        value = handler(ctx)
+        return await value if inspect.isawaitable(value) else value
 
     return store.call(aio.run(store.store, key, handle, **options))
+
+
+def after(steps: Sequence[Any], finish: Callable[[], T]) -> Any:
+    """What a handler written once for both APIs returns: ``finish()`` (its value, or the
+    exception it raises) once ``steps`` are done. Statements on a sync connection, and
+    outbox rows added on one, are done when called; on an async connection they are
+    coroutines, awaited here in order (``run`` awaits what the handler returns)."""
+    if not any(inspect.isawaitable(step) for step in steps):
+        return finish()
+
+    async def in_order() -> T:
+        for step in steps:
+            await step
+        return finish()
+
+    return in_order()
 
 
 def counts(store: Any) -> Any:

@@ -35,12 +35,11 @@ from idemctl import (
     Busy,
     ClaimRequest,
     Completed,
-    Failed,
     LeaseLost,
     Status,
     fingerprint,
 )
-from idemctl.errors import ConfigError, NotProvisioned, Permanent, StoreError, StoreUnavailable
+from idemctl.errors import ConfigError, NotProvisioned, StoreError, StoreUnavailable
 from idemctl.model import Guard, Order, Settle, Stale, Verdict
 from idemctl.resources import read_resource
 from idemctl.runner import Context, Outcome, run
@@ -494,45 +493,6 @@ def test_an_exception_in_the_block_rolls_back_everything_the_claim_included(
     # The key is free at once: no lease to wait out, and no attempt left behind.
     again = acquire(store, "order-1")
     assert (again.attempt, again.takeover) == (1, False)
-
-
-def test_runner_handler_exception_rolls_back_and_counts_the_attempt(
-    store: PostgresStore, db: Any, effects: sql.Identifier
-) -> None:
-    calls: list[int] = []
-
-    def flaky(ctx: Context) -> dict[str, int]:
-        calls.append(ctx.attempt)
-        record_effect(ctx.connection, effects, ctx.key)
-        if len(calls) == 1:
-            raise ConnectionError("gateway timeout")
-        return {"attempt": ctx.attempt}
-
-    first = run(store, "order-1", flaky, transactional=True)
-    assert first.outcome is Outcome.ERROR and isinstance(first.error, ConnectionError)
-    assert effect_counts(db, effects) == {}  # the handler's SQL went with the transaction
-    record = store.get("order-1")
-    assert record is not None and record.status is Status.FAILED
-    assert record.retriable is True and "gateway timeout" in (record.error or "")
-    assert record.attempts == 1
-
-    second = run(store, "order-1", flaky, transactional=True)
-    assert second.outcome is Outcome.EXECUTED and second.result == {"attempt": 2}
-    assert calls == [1, 2]
-    assert effect_counts(db, effects) == {"order-1": 1}
-    record = store.get("order-1")
-    assert record is not None and record.status is Status.COMPLETED and record.attempts == 2
-
-    def declined(ctx: Context) -> None:
-        record_effect(ctx.connection, effects, ctx.key)
-        raise Permanent("card declined")
-
-    third = run(store, "order-2", declined, transactional=True)
-    assert third.outcome is Outcome.ERROR
-    again = run(store, "order-2", declined, transactional=True)
-    assert again.outcome is Outcome.FAILED
-    assert effect_counts(db, effects) == {"order-1": 1}
-    assert isinstance(store.claim("order-2"), Failed)
 
 
 def test_a_concurrent_duplicate_is_busy_at_once(store: PostgresStore) -> None:
