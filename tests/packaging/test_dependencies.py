@@ -37,6 +37,7 @@ PACKAGE = REPO / "idemctl"
 NEEDS: dict[str, set[str]] = {
     "idemctl.aio.postgres": {"postgres"},
     "idemctl.aio.redis": {"redis"},
+    "idemctl.aio.unit": {"postgres"},
     "idemctl.audit": {"kafka"},
     "idemctl.consume": {"kafka"},
     "idemctl.consume.traced": {"otel"},

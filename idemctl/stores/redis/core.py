@@ -18,7 +18,7 @@ from idemctl.stores.redis.client import Client, ClusterClient, ClusterNode, Plai
 from idemctl.stores.redis.connect import Target
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import guard
-from idemctl.stores.redis.ops import Call, Op, Ops, ms
+from idemctl.stores.redis.ops import Op, Ops, ms
 from idemctl.stores.redis.records import server_time
 from idemctl.stores.redis.scripts import ScriptRunner
 
@@ -145,16 +145,6 @@ class RedisCore(BaseStore):
             raw, (seconds, micros) = pipe.execute()
             return raw, server_time(seconds, micros)
 
-    def _script(
-        self,
-        name: str,
-        shared: Sequence[Any],
-        items: Sequence[tuple[str, Sequence[Any]]],
-        durable: bool = False,
-        named: Callable[[str], str] | None = None,
-    ) -> Call:
-        return self.ops.script(name, shared, items, durable, named)
-
     def _do(self, op: Op[T]) -> T:
         """Run an operation's script call and read its replies (``idemctl.aio`` awaits the
         same operations on its own client)."""
@@ -169,8 +159,8 @@ class RedisCore(BaseStore):
         durable: bool = False,
         named: Callable[[str], str] | None = None,
     ) -> list[Any]:
-        """The replies of ``_script``'s call, one per item."""
-        return self._do((self._script(name, shared, items, durable, named), list))
+        """The replies of script ``name``'s call (``Ops.script``), one per item."""
+        return self._do((self.ops.script(name, shared, items, durable, named), list))
 
     def _one(
         self, name: str, shared: Sequence[Any], key: str, *args: Any, durable: bool = False
