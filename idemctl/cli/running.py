@@ -137,9 +137,10 @@ def run_to_end(
     metrics_host: str,
     metrics_port: int | None,
 ) -> S:
-    """Run ``job`` (a consumer or a relay) and return its summary: its progress on ``status``, the metrics and
-    readiness ``metrics`` registers for it served at ``metrics_host:metrics_port`` when a
-    port is given, and SIGTERM or Ctrl-C stopping it once the work in hand is done."""
+    """Run ``job`` (a consumer or a relay) and return its summary: its progress on
+    ``status``, the metrics and readiness ``metrics`` registers for it served at
+    ``metrics_host:metrics_port`` when a port is given, and SIGTERM or Ctrl-C stopping it
+    once the work in hand is done."""
     from idemctl.metrics import serving  # http.server and ssl: not at every start-up
 
     with (

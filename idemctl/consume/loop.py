@@ -77,7 +77,8 @@ class Consumer(Acting, Watch):
         self.summary = Summary()
         self._keying = Keying(options)
         self._gap_since: dict[tuple[str, int, int], float] = {}
-        """--contiguous: when each message held for a missing predecessor was first held."""
+        """--contiguous: when the partition was first paused at each message whose
+        predecessor is missing."""
         self._stop = threading.Event()
         self._counting = threading.Lock()
         self._pool: ThreadPoolExecutor | None = (
@@ -87,7 +88,7 @@ class Consumer(Acting, Watch):
         )
         self._paused: dict[tuple[str, int], float] = {}
         self._resume_at: dict[tuple[str, int], int] = {}
-        """The offset a held partition was sought back to: anything else fetched for it
+        """The offset a paused partition was sought back to: anything else fetched for it
         before that offset comes round again was fetched before the seek."""
         self._kafka: Any = None
         self._dlq: DeadLetters | None = None
@@ -251,7 +252,7 @@ class Consumer(Acting, Watch):
         for m in messages:
             tp = (m.topic(), m.partition())
             if tp in self._paused:
-                continue  # fetched before the partition was held
+                continue  # fetched before the partition was paused
             if tp in self._resume_at:
                 if m.offset() != self._resume_at[tp]:
                     continue
@@ -299,10 +300,10 @@ class Consumer(Acting, Watch):
         keys, each answered while the handlers of the chunk before it run."""
         o = self.options
         blocked: dict[tuple[str, int], int] = {}
-        """Each held partition's offset: it goes on from there after the back-off."""
+        """Each paused partition's offset: it goes on from there after the back-off."""
 
         def usable(item: Item) -> bool:
-            """Not behind a message its partition is held at."""
+            """Not behind a message its partition is paused at."""
             at = blocked.get(item.tp)
             return at is None or item.offset < at
 

@@ -96,7 +96,7 @@ def _families(consumer: Consumer) -> Iterator[Any]:
     )
     yield counter(
         "idemctl_stalls",
-        "Partitions found stalled (assigned, not held, behind, no progress) and recovered.",
+        "Partitions found stalled (assigned, not paused, behind, no progress) and recovered.",
         s.stalls,
     )
     yield counter(
@@ -107,8 +107,8 @@ def _families(consumer: Consumer) -> Iterator[Any]:
     gauges = (
         ("idemctl_in_flight_leases", "Keys this consumer holds now.", consumer.in_flight),
         ("idemctl_assigned_partitions", "Partitions assigned now.", s.partitions),
-        ("idemctl_paused_partitions", "Partitions held now (busy, retries).", s.paused),
-        ("idemctl_stalled_partitions", "Partitions stalled now, not held.", s.stalled),
+        ("idemctl_paused_partitions", "Partitions paused now (busy, retries).", s.paused),
+        ("idemctl_stalled_partitions", "Partitions stalled now, not paused.", s.stalled),
         ("idemctl_lag_messages", "Messages behind the partitions' ends.", s.lag),
     )
     for name, text, value in gauges:

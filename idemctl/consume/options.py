@@ -79,7 +79,7 @@ class ConsumeOptions:
     """With tracing (the ``otel`` extra): ``idemctl.key`` on the spans as its SHA-256's
     first 16 hex digits (hash), as it is (raw), or not at all (none)."""
     stall_timeout: float = 30.0
-    """Seconds a partition may be assigned, not held, behind its end and without progress
+    """Seconds a partition may be assigned, not paused, behind its end and without progress
     before it counts as stalled: it is reported and recovered (resumed, sent back to its
     committed offset). 0: never."""
     dlq_breaker: int = 20
@@ -142,7 +142,7 @@ class Summary:
     dead_letters: Counter[str] = field(default_factory=Counter)
     """Dead letters by reason (no idempotency key, invalid idempotency key, ...)."""
     paused: int = 0
-    """Partitions held now (busy keys, retries, an unreachable store)."""
+    """Partitions paused now (busy keys, retries, an unreachable store)."""
     partitions: int = 0
     """Partitions assigned to this consumer now."""
     state: str = "starting"
@@ -150,7 +150,7 @@ class Summary:
     lag: int | None = None
     """Messages behind the end of the assigned partitions, where the broker reports it."""
     stalled: int = 0
-    """Partitions stalled now: assigned, not held, behind their end, no progress."""
+    """Partitions stalled now: assigned, not paused, behind their end, no progress."""
     stalls: int = 0
     """Stalled partitions found and recovered since the start."""
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from idemctl.consume.options import ConsumeOptions
 
 MAX_BACKOFF = 60.0
-"""Seconds a partition is held at most, whatever the back-off doubled to."""
+"""Seconds a partition is paused at most, whatever the back-off doubled to."""
 
 Spelling = Callable[[str, Any], str]
 """How an option is named in a message: ``--on-missing-key stop`` on the command line,

@@ -1,4 +1,4 @@
-"""The watchdog: a partition that is assigned, not held by idemctl, behind its end and makes
+"""The watchdog: a partition that is assigned, not paused by idemctl, behind its end and makes
 no progress is stalled, whoever stopped it (the Kafka client, a broker, idemctl itself).
 It is said (a warning with its offsets, ``idemctl_stalled_partitions``, ``/readyz``) and
 recovered: resumed, and sent back to its committed offset, from where nothing is skipped.

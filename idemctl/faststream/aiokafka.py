@@ -54,7 +54,7 @@ class _Item:
 
 
 class _Pauses:
-    """The partitions of one Kafka consumer held back, and when each resumes."""
+    """The partitions of one Kafka consumer paused, and when each resumes."""
 
     def __init__(self, consumer: Any) -> None:
         self.consumer = consumer

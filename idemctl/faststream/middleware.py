@@ -374,7 +374,7 @@ class _Done(StrEnum):
     FINISHED = "finished"
     """Finished without a result (dead-lettered, skipped, stale): nothing to publish."""
     HELD = "held"
-    """Not finished: its partition is held at it and it comes again."""
+    """Not finished: its partition is paused at it and it comes again."""
 
 
 class _Unpublished(Exception):
