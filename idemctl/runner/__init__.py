@@ -1,5 +1,6 @@
-"""Run units of work: claim -> handler -> complete or fail, for one key (``run``,
-``@idempotent``) and for a batch of keys held together (``Batch``, what consume runs on)."""
+"""Attempts at keys: claim -> handler -> complete or fail, for one key (``run``,
+``@idempotent``; ``attempt`` is written from ``idemctl.aio.attempt`` by scripts/unasync.py)
+and for a round of keys held together (``Batch``, what consume runs on)."""
 
 from idemctl.runner.attempt import invoke, run
 from idemctl.runner.batch import Batch
