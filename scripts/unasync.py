@@ -2,7 +2,8 @@
 """Derive idemctl's sync control flow from its async original, so it is written once.
 
 The runner's attempt (claim, handler, complete or fail; transactional mode), PostgreSQL's
-transactional unit and the outbox writer are written for asyncio under ``idemctl/aio/``;
+protocol steps and transactional unit, and the outbox writer are written for asyncio under
+``idemctl/aio/``;
 this script writes their sync modules by removing ``async``/``await`` and renaming the
 async names (``AsyncStore`` -> ``Store``, ...), then formats them with ruff. Both heartbeats
 (a thread and a task) and both decorators stay hand-written.
@@ -27,6 +28,7 @@ FILES = {
     "idemctl/aio/attempt.py": "idemctl/runner/attempt.py",
     "idemctl/aio/unit.py": "idemctl/stores/postgres/unit.py",
     "idemctl/aio/outbox.py": "idemctl/outbox/writer.py",
+    "idemctl/aio/postgres_steps.py": "idemctl/stores/postgres/steps.py",
 }
 """Each async original and the sync module written from it."""
 
@@ -36,6 +38,8 @@ MODULES = {
     "idemctl.aio.heartbeat": "idemctl.runner.heartbeat",
     "idemctl.aio.outbox": "idemctl.outbox.writer",
     "idemctl.aio.postgres": "idemctl.stores.postgres.store",
+    "idemctl.aio.postgres_core": "idemctl.stores.postgres.core",
+    "idemctl.aio.postgres_steps": "idemctl.stores.postgres.steps",
     "idemctl.aio.store": "idemctl.stores.base",
     "idemctl.aio.unit": "idemctl.stores.postgres.unit",
 }
@@ -44,6 +48,8 @@ NAMES = {
     "AsyncConnection": "Connection",
     "AsyncIterator": "Iterator",
     "AsyncOutbox": "Outbox",
+    "AsyncPostgresCore": "PostgresCore",
+    "AsyncPostgresSteps": "PostgresSteps",
     "AsyncPostgresStore": "PostgresStore",
     "AsyncStore": "Store",
     "AsyncTransactionalStore": "TransactionalStore",

@@ -37,7 +37,7 @@ from idemctl.model import (
     Stats,
     Status,
 )
-from idemctl.stores.base import Progress, Store, seconds_for
+from idemctl.stores.base import Progress, Store, checked
 
 T = TypeVar("T")
 
@@ -59,10 +59,12 @@ class AsyncStore:
 
     def lease_for(self, lease: float | None) -> float:
         """As ``BaseStore.lease_for``: the seconds an operation given ``lease`` uses."""
-        return seconds_for("lease", lease, self.default_lease)
+        return self.default_lease if lease is None else checked("lease", lease)
 
     def retention_for(self, retention: float | None) -> float:
-        return seconds_for("retention", retention, self.default_retention)
+        if retention is None:
+            return self.default_retention
+        return checked("retention", retention)
 
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in one of the store's worker threads."""

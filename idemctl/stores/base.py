@@ -286,11 +286,9 @@ def in_range(what: str, seconds: float, bounds: tuple[float, float]) -> float:
         raise ConfigError(str(exc)) from None
 
 
-def seconds_for(name: str, value: float | None, default: float) -> float:
-    """A lease's or retention's seconds: ``default`` for None, else ``value`` in its range."""
-    if value is None:
-        return default
-    return in_range(name, value, LEASE_RANGE if name == "lease" else RETENTION_RANGE)
+def checked(name: str, seconds: float) -> float:
+    """A lease's or a retention's seconds (``name``), checked against its range."""
+    return in_range(name, seconds, LEASE_RANGE if name == "lease" else RETENTION_RANGE)
 
 
 class BaseStore(ABC):
@@ -309,11 +307,13 @@ class BaseStore(ABC):
     def lease_for(self, lease: float | None) -> float:
         """The lease in seconds that an operation given ``lease`` uses: the store's default
         for None, else ``lease`` checked against LEASE_RANGE."""
-        return seconds_for("lease", lease, self.default_lease)
+        return self.default_lease if lease is None else checked("lease", lease)
 
     def retention_for(self, retention: float | None) -> float:
         """As ``lease_for``, for retention."""
-        return seconds_for("retention", retention, self.default_retention)
+        if retention is None:
+            return self.default_retention
+        return checked("retention", retention)
 
     def claim(
         self, key: str, fingerprint: str | None = None, lease: float | None = None

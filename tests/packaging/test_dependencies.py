@@ -36,6 +36,8 @@ PACKAGE = REPO / "idemctl"
 
 NEEDS: dict[str, set[str]] = {
     "idemctl.aio.postgres": {"postgres"},
+    "idemctl.aio.postgres_core": {"postgres"},
+    "idemctl.aio.postgres_steps": {"postgres"},
     "idemctl.aio.redis": {"redis"},
     "idemctl.aio.unit": {"postgres"},
     "idemctl.audit": {"kafka"},

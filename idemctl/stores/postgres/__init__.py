@@ -11,7 +11,12 @@
   in the same transaction when given an order
 - ``unit``: ``PostgresStore.transaction`` and its ``Unit``, driving those flows (written by
   scripts/unasync.py from ``idemctl.aio.unit``, ``async with store.transaction(key)``)
-- ``store``: ``PostgresStore`` itself
+- ``core``: the store's settings, pool and statements; ``steps`` on it: the protocol's
+  steps, each a flow driven on a pooled connection, and what a row held by an open
+  transaction makes of it (written by scripts/unasync.py from ``idemctl.aio.postgres_steps``)
+- ``admin``, ``entities``, ``provision``: the operator's operations, the entities', and
+  provisioning
+- ``store``: ``PostgresStore``, of those parts, and its transactional mode
 
 Imported only when a ``postgresql://`` store is opened (``idemctl.stores.open_store``):
 importing it loads psycopg.

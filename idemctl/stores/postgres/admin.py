@@ -3,7 +3,7 @@ and purge. A part of PostgresStore."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -26,8 +26,7 @@ from idemctl.stores.base import (
     Scan,
 )
 from idemctl.stores.machine import check_forgettable, unlocked
-from idemctl.stores.postgres import flows
-from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT, PostgresCore, _exists, _now
+from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT, _exists, _now
 from idemctl.stores.postgres.pool import LockTimeout
 from idemctl.stores.postgres.sql import (
     COLUMNS,
@@ -35,15 +34,10 @@ from idemctl.stores.postgres.sql import (
     maybe_utc,
     record_of,
 )
+from idemctl.stores.postgres.steps import PostgresSteps
 
 
-class PostgresAdmin(PostgresCore):
-    def get(self, key: str) -> Record | None:
-        return self._run(flows.get(self._sql, key))
-
-    def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
-        return self._run(flows.get_many(self._sql, keys)) if keys else {}
-
+class PostgresAdmin(PostgresSteps):
     def _scan_page(self, scan: Scan) -> Page:
         where = ["(expires_at IS NULL OR expires_at > now())"]
         if scan.older_than:

@@ -15,12 +15,11 @@ from idemctl.stores.base import (
     DEFAULT_RETENTION,
     BaseStore,
 )
-from idemctl.stores.postgres import flows
 from idemctl.stores.postgres import url as postgres_url
-from idemctl.stores.postgres.flows import drive
 from idemctl.stores.postgres.pool import Pool, PoolSettings
 from idemctl.stores.postgres.sql import (
     DEFAULT_SCHEMA,
+    migrations,
     names,
     protocol_statements,
 )
@@ -102,19 +101,16 @@ class PostgresCore(BaseStore):
         with self.connection() as conn:
             return conn.execute(sql, params).fetchall()
 
-    def _run(self, flow: flows.Flow[flows.T]) -> flows.T:
-        """``flow`` on a pooled connection."""
-        with self.connection() as conn:
-            return drive(conn, flow)
-
-    # The protocol ------------------------------------------------------------------------------
-
-    def schema_version(self) -> int:
-        """The version of the provisioned schema; 0 when there is none."""
-        try:
-            return self._run(flows.schema_version(self._sql))
-        except NotProvisioned:
-            return 0
+    def without_entities(self, version: int) -> NotProvisioned | None:
+        """What to say when the entities' table is missing from a schema at ``version``:
+        None unless that is an older schema (then the usual NotProvisioned stands)."""
+        if 0 < version < max(migrations(self.names)):
+            return NotProvisioned(
+                f"PostgreSQL at {self.url} has an older idemctl schema {self.schema!r} "
+                f"(version {version}), without the sequence guard's entities: "
+                "run 'idemctl init' to upgrade it"
+            )
+        return None
 
     def close(self) -> None:
         self._pool.close()

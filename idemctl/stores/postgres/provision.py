@@ -16,15 +16,16 @@ from idemctl.model import (
 from idemctl.stores.base import (
     server_clock_finding,
 )
-from idemctl.stores.postgres.core import PROVISION_LOCK_WAIT, PostgresCore, _exists
+from idemctl.stores.postgres.core import PROVISION_LOCK_WAIT, _exists
 from idemctl.stores.postgres.sql import (
     lock_wait,
     migrations,
     provision_lock,
 )
+from idemctl.stores.postgres.steps import PostgresSteps
 
 
-class PostgresProvisioning(PostgresCore):
+class PostgresProvisioning(PostgresSteps):
     def provision(self, dry_run: bool = False, upto: int | None = None) -> Provisioning:
         steps = migrations(self.names)
         target = max(steps) if upto is None else upto

@@ -14,24 +14,15 @@ CONFLICT ... DO UPDATE ... WHERE <go>`` per batch, settle one ``UPDATE ... FROM 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
 
 from idemctl.model import (
-    Busy,
-    ClaimOutcome,
-    ClaimRequest,
-    Completion,
-    Holder,
     Order,
-    Record,
 )
-from idemctl.stores.postgres import flows, unit
+from idemctl.stores.postgres import unit
 from idemctl.stores.postgres.admin import PostgresAdmin
 from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT, PROVISION_LOCK_WAIT
 from idemctl.stores.postgres.entities import PostgresEntities
-from idemctl.stores.postgres.pool import LockTimeout
 from idemctl.stores.postgres.provision import PostgresProvisioning
 from idemctl.stores.postgres.unit import Unit
 
@@ -39,43 +30,9 @@ __all__ = ["ADMIN_LOCK_WAIT", "PROVISION_LOCK_WAIT", "PostgresStore"]
 
 
 class PostgresStore(PostgresAdmin, PostgresEntities, PostgresProvisioning):
-    """The protocol's transitions and transactional mode; the operator's operations, the
-    sequence guard and provisioning are its parts (admin, entities, provision)."""
-
-    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
-        try:
-            return self._run(flows.claim(self._sql, requests, lease))
-        except LockTimeout:
-            if len(requests) == 1:
-                return [Busy(None)]
-        # A row of the batch is held by an open transaction: claim one by one, so only
-        # that key answers Busy.
-        return [self.claim(r.key, r.fingerprint, lease) for r in requests]
-
-    def _complete(self, c: Completion, retention: float) -> Record:
-        return self._run(flows.complete_one(self._sql, c, retention))
-
-    def complete_many(
-        self, completions: Sequence[Completion], retention: float | None = None
-    ) -> list[bool]:
-        return self._run(flows.complete_many(self._sql, completions, self.retention_for(retention)))
-
-    def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
-        return self._run(flows.fail(self._sql, held, error, retriable, retention))
-
-    def extend(
-        self, key: str, owner: str, fencing_token: int, lease: float | None = None
-    ) -> datetime:
-        held = Holder(key, owner, fencing_token)
-        return self._run(flows.extend(self._sql, held, self.lease_for(lease)))
-
-    def release(
-        self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
-    ) -> Record:
-        held = Holder(key, owner, fencing_token)
-        return self._run(flows.release(self._sql, held, handler_ran))
-
-    # The sequence guard ---------------------------------------------------------------------------
+    """PostgreSQL's store: the protocol's steps (``steps``, written from
+    ``idemctl.aio.postgres_steps``), the operator's operations, the sequence guard's and
+    provisioning are its parts (admin, entities, provision); transactional mode is here."""
 
     def transaction(
         self,
