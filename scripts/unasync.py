@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Derive idemctl's sync control flow from its async original, so it is written once.
 
-The runner's attempt (claim, handler, complete or fail; transactional mode), PostgreSQL's
-protocol steps and transactional unit, and the outbox writer are written for asyncio under
-``idemctl/aio/``;
+The runner's attempt (claim, handler, complete or fail; transactional mode), the protocol's
+steps on PostgreSQL and Redis, PostgreSQL's transactional unit, and the outbox writer are
+written for asyncio under ``idemctl/aio/``;
 this script writes their sync modules by removing ``async``/``await`` and renaming the
 async names (``AsyncStore`` -> ``Store``, ...), then formats them with ruff. Both heartbeats
 (a thread and a task) and both decorators stay hand-written.
@@ -29,6 +29,7 @@ FILES = {
     "idemctl/aio/unit.py": "idemctl/stores/postgres/unit.py",
     "idemctl/aio/outbox.py": "idemctl/outbox/writer.py",
     "idemctl/aio/postgres_steps.py": "idemctl/stores/postgres/steps.py",
+    "idemctl/aio/redis_steps.py": "idemctl/stores/redis/steps.py",
 }
 """Each async original and the sync module written from it."""
 
@@ -40,6 +41,8 @@ MODULES = {
     "idemctl.aio.postgres": "idemctl.stores.postgres.store",
     "idemctl.aio.postgres_core": "idemctl.stores.postgres.core",
     "idemctl.aio.postgres_steps": "idemctl.stores.postgres.steps",
+    "idemctl.aio.redis_core": "idemctl.stores.redis.core",
+    "idemctl.aio.redis_steps": "idemctl.stores.redis.steps",
     "idemctl.aio.store": "idemctl.stores.base",
     "idemctl.aio.unit": "idemctl.stores.postgres.unit",
 }
@@ -51,6 +54,8 @@ NAMES = {
     "AsyncPostgresCore": "PostgresCore",
     "AsyncPostgresSteps": "PostgresSteps",
     "AsyncPostgresStore": "PostgresStore",
+    "AsyncRedisCore": "RedisCore",
+    "AsyncRedisSteps": "RedisSteps",
     "AsyncStore": "Store",
     "AsyncTransactionalStore": "TransactionalStore",
     "AsyncUnit": "Unit",

@@ -18,65 +18,15 @@ from idemctl.aio import unit
 from idemctl.aio.postgres_steps import AsyncPostgresSteps
 from idemctl.aio.unit import AsyncUnit
 from idemctl.model import (
-    JSON,
-    ClaimOutcome,
-    ClaimRequest,
     Completion,
-    Guard,
-    GuardReply,
-    Holder,
     Order,
-    Record,
     Settle,
 )
-from idemctl.stores.base import check_claims, check_guards
 
 
 class AsyncPostgresStore(AsyncPostgresSteps):
-    """``sync``'s records on psycopg's async connections (``AsyncPostgresCore``): the
-    protocol's public operations over its steps, as ``BaseStore``'s are for the sync one."""
-
-    async def claim_many(
-        self, requests: Sequence[ClaimRequest], lease: float | None = None
-    ) -> list[ClaimOutcome]:
-        check_claims(requests)
-        return await self._claim_many(requests, self.lease_for(lease))
-
-    async def complete(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        result: JSON = None,
-        retention: float | None = None,
-    ) -> Record:
-        done = Completion(key, owner, fencing_token, result)
-        return await self._complete(done, self.retention_for(retention))
-
-    async def fail(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        error: str,
-        retriable: bool = True,
-        retention: float | None = None,
-    ) -> Record:
-        held = Holder(key, owner, fencing_token)
-        return await self._fail(held, error, retriable, self.retention_for(retention))
-
-    async def guard_many(
-        self, guards: Sequence[Guard], lease: float | None = None
-    ) -> list[GuardReply]:
-        check_guards(guards)
-        return await self._guard_many(guards, self.lease_for(lease)) if guards else []
-
-    async def settle_many(
-        self, settles: Sequence[Settle], retention: float | None = None
-    ) -> list[bool]:
-        if not settles:
-            return []
-        return await self._settle_many(settles, self.retention_for(retention))
+    """``sync``'s records on psycopg's async connections (``AsyncPostgresCore``), by the
+    protocol's steps (``AsyncPostgresSteps``), and transactional mode."""
 
     async def finish_many(
         self,

@@ -28,6 +28,7 @@ from idemctl.model import (
     Finding,
     Guard,
     GuardReply,
+    Holder,
     Order,
     Page,
     Provisioning,
@@ -37,7 +38,7 @@ from idemctl.model import (
     Stats,
     Status,
 )
-from idemctl.stores.base import Progress, Store, checked
+from idemctl.stores.base import Progress, Store, check_claims, check_guards, checked
 
 T = TypeVar("T")
 
@@ -85,6 +86,15 @@ class AsyncStore:
     async def claim_many(
         self, requests: Sequence[ClaimRequest], lease: float | None = None
     ) -> list[ClaimOutcome]:
+        """Claim each key, in order: InvalidKey before anything is claimed."""
+        check_claims(requests)
+        return await self._claim_many(requests, self.lease_for(lease))
+
+    async def _claim_many(
+        self, requests: Sequence[ClaimRequest], lease: float
+    ) -> list[ClaimOutcome]:
+        """``claim_many`` for keys already validated, ``lease`` in seconds; a store on an
+        async driver answers it natively (as ``_complete`` and the others below)."""
         return await self._thread(self.sync.claim_many, requests, lease)
 
     async def complete(
@@ -95,7 +105,13 @@ class AsyncStore:
         result: JSON = None,
         retention: float | None = None,
     ) -> Record:
-        return await self._thread(self.sync.complete, key, owner, fencing_token, result, retention)
+        done = Completion(key, owner, fencing_token, result)
+        return await self._complete(done, self.retention_for(retention))
+
+    async def _complete(self, c: Completion, retention: float) -> Record:
+        return await self._thread(
+            self.sync.complete, c.key, c.owner, c.fencing_token, c.result, retention
+        )
 
     async def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
@@ -111,8 +127,12 @@ class AsyncStore:
         retriable: bool = True,
         retention: float | None = None,
     ) -> Record:
+        held = Holder(key, owner, fencing_token)
+        return await self._fail(held, error, retriable, self.retention_for(retention))
+
+    async def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
         return await self._thread(
-            self.sync.fail, key, owner, fencing_token, error, retriable, retention
+            self.sync.fail, held.key, held.owner, held.fencing_token, error, retriable, retention
         )
 
     async def extend(
@@ -135,11 +155,20 @@ class AsyncStore:
     async def guard_many(
         self, guards: Sequence[Guard], lease: float | None = None
     ) -> list[GuardReply]:
+        check_guards(guards)
+        return await self._guard_many(guards, self.lease_for(lease)) if guards else []
+
+    async def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
         return await self._thread(self.sync.guard_many, guards, lease)
 
     async def settle_many(
         self, settles: Sequence[Settle], retention: float | None = None
     ) -> list[bool]:
+        if not settles:
+            return []
+        return await self._settle_many(settles, self.retention_for(retention))
+
+    async def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
         return await self._thread(self.sync.settle_many, settles, retention)
 
     async def finish_many(

@@ -400,7 +400,16 @@ class BaseStore(ABC):
         settles: Sequence[Settle],
         retention: float | None = None,
     ) -> list[bool]:
-        # Two round trips: the entities first, then the keys whose entity was still held.
+        return self._settle_then_complete(completions, settles, retention)
+
+    def _settle_then_complete(
+        self,
+        completions: Sequence[Completion],
+        settles: Sequence[Settle],
+        retention: float | None,
+    ) -> list[bool]:
+        """``finish_many`` in two round trips: the entities first, then the keys whose
+        entity was still held."""
         held = dict.fromkeys((c.key for c in completions), True)
         if settles:
             answers = self.settle_many(settles, retention)

@@ -39,6 +39,8 @@ NEEDS: dict[str, set[str]] = {
     "idemctl.aio.postgres_core": {"postgres"},
     "idemctl.aio.postgres_steps": {"postgres"},
     "idemctl.aio.redis": {"redis"},
+    "idemctl.aio.redis_core": {"redis"},
+    "idemctl.aio.redis_steps": {"redis"},
     "idemctl.aio.unit": {"postgres"},
     "idemctl.audit": {"kafka"},
     "idemctl.consume": {"kafka"},

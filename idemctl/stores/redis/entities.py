@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 from idemctl.errors import EntityNotFound
-from idemctl.model import Entity, EntityPage, Guard, GuardReply, Settle, validate_key
+from idemctl.model import Entity, EntityPage, validate_key
 from idemctl.stores import redis as package
 from idemctl.stores.base import batched
 from idemctl.stores.machine import entity_locked
@@ -31,12 +31,6 @@ class RedisEntities(RedisIndex):
 
     def _entity_of(self, ekey: str) -> str:
         return ekey[len(self.prefix) + len(ENTITIES) + 1 : -1]
-
-    def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
-        return self._do(self.ops.guard(guards, lease))
-
-    def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
-        return self._do(self.ops.settle(settles, retention))
 
     def get_entity(self, entity: str) -> Entity | None:
         raw, now = self._read(self._ekey(entity))
