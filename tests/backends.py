@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -183,6 +183,21 @@ class Kind:
     """A URL of its kind where nothing listens on ``port`` (and that gives up within a second)."""
 
 
+_REDIS = Kind(
+    _redis,
+    "redis",
+    first_of_family=True,
+    provisions="scripts",
+    init_marker="SCRIPT LOAD",
+    readable_bare=True,
+    counted_by="index",
+    own_cursor=True,
+    durable_here=False,
+    counts_by_second=True,
+    unreachable=lambda port: f"redis://127.0.0.1:{port}/0",
+)
+"""One server; a cluster is the same but for its URL (and is not the family's first)."""
+
 KINDS: dict[str, Kind] = {
     "memory": Kind(_memory, "memory", by_url=False, clock="local"),
     "sqlite": Kind(
@@ -194,29 +209,11 @@ KINDS: dict[str, Kind] = {
         counted_by="query",
         clock="local",
     ),
-    "redis": Kind(
-        _redis,
-        "redis",
-        first_of_family=True,
-        provisions="scripts",
-        init_marker="SCRIPT LOAD",
-        readable_bare=True,
-        counted_by="index",
-        own_cursor=True,
-        durable_here=False,
-        counts_by_second=True,
-        unreachable=lambda port: f"redis://127.0.0.1:{port}/0",
-    ),
-    "redis-cluster": Kind(
-        _redis_cluster,
-        "redis",
-        provisions="scripts",
-        init_marker="SCRIPT LOAD",
-        readable_bare=True,
-        counted_by="index",
-        own_cursor=True,
-        durable_here=False,
-        counts_by_second=True,
+    "redis": _REDIS,
+    "redis-cluster": replace(
+        _REDIS,
+        make=_redis_cluster,
+        first_of_family=False,
         unreachable=lambda port: f"redis+cluster://127.0.0.1:{port}",
     ),
     "fakeredis": Kind(_fakeredis, "redis", by_url=False, counts_by_second=True),
