@@ -1,4 +1,5 @@
-"""The README's code and the examples run as written."""
+"""The manual's code, checked for what it did, and the examples, run as written (every
+other block of the manual runs in tests/docs/test_blocks.py)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,31 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def readme_block(heading: str) -> str:
-    text = (REPO / "README.md").read_text()
-    section = text.split(f"## {heading}\n", 1)[1]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, f"no python block under '## {heading}'"
+def doc_block(page: str) -> str:
+    """The first python block of the manual's ``page``."""
+    text = (REPO / "docs" / page).read_text()
+    match = re.search(r"```python\n(.*?)```", text, re.S)
+    assert match, f"no python block in docs/{page}"
     return match.group(1)
 
 
-def test_readme_library_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def manual() -> str:
+    """Every page of the manual, one after another."""
+    return "\n".join(p.read_text() for p in sorted((REPO / "docs").rglob("*.md")))
+
+
+def test_library_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
-    exec(compile(readme_block("Use it as a library"), "README.md", "exec"), namespace)
+    exec(compile(doc_block("guides/library.md"), "docs/guides/library.md", "exec"), namespace)
     assert namespace["charges"] == ["o-1001"]
     assert (tmp_path / "idemctl.db").exists()
 
 
-def test_readme_asyncio_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_asyncio_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
-    exec(compile(readme_block("asyncio: `idemctl.aio`"), "README.md", "exec"), namespace)
+    exec(compile(doc_block("guides/asyncio.md"), "docs/guides/asyncio.md", "exec"), namespace)
     assert namespace["charges"] == ["o-1001"]
     assert (tmp_path / "idemctl.db").exists()
 
@@ -60,39 +66,35 @@ def test_quickstart_charges_every_payment_once(tmp_path: Path) -> None:
     assert re.search(r"charges made\s*│\s*80\s", proc.stdout)
 
 
-def test_readme_postgres_transactional_example_runs(
+def test_postgres_transactional_example_runs(
     postgres_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import uuid
 
     import psycopg
 
-    schema = f"readme_{uuid.uuid4().hex[:8]}"
+    schema = f"docs_{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("IDEMCTL_STORE", postgres_server.url(schema=schema))
-    exec(
-        compile(
-            readme_block("PostgreSQL: effects and key in one transaction"), "README.md", "exec"
-        ),
-        {},
-    )
+    page = "guides/postgres-transactions.md"
+    exec(compile(doc_block(page), f"docs/{page}", "exec"), {})
     with psycopg.connect(postgres_server.url().split("?")[0]) as conn:
         rows = conn.execute("SELECT order_id, cents FROM charges").fetchall()
         conn.execute("DROP TABLE charges")
     assert rows == [("o-1001", 2500)]  # the handler's effect, once, though it was called twice
 
 
-def test_readme_outbox_example_runs(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_outbox_example_runs(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import uuid
 
     import psycopg
 
-    schema = f"readme_{uuid.uuid4().hex[:8]}"
+    schema = f"docs_{uuid.uuid4().hex[:8]}"
     database = postgres_server.url().split("?")[0]
     monkeypatch.setenv("IDEMCTL_STORE", postgres_server.url(schema=schema))
     monkeypatch.setenv("APP_DATABASE", database)
-    block = readme_block("The transactional outbox: events that commit with their effects")
+    block = doc_block("concepts/outbox.md")
     namespace: dict[str, Any] = {}
-    exec(compile(block.replace('schema="idem"', f'schema="{schema}"'), "README.md", "exec"),
+    exec(compile(block.replace('schema="idem"', f'schema="{schema}"'), "docs", "exec"),
          namespace)  # fmt: skip
     with psycopg.connect(database) as conn:
         orders = conn.execute("SELECT id, cents FROM orders").fetchall()
@@ -106,34 +108,34 @@ def test_readme_outbox_example_runs(postgres_server: Any, monkeypatch: pytest.Mo
     ]
 
 
-def test_readme_exit_code_table_is_the_code_table() -> None:
+def test_exit_code_table_is_the_code_table() -> None:
     from idemctl.cli.exitcodes import MEANINGS
 
-    readme = (REPO / "README.md").read_text()
-    rows = dict(re.findall(r"^\| (\d+) \| (.*) \|$", readme, re.M))
+    page = (REPO / "docs" / "reference" / "exit-codes.md").read_text()
+    rows = dict(re.findall(r"^\| (\d+) \| (.*) \|$", page, re.M))
     assert {
         int(code): text.replace("`", "'").replace("'--force'", "--force")
         for code, text in rows.items()
     } == {int(code): meaning for code, meaning in MEANINGS.items()}
 
 
-def test_readme_shows_every_command_and_global_option() -> None:
+def test_manual_shows_every_command_and_global_option() -> None:
     from idemctl.cli import app
 
-    readme = (REPO / "README.md").read_text()
+    text = manual()
     commands = {c.name or c.callback.__name__ for c in app.registered_commands}  # type: ignore[union-attr]
     assert commands >= {"init", "inspect", "list", "stats", "doctor", "unlock", "forget", "purge"}
     for name in commands:
-        assert f"`idemctl {name}" in readme, f"the README's command table lacks {name}"
+        assert f"`idemctl {name}" in text, f"the manual lacks a line on idemctl {name}"
         example = re.compile(rf"^\$ .*idemctl .*\b{name}\b", re.M)
-        assert example.search(readme) or name == "version", f"no example of {name}"
+        assert example.search(text) or name == "version", f"no example of {name}"
     for group in app.registered_groups:
         for sub in group.typer_instance.registered_commands:
             name = f"{group.name} {sub.name or sub.callback.__name__}"  # type: ignore[union-attr]
-            assert f"`idemctl {name}" in readme, f"the README's command table lacks {name}"
-            assert re.search(rf"^\$ .*idemctl .*\b{name}\b", readme, re.M), f"no example of {name}"
+            assert f"`idemctl {name}" in text, f"the manual lacks a line on idemctl {name}"
+            assert re.search(rf"^\$ .*idemctl .*\b{name}\b", text, re.M), f"no example of {name}"
     for option in ("--store", "--config", "--profile", "--json", "-v", "--no-color"):
-        assert f"`{option}" in readme
+        assert f"`{option}" in text
 
 
 def test_orders_example_commits_the_order_and_its_events_together(postgres_server: Any) -> None:
@@ -187,18 +189,15 @@ def test_orders_example_commits_the_order_and_its_events_together(postgres_serve
     assert first.result == {"placed": "o-1", "event": str(events[0][0])}
 
 
-def test_readme_ordering_example_runs(
-    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ordering_example_runs(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import uuid
 
     import psycopg
 
-    schema = f"readme_{uuid.uuid4().hex[:8]}"
+    schema = f"docs_{uuid.uuid4().hex[:8]}"
     url = postgres_server.url(schema=schema)
     monkeypatch.setenv("IDEMCTL_STORE", url)
-    block = readme_block("Ordering: a late event never overwrites newer state")
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(doc_block("concepts/ordering.md"), "docs/concepts/ordering.md", "exec"), {})
     with psycopg.connect(postgres_server.url().split("?")[0]) as conn:
         rows = conn.execute("SELECT id, cents, seq FROM accounts").fetchall()
         conn.execute("DROP TABLE accounts")
@@ -208,3 +207,17 @@ def test_readme_ordering_example_runs(
     with open_store(url) as store:
         entity = store.get_entity("account:a-7")
     assert entity is not None and (entity.sequence, entity.key) == (11, "ledger:a-7:11")
+
+
+def test_the_two_commands_are_the_same_in_the_readme_and_the_manual() -> None:
+    """scripts/check-install runs the README's first command; the manual shows the same."""
+
+    def two_commands(text: str) -> str:
+        section = text.split("The two commands\n", 1)[1]
+        match = re.search(r"```bash\n(.*?)```", section, re.S)
+        assert match, "no bash block under 'The two commands'"
+        return match.group(1)
+
+    readme = (REPO / "README.md").read_text()
+    page = (REPO / "docs" / "getting-started" / "quickstart.md").read_text()
+    assert two_commands(page) == two_commands(readme)

@@ -1,6 +1,6 @@
-"""The README's aiokafka recipe (``idemctl.aio`` in a loop of your own) runs as written
-against the real broker: duplicates charged once, a message without a key dead-lettered,
-every offset committed."""
+"""The manual's aiokafka recipe (docs/guides/aiokafka.md: ``idemctl.aio`` in a loop of your
+own) runs as written against the real broker: duplicates charged once, a message without a
+key dead-lettered, every offset committed."""
 
 from __future__ import annotations
 
@@ -15,24 +15,24 @@ from typing import Any
 from tests.consume.test_consume import REPO, committed, names, produce, read_all
 from tests.servers import KafkaBroker
 
-HEADING = "### aiokafka: `idemctl.aio` in your own loop\n"
-README = Path(os.environ.get("IDEMCTL_README", REPO / "README.md"))
-"""The README to read the recipe from (another file's for a draft of it)."""
+HEADING = "# aiokafka: `idemctl.aio` in your own loop\n"
+PAGE = Path(os.environ.get("IDEMCTL_RECIPE_PAGE", REPO / "docs" / "guides" / "aiokafka.md"))
+"""The page to read the recipe from (another file's for a draft of it)."""
 
 
 def recipe() -> str:
-    text = README.read_text()
-    assert HEADING in text, f"{README} has no section {HEADING.strip()!r}"
+    text = PAGE.read_text()
+    assert HEADING in text, f"{PAGE} has no section {HEADING.strip()!r}"
     match = re.search(r"```python\n(.*?)```", text.split(HEADING, 1)[1], re.S)
     assert match, f"no python block under {HEADING.strip()!r}"
     return match.group(1)
 
 
-def test_readme_aiokafka_recipe_charges_once_and_commits_to_the_end(
+def test_aiokafka_recipe_charges_once_and_commits_to_the_end(
     kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
     namespace: dict[str, Any] = {}
-    exec(compile(recipe(), "README.md", "exec"), namespace)
+    exec(compile(recipe(), str(PAGE), "exec"), namespace)
     topic, group = names()
     kafka_broker.create_topic(topic, partitions=2)
     keys = [f"pay-{i}" for i in range(20)]
