@@ -221,3 +221,15 @@ def test_the_two_commands_are_the_same_in_the_readme_and_the_manual() -> None:
     readme = (REPO / "README.md").read_text()
     page = (REPO / "docs" / "getting-started" / "quickstart.md").read_text()
     assert two_commands(page) == two_commands(readme)
+
+
+def test_the_readme_is_a_front_page_that_links_into_the_manual() -> None:
+    """At most 250 lines: what it is, the two commands, short examples, the stores; every
+    link into docs/ goes to a page that exists."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    assert "## The two commands\n" in readme
+    links = re.findall(r"\]\((docs/[^)#]+)(?:#[^)]*)?\)", readme)
+    assert len(links) >= 10
+    for link in links:
+        assert (REPO / link).is_file(), f"README.md links to {link}, which is not there"
