@@ -1,7 +1,7 @@
 """The code blocks of the manual (``docs/``) and of README.md, found and checked.
 
-How each language is checked is written for contributors in docs/development.md ("Code
-blocks in the manual"): python runs, a console transcript runs and must print what it
+How each language is checked is written for contributors in docs/development.md ("The
+manual and its code blocks"): python runs, a console transcript runs and must print what it
 shows, a command that cannot run here (a remote host) is parsed by the real CLI, and so on.
 An HTML comment on the line above a fence gives a block its options:
 ``<!-- test: scenario=incident -->``.

@@ -8,14 +8,12 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.docs import checks
 from tests.docs.blocks import (
     REPO,
     Block,
@@ -50,6 +48,9 @@ def test_every_block_has_a_language_the_tests_check() -> None:
     }
     unknown = [f"{b.where} ({b.lang or 'no language'})" for b in BLOCKS if b.lang not in known]
     assert not unknown, f"blocks no test checks: {unknown}"
+    options = {"scenario", "tested-by"}
+    odd = [f"{b.where} ({', '.join(b.options)})" for b in BLOCKS if set(b.options) - options]
+    assert not odd, f"options no test reads: {odd}"
     assert len([b for b in BLOCKS if "docs" in b.path.parts]) > 40  # the manual was found
 
 
@@ -177,30 +178,15 @@ def test_console_transcript_prints_what_it_shows(block: Block, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("block", by_lang("python"))
-def test_python_block_runs(
-    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> None:
-    if run_by_another_test(block):  # run by a test that checks what it did
+def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each block checks itself (``assert``), or names the test that runs it and reads back
+    what it did (against the real PostgreSQL or broker it needs)."""
+    if run_by_another_test(block):
         return
-    monkeypatch.chdir(tmp_path)
-    needs = block.options.get("needs")
-    if needs == "postgres":
-        server = request.getfixturevalue("postgres_server")
-        schema = f"docs_{uuid.uuid4().hex[:8]}"
-        monkeypatch.setenv("IDEMCTL_STORE", server.url(schema=schema))
-        monkeypatch.setenv("APP_DATABASE", server.url().split("?")[0])
-    elif needs == "redis":
-        server = request.getfixturevalue("redis_server")
-        monkeypatch.setenv(
-            "IDEMCTL_STORE", server.url(query=f"prefix=docs-{uuid.uuid4().hex[:8]}:")
-        )
-    else:
-        assert needs is None, f"{block.where}: needs={needs}: not a server the docs tests start"
-    namespace: dict[str, Any] = {"__name__": "__docs__"}
-    exec(compile(block.text, block.where, "exec"), namespace)
-    check = block.options.get("check")
-    if check:
-        getattr(checks, check)(namespace)
+    monkeypatch.chdir(tmp_path)  # the default store, sqlite:///./idemctl.db, lands here
+    for name in [k for k in os.environ if k.startswith("IDEMCTL_")]:
+        monkeypatch.delenv(name)
+    exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
 
 
 # -- data, diagrams, queries ---------------------------------------------------------------
