@@ -1,6 +1,8 @@
-"""Scale-out: 1, 2, 4, 8 `idemctl consume` processes in one consumer group on one topic
-(16 partitions, no-op handler) against one Redis server, a 3-primary Redis Cluster and
-PostgreSQL: aggregate and per-process msg/s, efficiency against one process, store CPU.
+"""Scale-out: `idemctl consume --processes 1, 2, 4, 8` (worker processes in one consumer
+group) on one topic (16 partitions, no-op handler) against one Redis server, a 3-primary
+Redis Cluster and PostgreSQL: aggregate and per-process msg/s, efficiency against one
+process, on one Redis the ratio to the scripts-alone ceiling, the store's CPU and the
+workers' CPU.
 
     .venv/bin/python benchmarks/scale.py [--processes 1,2,4,8] [--messages 100000]
         [--stores redis,cluster,postgres] [--partitions 16] [--batch 500]
@@ -40,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 STORES = ("redis", "cluster", "postgres")
 TARGET = ("cluster", 8, 5.0)
 """The issue's target: on Redis Cluster, 8 processes make >= 5x one process."""
+CEILING_TARGET = 0.7
+"""... and on one Redis server, enough processes make >= 0.7x the scripts alone."""
 KAFKA = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
          "auto.offset.reset": "earliest", "auto.commit.interval.ms": "50"}  # fmt: skip
 POLL = 0.05
@@ -47,7 +51,9 @@ POLL = 0.05
 STABLE_FOR = 1.0
 """The group counts as stable once every process has held its partitions this long."""
 COLUMNS = ("store", "processes", "messages", "aggregate msg/s", "per-process msg/s",
-           "efficiency vs 1", "speed-up vs 1", "store CPU cores", "store CPU µs/msg")  # fmt: skip
+           "efficiency vs 1", "speed-up vs 1", "vs ceiling", "store CPU cores",
+           "store CPU µs/msg", "client CPU cores", "client CPU µs/msg",
+           "machine CPU cores")  # fmt: skip
 OWN_SESSION: dict[str, Any] = {"stdin": subprocess.DEVNULL, "start_new_session": True}
 """Children in a session of their own: Ctrl-C reaches only us, and we stop them in order."""
 
@@ -205,6 +211,10 @@ class Run:
     """Messages committed inside the timed window (from the first commit with progress)."""
     seconds: float
     store_cpu: float
+    client_cpu: float
+    """CPU seconds the workers used in the timed window."""
+    machine_cpu: float
+    """CPU seconds every core spent busy in the timed window (the broker's too)."""
     executed: list[int] = field(default_factory=list)
     """Handlers each process ran, from its own summary."""
 
@@ -215,91 +225,118 @@ class Run:
 
 @dataclass
 class Consumers:
-    """``idemctl consume`` processes, each serving its metrics on a port of its own."""
+    """One ``idemctl consume --processes N`` command: its workers in one group, its one
+    metrics endpoint (their figures summed), its one summary."""
 
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    ports: list[int] = field(default_factory=list)
-    outs: list[Path] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    out: Path = Path()
+    pids: list[int] = field(default_factory=list)
 
-    def start(self, group: str, url: str, bootstrap: str, batch: int, tmp: Path) -> None:
-        """One more process in ``group``, on the topic of the same name."""
+    def start(self, n: int, group: str, url: str, bootstrap: str, batch: int, tmp: Path) -> None:
+        """``n`` workers in ``group``, on the topic of the same name."""
         from _common import free_port
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("IDEMCTL_")}
         env["IDEMCTL_STORE"] = url  # not in argv
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
-        port, out = free_port(), tmp / f"consumer-{len(self.procs)}.json"
+        self.port, self.out = free_port(), tmp / f"consume-{group}.json"
         # A consumer a killed benchmark leaves behind exits after 10 minutes without work.
         flags = (
             f"--brokers {bootstrap} --topic {group} --group {group} --handler _noop:handle "
-            f"--batch-size {batch} --metrics-host {HOST} --metrics-port {port} "
-            "--exit-when-idle 600s --join-timeout 120s"
+            f"--batch-size {batch} --metrics-host {HOST} --metrics-port {self.port} "
+            f"--exit-when-idle 600s --join-timeout 120s --processes {n} --log-format json"
         )
         command = [sys.executable, "-m", "idemctl", "--json", "consume", *flags.split()]
         for key, value in KAFKA.items():
             command += ["--kafka-config", f"{key}={value}"]
-        with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
-            proc = subprocess.Popen(
+        with self.out.open("wb") as stdout, self.out.with_suffix(".err").open("wb") as stderr:
+            self.proc = subprocess.Popen(
                 command, stdout=stdout, stderr=stderr, cwd=tmp, env=env, **OWN_SESSION
             )
-        self.procs.append(proc)
-        self.ports.append(port)
-        self.outs.append(out)
 
     def check_alive(self) -> None:
-        for proc, out in zip(self.procs, self.outs, strict=True):
-            if proc.poll() is not None:
-                tail = out.with_suffix(".err").read_text(errors="replace")[-1500:]
-                raise BenchError(f"idemctl consume exited with {proc.returncode}:\n{tail}")
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            tail = self.out.with_suffix(".err").read_text(errors="replace")[-1500:]
+            raise BenchError(f"idemctl consume exited with {self.proc.returncode}:\n{tail}")
 
-    def assigned(self) -> list[int]:
-        """Each process's assigned partitions, from its metrics (0 until it serves them)."""
-        counts = []
-        for port in self.ports:
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=1) as r:
-                    text = r.read().decode()
-            except OSError:
-                text = ""
-            lines = [x for x in text.splitlines() if x.startswith("idemctl_assigned_partitions")]
-            counts.append(int(float(lines[0].split()[-1])) if lines else 0)
-        return counts
+    def workers(self) -> list[int]:
+        """The PIDs of the workers running now, from the supervisor's log lines."""
+        started: dict[int, int] = {}
+        for line in self.out.with_suffix(".err").read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if str(entry.get("msg", "")).startswith("worker ") and "pid" in entry:
+                    started[int(entry["worker"])] = int(entry["pid"])
+        return list(started.values())
+
+    def ready(self) -> tuple[bool, int]:
+        """Whether /readyz says every worker holds partitions, and how many they hold."""
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.port}/readyz", timeout=2) as r:
+                ready = r.status == 200
+            with urllib.request.urlopen(f"http://{HOST}:{self.port}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return False, 0
+        lines = [x for x in text.splitlines() if x.startswith("idemctl_assigned_partitions")]
+        return ready, int(float(lines[0].split()[-1])) if lines else 0
 
     def wait_stable(self, partitions: int, timeout: float = 120) -> None:
-        """Until every process holds partitions, all of them together, for STABLE_FOR s. One
-        that has not joined yet shows 0, one whose partitions were revoked 0 or a count that
-        does not add up: this holds only after the group's last rebalance."""
-        want = min(len(self.procs), partitions)
+        """Until every worker holds partitions, all of them together, for STABLE_FOR s: only
+        after the group's last rebalance."""
         deadline, since = time.monotonic() + timeout, None
         while True:
             self.check_alive()
-            counts = self.assigned()
-            if sum(counts) == partitions and sum(c > 0 for c in counts) == want:
+            ready, held = self.ready()
+            if ready and held == partitions:
                 since = since or time.monotonic()
                 if time.monotonic() - since >= STABLE_FOR:
+                    assert self.proc is not None
+                    self.pids = self.workers() or [self.proc.pid]  # --processes 1: itself
                     return
             else:
                 since = None
             if time.monotonic() > deadline:
-                raise BenchError(f"group not stable after {timeout:.0f} s: partitions {counts}")
+                raise BenchError(f"group not stable after {timeout:.0f} s: {held} partitions")
             time.sleep(0.1)
 
-    def stop(self) -> list[dict[str, Any]]:
-        """SIGTERM to all (each drains and commits), SIGKILL what lingers; their summaries."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for proc in self.procs:
-            _stop(proc, max(deadline - time.monotonic(), 0.1))
-        summaries = []
-        for proc, out in zip(self.procs, self.outs, strict=True):
-            try:
-                summaries.append(json.loads(out.read_text()))
-            except ValueError:
-                tail = out.with_suffix(".err").read_text(errors="replace")[-1500:]
-                raise BenchError(f"idemctl consume ended with {proc.returncode}:\n{tail}") from None
-        return summaries
+    def cpu(self) -> float:
+        """CPU seconds the workers have used so far (from /proc; 0 elsewhere)."""
+        return sum(_proc_cpu(pid) for pid in self.pids)
+
+    def stop(self) -> dict[str, Any]:
+        """SIGTERM (every worker drains and commits), SIGKILL if it lingers; its summary."""
+        assert self.proc is not None
+        _stop(self.proc, 30)
+        try:
+            return dict(json.loads(self.out.read_text()))
+        except ValueError:
+            tail = self.out.with_suffix(".err").read_text(errors="replace")[-1500:]
+            raise BenchError(
+                f"idemctl consume ended with {self.proc.returncode}:\n{tail}"
+            ) from None
+
+
+def machine_cpu() -> float:
+    """CPU seconds every core of the machine has spent busy so far (0 without /proc/stat):
+    the consumers, the store, the broker and anything else."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    busy = sum(int(x) for i, x in enumerate(fields[:8]) if i not in (3, 4))  # less idle, iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int) -> float:
+    """utime + stime of ``pid``, in seconds (0 when it is gone or there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def produce(bootstrap: str, topic: str, n: int, partitions: int) -> list[int]:
@@ -354,25 +391,26 @@ def one_run(store: str, server: Server, n: int, bootstrap: str, args: argparse.N
     del admin  # closed now, not when the broker is gone
     consumers = Consumers()
     with contextlib.ExitStack() as stack:
-        for _ in range(n):
-            consumers.start(name, url, bootstrap, args.batch, tmp)
-            stack.callback(_stop, consumers.procs[-1], 20)  # on errors and Ctrl-C
+        consumers.start(n, name, url, bootstrap, args.batch, tmp)
+        assert consumers.proc is not None
+        stack.callback(_stop, consumers.proc, 30)  # on errors and Ctrl-C
         consumers.wait_stable(args.partitions)
         # Reads the group's committed offsets; never subscribes, so never joins the group.
         reader = Consumer({"bootstrap.servers": bootstrap, "group.id": name})
         stack.callback(reader.close)
         tps = [TopicPartition(name, p) for p in range(args.partitions)]
         first = produce(bootstrap, name, args.messages, args.partitions)
-        start: tuple[float, int, float] | None = None  # time, messages, store CPU
+        # time, messages, and CPU seconds: the store's, the workers', the machine's
+        start: tuple[float, int, float, float, float] | None = None
         moved, last = time.monotonic(), 0
         while True:
             committed = reader.committed(tps, timeout=10)
             now = time.perf_counter()
             done = sum(max(tp.offset - f, 0) for tp, f in zip(committed, first, strict=True))
             if done and start is None:
-                start = (now, done, server.cpu())
+                start = (now, done, server.cpu(), consumers.cpu(), machine_cpu())
             if done >= args.messages:
-                cpu = server.cpu()
+                cpu, client, machine = server.cpu(), consumers.cpu(), machine_cpu()
                 break
             if done > last:
                 moved, last = time.monotonic(), done
@@ -380,11 +418,12 @@ def one_run(store: str, server: Server, n: int, bootstrap: str, args: argparse.N
                 raise BenchError(f"{store}, {n} processes: stuck at {done}/{args.messages}")
             consumers.check_alive()
             time.sleep(POLL)
-        summaries = consumers.stop()
+        summary = consumers.stop()
     assert start is not None
     if done == start[1]:
         raise BenchError("too few messages to time (raise --messages)")
-    executed = [int(s["counts"].get("executed", 0)) for s in summaries]
+    # --processes 1 is one consume process, with no supervisor: its summary is its own.
+    executed = [int(w["counts"].get("executed", 0)) for w in summary.get("workers", [summary])]
     with open_store(url) as s:
         stats = s.stats()  # a SCAN of the prefix on Redis, a count of the table on PostgreSQL
     completed = stats.by_status[Status.COMPLETED]
@@ -393,7 +432,20 @@ def one_run(store: str, server: Server, n: int, bootstrap: str, args: argparse.N
             f"{store}, {n} processes: {args.messages} new messages, handlers ran "
             f"{sum(executed)} times ({executed}), {completed} keys completed of {stats.total}"
         )
-    return Run(store, n, args.messages, done - start[1], now - start[0], cpu - start[2], executed)
+    return Run(store, n, args.messages, done - start[1], now - start[0], cpu - start[2],
+               client - start[3], machine - start[4], executed)  # fmt: skip
+
+
+def scripts_alone(base: str, n: int, batch: int) -> float:
+    """The ceiling on one Redis server: idemctl's claim and complete scripts over a bare
+    socket, batches of ``batch`` new keys, no Kafka and no consume loop (msg/s)."""
+    from redis_claims import ScriptsAlone
+
+    with contextlib.closing(ScriptsAlone(base, f"c{uuid.uuid4().hex[:8]}:", batch)) as scripts:
+        done, started = 0, time.perf_counter()
+        while done < n:
+            done += scripts.batched()
+        return done / (time.perf_counter() - started)
 
 
 # Report ----------------------------------------------------------------------------------
@@ -431,9 +483,20 @@ def report(data: dict[str, Any]) -> None:
         up = r["speedup"] is not None
         table.add_row(r["store"], str(r["processes"]), f"{r['messages']:,}", f"{r['rate']:,.0f}",
                       f"{r['rate'] / r['processes']:,.0f}", f"{r['efficiency']:.2f}" if up else "",
-                      f"{r['speedup']:.2f}x" if up else "", f"{r['store_cpu_cores']:.2f}",
-                      f"{r['store_cpu_us_per_msg']:.1f}")  # fmt: skip
+                      f"{r['speedup']:.2f}x" if up else "",
+                      f"{r['vs_ceiling']:.2f}x" if r["vs_ceiling"] else "",
+                      f"{r['store_cpu_cores']:.2f}", f"{r['store_cpu_us_per_msg']:.1f}",
+                      f"{r['client_cpu_cores']:.2f}",
+                      f"{r['client_cpu_us_per_msg']:.1f}",
+                      f"{r['machine_cpu_cores']:.2f}")  # fmt: skip
     console.print(table)
+    for store, rate in data["ceilings"].items():
+        best = max((r for r in data["runs"] if r["store"] == store), key=lambda r: r["rate"])
+        ratio = best["rate"] / rate
+        met = "met" if ratio >= CEILING_TARGET else "NOT met"
+        console.print(f"{store}: scripts alone {rate:,.0f} msg/s; the most, {best['processes']} "
+                      f"processes, {ratio:.2f}x of it (target >= {CEILING_TARGET:g}x: {met}, "
+                      f"{data['cores']} usable cores)", markup=False)  # fmt: skip
     for v in data["verdicts"]:
         line = f"{v['store']}: {v['processes']} processes / 1 process: {v['speedup']:.2f}x"
         cores = f"{data['cores']} usable cores, it needs {v['cores_needed']}"
@@ -479,6 +542,7 @@ def main() -> int:
         from idemctl.harness.broker import local_broker  # tansu on a free port, by its PID
 
         runs: list[Run] = []
+        ceilings: dict[str, float] = {}
         notes: list[str] = []
         missing = 0
         with local_broker() as bootstrap, tempfile.TemporaryDirectory() as tmp:
@@ -493,6 +557,8 @@ def main() -> int:
                         continue
                     for n in counts:
                         runs.append(one_run(store, server, n, bootstrap, args, Path(tmp)))
+                    if store == "redis":
+                        ceilings[store] = scripts_alone(server.base, args.messages, args.batch)
         if not runs:  # every store left out: exit 2 when for want of a server
             raise (NoServer if missing == len(notes) else MissingPart)("; ".join(notes))
         rows = []
@@ -501,11 +567,16 @@ def main() -> int:
             speedup = r.rate / one.rate if one else None
             rows.append({**vars(r), "rate": r.rate, "speedup": speedup,
                          "efficiency": speedup / r.processes if speedup else None,
+                         "vs_ceiling": r.rate / ceilings[r.store] if r.store in ceilings else None,
                          "store_cpu_cores": r.store_cpu / r.seconds,
-                         "store_cpu_us_per_msg": r.store_cpu / r.timed * 1e6})  # fmt: skip
+                         "store_cpu_us_per_msg": r.store_cpu / r.timed * 1e6,
+                         "client_cpu_cores": r.client_cpu / r.seconds,
+                         "client_cpu_us_per_msg": r.client_cpu / r.timed * 1e6,
+                         "machine_cpu_cores": r.machine_cpu / r.seconds})  # fmt: skip
         cores = usable_cores()
         return {"cpu_count": os.cpu_count(), "cores": cores, "partitions": args.partitions,
                 "batch": args.batch, "messages": args.messages, "runs": rows,
+                "ceilings": ceilings,
                 "verdicts": verdicts(rows, cores), "notes": notes}  # fmt: skip
 
     return finish("scale", work, report, args.json)

@@ -74,6 +74,36 @@ def gauge(name: str, text: str, value: float) -> Any:
     return GaugeMetricFamily(name, text, value=value)
 
 
+def merged(texts: Iterable[str]) -> list[Any]:
+    """The metric families of several processes' expositions as one: samples with the same
+    name and labels summed (counters, histograms, and gauges of partitions, leases and lag,
+    which add up across processes), ``idemctl_build_info`` once, ``_created`` times left
+    out."""
+    from prometheus_client.core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Any] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            if family.name not in families:
+                families[family.name] = Metric(family.name, family.documentation, family.type)
+                values[family.name] = {}
+            into = values[family.name]
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue  # a time, not a count: summing means nothing
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if family.type == "info" or sample.name.endswith("_info"):
+                    into[key] = sample.value  # a label set, its value 1: once, not summed
+                else:
+                    into[key] = into.get(key, 0.0) + sample.value
+    for name, family in families.items():
+        for (sample_name, labels), value in values[name].items():
+            family.add_sample(sample_name, dict(labels), value)
+    return list(families.values())
+
+
 def store_answers(store: Store) -> str | None:
     """None when the store answers a read now, else why not (for ``/readyz``)."""
     from idemctl.errors import IdemctlError

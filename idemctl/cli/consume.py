@@ -34,8 +34,10 @@ from idemctl.cli.running import (
     run_to_end,
     use_log_format,
 )
+from idemctl.cli.workers import processes_wanted, supervise
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
+from idemctl.processes import set_name
 
 
 class TraceKeys(StrEnum):
@@ -219,6 +221,16 @@ def consume(
         list[str] | None,
         typer.Option("--permanent-errors", metavar="MODULE.CLASS", help="Exceptions never retried"),
     ] = None,
+    processes: Annotated[
+        str,
+        typer.Option(
+            "--processes",
+            metavar="N",
+            help="Worker processes in the group, each with the same options (auto: one a "
+            "core); a worker that dies is replaced, a crash loop stops them all",
+        ),
+    ] = "1",
+    worker_index: Annotated[int | None, typer.Option("--worker-index", hidden=True)] = None,
 ) -> None:
     """Run a handler for each message of the topics, effectively once per key.
 
@@ -233,6 +245,11 @@ def consume(
 
     current = use_log_format(ctx, log_format, metrics_port)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
+    workers = processes_wanted(processes)
+    if workers > 1 and max_messages is not None:
+        raise ConfigError(
+            "--max-messages counts one process's messages: use it without --processes"
+        )
     options = ConsumeOptions(
         brokers=brokers,
         topics=topic,
@@ -267,7 +284,16 @@ def consume(
     sys.path.insert(0, ".")  # handlers next to where idemctl runs, as `python -m` finds them
     show_warnings(current, "idemctl.consume")
     run = load_handler(handler)
+    if worker_index is not None:
+        set_name(f"idemctl-w{worker_index}")
     with cli_store(ctx, auto_provision=True) as store:
+        if workers > 1:  # the handler loads and the store answers: the workers may start
+            store.get("idemctl:probe")
+            supervise(
+                ctx, current, workers, current.store_url()[0], store.url, brokers, kafka, topic,
+                metrics_host, metrics_port,
+            )  # fmt: skip
+            return
         status = LiveStatus(
             current.err,
             "consume",
@@ -276,6 +302,7 @@ def consume(
             live=current.live,
             header={"topics": ", ".join(topic), "group": group, "store": store.url},
             log_format=current.progress_format,
+            every=10.0 if worker_index is None else 1.0,  # a worker's, for its supervisor
         )
         consumer = Consumer(store, run, options, on_progress=status.update)
         consumer.open()  # a Kafka setting librdkafka refuses fails here, before the store

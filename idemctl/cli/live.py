@@ -35,8 +35,12 @@ class LiveStatus:
         header: dict[str, str] | None = None,
         window: float = 10.0,
         log_format: str = "logfmt",
+        rows: Callable[[], Any] | None = None,
     ) -> None:
         self.err, self.name, self.fields, self.done = err, name, fields, done
+        self.rows = rows
+        """A renderable shown under the live table (``consume --processes``: a row per
+        worker)."""
         self.live, self.every, self.header, self.window = live, every, header or {}, window
         self.log_format = log_format
         self.started = self.last = time.monotonic()
@@ -77,7 +81,12 @@ class LiveStatus:
                 table.add_row(name.replace("_", " "), Text(str(value)))
             table.add_row("elapsed", elapsed)
             table.add_row(f"rate ({self.window:.0f}s)", f"{rate:,.0f}/s")
-            self._live.update(table)
+            if self.rows is not None:
+                from rich.console import Group
+
+                self._live.update(Group(table, "", self.rows()))
+            else:
+                self._live.update(table)
         elif now - self.last >= self.every:
             self.last = now
             # JSON keeps numbers numbers: the rate a second, the elapsed time in seconds.

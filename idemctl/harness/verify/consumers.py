@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from idemctl.errors import ConfigError
 from idemctl.harness.recorder import LEDGER
 from idemctl.harness.scratch import Scratch
 from idemctl.harness.verify.plan import HANDLER, KAFKA_DEFAULTS, POISON, Effect, Plan
+from idemctl.processes import term_with_parent
 
 
 class _Ledger:
@@ -118,7 +119,7 @@ class _Consumers:
             proc = subprocess.Popen(  # noqa: S603 - our own argv
                 self.command, cwd=self.folder, env=self.env, stdout=log, stderr=log,
                 stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=_term_with_parent,  # noqa: PLW1509
+                preexec_fn=term_with_parent,  # noqa: PLW1509
             )  # fmt: skip
             self.logs[proc.pid] = self._started
             self.spawned.append(proc)
@@ -204,18 +205,3 @@ def _interrupts_deferred() -> Iterator[None]:
             signal.signal(s, handler)
         for signum in dict.fromkeys(caught):
             signal.raise_signal(signum)  # now, to the handler that was there
-
-
-_PRCTL = None
-if sys.platform == "linux":
-    import ctypes
-
-    with suppress(OSError, AttributeError):
-        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
-
-
-def _term_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the thread that started it dies (Linux's
-    PR_SET_PDEATHSIG; a no-op elsewhere)."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)

@@ -1,0 +1,333 @@
+"""``consume --processes N``: N worker processes of one consumer group, kept running.
+
+Each worker is an ``idemctl consume`` process of its own (one interpreter, one GIL), started
+with the same options, writing JSON log lines on stderr and its summary as JSON on stdout.
+The supervisor
+
+- replaces a worker that dies (a signal, a crash), after a back-off that doubles while
+  deaths come quickly, and gives up (a crash loop) when ``crash_limit`` deaths fall within
+  ``crash_window`` seconds;
+- stops every worker when one exits with a code that a restart cannot mend (``FINAL``),
+  and exits with it;
+- turns ``stop()`` (SIGTERM, Ctrl-C) into SIGTERM for every worker, which drains, and
+  ``kill()`` (a second signal) into SIGKILL;
+- is done when every worker exited 0: drained (``--exit-when-idle``), stopped, or left
+  without partitions.
+
+It renders nothing: ``on_line`` gets each worker's log lines, ``on_change`` each start and
+exit. Workers run in sessions of their own (a terminal's Ctrl-C reaches the supervisor
+only, which passes it on once) and, on Linux, get SIGTERM if the supervisor dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from idemctl.processes import term_with_parent
+
+FINAL = frozenset({2, 4, 7, 8})
+"""Worker exit codes a restart cannot mend, and the command's own exit codes for them:
+a usage or configuration error (2), a store not provisioned (4), Kafka unreachable for
+``--join-timeout`` (7), a dead-letter storm or ``--on-missing-key stop`` (8)."""
+
+
+@dataclass
+class Worker:
+    """One worker slot: the process in it now, and what its processes did."""
+
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    restarts: int = 0
+    exit: int | None = None
+    """The last process's exit status (negative: the signal that ended it)."""
+    done: bool = False
+    """Its process exited 0: drained or stopped; it is not restarted."""
+    progress: dict[str, Any] = field(default_factory=dict)
+    """The fields of its process's last progress line (state, partitions, counts)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Counts of its processes that ended, summed (from their summaries, or the last
+    progress line of one that died without one)."""
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    last_error: str | None = None
+    """The last ``error`` line its process wrote."""
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def total(self, name: str) -> int:
+        """``name``'s count over every process of this slot, the running one included."""
+        now = self.progress.get(name) if self.proc is not None else None
+        return self.counts.get(name, 0) + (now if isinstance(now, int) else 0)
+
+
+class CrashLoop(Exception):
+    """Workers keep dying: ``deaths`` within the window."""
+
+
+@dataclass
+class Outcome:
+    """How the run ended: the exit code the command gives, and why when it is not 0."""
+
+    code: int
+    reason: str | None = None
+
+
+class Supervisor:
+    """Runs ``processes`` workers, each ``command`` with ``args_for(I)`` and
+    ``--worker-index I`` added, in ``cwd`` with ``env``, until every one is done (see the
+    module)."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        processes: int,
+        *,
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        args_for: Callable[[int], Sequence[str]] = lambda index: (),
+        on_line: Callable[[Worker, dict[str, Any] | str], None] = lambda w, line: None,
+        on_change: Callable[[Worker, str], None] = lambda w, what: None,
+        crash_limit: int = 5,
+        crash_window: float = 60.0,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.command, self.env, self.cwd = list(command), dict(env), cwd
+        self.args_for = args_for
+        self.on_tick: Callable[[], None] = lambda: None
+        """Called a few times a second while the workers run (a live view's update)."""
+        self.workers = [Worker(i) for i in range(processes)]
+        self.on_line, self.on_change = on_line, on_change
+        self.crash_limit, self.crash_window = crash_limit, crash_window
+        self.backoff, self.max_backoff = backoff, max_backoff
+        self._deaths: list[float] = []
+        self._due: dict[int, float] = {}
+        """Worker index -> when its replacement starts."""
+        self._stopping = threading.Event()
+        self._killed = threading.Event()
+        self._lock = threading.RLock()  # a signal handler may take it in the main thread
+        self._readers: dict[int, threading.Thread] = {}
+        """PID -> the thread reading its output."""
+        self._summaries: dict[int, bytes] = {}
+        """PID -> what it wrote on stdout: its summary, as JSON."""
+
+    # -- control, from signal handlers or other threads ----------------------------------
+
+    def stop(self) -> None:
+        """Drain: SIGTERM to every worker; none is started again."""
+        self._stopping.set()
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Stop at once: SIGKILL to every worker."""
+        self._stopping.set()
+        self._killed.set()
+        self._signal(signal.SIGKILL)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def _signal(self, signum: int) -> None:
+        with self._lock:
+            for worker in self.workers:
+                if worker.proc is not None and worker.proc.poll() is None:
+                    with suppress(ProcessLookupError):
+                        worker.proc.send_signal(signum)
+
+    # -- the run ------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        """Start the workers and keep them running until each is done; then how it ended."""
+        try:
+            for worker in self.workers:
+                self._start(worker)
+            return self._watch()
+        finally:
+            self.kill_all_left()
+
+    def _watch(self) -> Outcome:
+        outcome: Outcome | None = None
+        ticked = 0.0
+        while True:
+            now = time.monotonic()
+            if now - ticked >= 0.25:
+                ticked = now
+                self.on_tick()
+            for worker in self.workers:
+                if worker.proc is not None and worker.proc.poll() is not None:
+                    why = self._ended(worker, now)
+                    if why is not None and outcome is None:
+                        outcome = why
+                        self.stop()
+            if not self.stopping:
+                for index, due in list(self._due.items()):
+                    if due <= now:
+                        del self._due[index]
+                        self._start(self.workers[index])
+            if all(w.proc is None and (w.done or self.stopping) for w in self.workers):
+                break
+            time.sleep(0.05)
+        if outcome is not None:
+            return outcome
+        if self._killed.is_set():
+            return Outcome(130, "stopped at once by a second signal")
+        return Outcome(0)
+
+    def _ended(self, worker: Worker, now: float) -> Outcome | None:
+        """Account for ``worker``'s process having exited; an Outcome when the run must end."""
+        proc = worker.proc
+        assert proc is not None
+        code = proc.wait()
+        with self._lock:
+            worker.proc = None
+        worker.exit = code
+        self._collect(worker, proc)
+        self.on_change(worker, "exited")
+        if code == 0:
+            worker.done = True
+            return None
+        if self.stopping:
+            return None
+        if code in FINAL:
+            return Outcome(code, f"worker {worker.index} exited {code}: {worker.last_error or '?'}")
+        self._deaths = [t for t in self._deaths if t > now - self.crash_window] + [now]
+        if len(self._deaths) >= self.crash_limit:
+            return Outcome(
+                code if code > 0 else 1,
+                f"crash loop: {len(self._deaths)} worker deaths within "
+                f"{self.crash_window:g}s; the last, worker {worker.index}, "
+                f"{_how(code)}: {worker.last_error or 'no error line'}",
+            )
+        delay = min(self.backoff * 2 ** (len(self._deaths) - 1), self.max_backoff)
+        self._due[worker.index] = now + delay
+        worker.restarts += 1
+        return None
+
+    def _start(self, worker: Worker) -> None:
+        with self._lock:
+            if self.stopping:
+                return
+            worker.progress = {}
+            worker.started = time.monotonic()
+            worker.proc = subprocess.Popen(  # noqa: S603 - idemctl's own argv
+                [*self.command, *self.args_for(worker.index), "--worker-index", str(worker.index)],
+                cwd=self.cwd,
+                env={**self.env, "IDEMCTL_WORKER_INDEX": str(worker.index)},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=term_with_parent,  # noqa: PLW1509 - only prctl, looked up before
+            )
+        reader = threading.Thread(
+            target=self._read, args=(worker, worker.proc), name=f"idemctl-w{worker.index}"
+        )
+        reader.daemon = True
+        reader.start()
+        self._readers[worker.proc.pid] = reader
+        self.on_change(worker, "started")
+
+    def _read(self, worker: Worker, proc: subprocess.Popen[bytes]) -> None:
+        """Each line the process writes on stderr, parsed where it is JSON, to ``on_line``;
+        stdout (its summary) is kept for when it exits."""
+        assert proc.stderr is not None
+        assert proc.stdout is not None
+        out: list[bytes] = []
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            open_streams = 2
+            pending = b""
+            while open_streams:
+                for key, _ in sel.select():
+                    stream: IO[bytes] = key.fileobj  # type: ignore[assignment]
+                    chunk = os.read(stream.fileno(), 65536)
+                    if not chunk:
+                        sel.unregister(stream)
+                        open_streams -= 1
+                        continue
+                    if stream is proc.stdout:
+                        out.append(chunk)
+                        continue
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for raw in lines:
+                        self._line(worker, raw)
+            if pending:
+                self._line(worker, pending)
+        self._summaries[proc.pid] = b"".join(out)
+
+    def _line(self, worker: Worker, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip()
+        if not text:
+            return
+        try:
+            line: dict[str, Any] | str = json.loads(text)
+        except ValueError:
+            line = text
+        if isinstance(line, dict):
+            if line.get("msg") == "consume progress":
+                worker.progress = line
+            if line.get("level") == "error":
+                worker.last_error = str(line.get("msg"))
+        elif not isinstance(line, str):
+            line = text
+        self.on_line(worker, line)
+
+    def _collect(self, worker: Worker, proc: subprocess.Popen[bytes]) -> None:
+        """Add the ended process's counts to its slot: its summary, else its last progress."""
+        reader = self._readers.pop(proc.pid, None)
+        if reader is not None:
+            reader.join(timeout=5)
+        summary: dict[str, Any] = {}
+        raw = self._summaries.pop(proc.pid, b"")
+        if raw.strip():
+            try:
+                summary = json.loads(raw)
+            except ValueError:
+                summary = {}
+        counts = summary.get("counts")
+        if not isinstance(counts, dict):  # died without one: its last progress line
+            counts = {k: v for k, v in worker.progress.items() if isinstance(v, int)}
+            counts = {k: v for k, v in counts.items() if k in PROGRESS_COUNTS}
+        for name, n in counts.items():
+            worker.counts[name] = worker.counts.get(name, 0) + int(n)
+        for reason, n in (summary.get("dead_letters") or {}).items():
+            worker.dead_letters[reason] = worker.dead_letters.get(reason, 0) + int(n)
+        worker.progress = {}
+
+    def kill_all_left(self) -> None:
+        """SIGKILL any worker still running (the run ended by an exception)."""
+        with self._lock:
+            for worker in self.workers:
+                if worker.proc is not None and worker.proc.poll() is None:
+                    worker.proc.kill()
+                    worker.proc.wait()
+
+
+PROGRESS_COUNTS = frozenset(
+    ("executed", "replayed", "retried", "dead_lettered", "busy", "store_unavailable", "stale")
+)
+"""The counts a progress line carries (``render.consume_fields``)."""
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited {code}"
