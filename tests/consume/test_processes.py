@@ -206,6 +206,9 @@ def test_sigterm_drains_every_worker_into_one_summary_and_one_metrics_endpoint(
               "--processes", "2", "--batch-size", "1", "--metrics-port", str(port),
               "--metrics-host", "127.0.0.1", env={"HANDLER_SLEEP": "0.3"})  # fmt: skip
     until(lambda: len(effects(tmp_path)) >= 4, run, timeout=90)
+    for line in run.wait_for(r"^worker \d started", 2):  # ps and top tell them apart
+        comm = Path(f"/proc/{line['pid']}/comm")
+        assert comm.read_text().strip() == f"idemctl-w{line['worker']}"
     # Both workers joined and hold the 4 partitions between them: the one /readyz says so.
     until(lambda: probe(port, "/readyz") == (200, "ready\n"), run, timeout=30)
     samples, types = scrape(port)  # the two workers' metrics, summed
