@@ -147,7 +147,7 @@ def worker_rows(workers: list[Worker]) -> Any:
     return table
 
 
-class Relay:
+class WorkerLines:
     """What a worker writes, on the supervisor's stderr: its log lines with its index (in the
     command's ``--log-format``), its store and summary lines left out (the supervisor
     writes one of each for the whole)."""
@@ -199,7 +199,7 @@ def supervise(
     from idemctl.metrics import serving
 
     ports = [_free_port() for _ in range(processes)] if metrics_port is not None else []
-    relay = Relay(current)
+    lines = WorkerLines(current)
     with worker_setup(current, store_url, brokers, kafka) as (command, env):
         supervisor = Supervisor(
             [*command, *worker_args(ctx)],
@@ -208,8 +208,8 @@ def supervise(
             args_for=lambda i: (
                 ["--metrics-port", str(ports[i]), "--metrics-host", "127.0.0.1"] if ports else []
             ),
-            on_line=relay.line,
-            on_change=relay.change,
+            on_line=lines.line,
+            on_change=lines.change,
         )
         status = LiveStatus(
             current.err,
