@@ -20,7 +20,7 @@ from idemctl.cli.common import (
     store_fields,
 )
 from idemctl.cli.keying import KeyOption, OnMissingKeyOption, OrderKeyOption, SequenceOption
-from idemctl.cli.live import LiveStatus
+from idemctl.cli.live import consume_status
 from idemctl.cli.logs import show_warnings
 from idemctl.cli.running import (
     METRICS_HOST,
@@ -294,14 +294,9 @@ def consume(
                 metrics_host, metrics_port,
             )  # fmt: skip
             return
-        status = LiveStatus(
-            current.err,
-            "consume",
-            render.consume_fields,
-            lambda summary: summary.finished,
-            live=current.live,
-            header={"topics": ", ".join(topic), "group": group, "store": store.url},
-            log_format=current.progress_format,
+        status = consume_status(
+            current,
+            {"topics": ", ".join(topic), "group": group, "store": store.url},
             every=10.0 if worker_index is None else 1.0,  # a worker's, for its supervisor
         )
         consumer = Consumer(store, run, options, on_progress=status.update)

@@ -105,3 +105,24 @@ class LiveStatus:
                     logger=CLI_LOGGER,
                 ),
             )
+
+
+def consume_status(
+    current: Any, header: dict[str, str], *, every: float = 10.0, rows: Any = None
+) -> LiveStatus:
+    """``consume``'s live view for the ``Settings`` given: one process's, a worker's (a
+    progress line every second, for its supervisor), or a supervisor's with a row per
+    worker (``rows``)."""
+    from idemctl.cli.render import consume_fields
+
+    return LiveStatus(
+        current.err,
+        "consume",
+        consume_fields,
+        lambda summary: summary.finished,
+        live=current.live,
+        header=header,
+        log_format=current.progress_format,
+        every=every,
+        rows=rows,
+    )

@@ -22,7 +22,7 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import Settings, emit_json, note, report_error, store_fields
-from idemctl.cli.live import LiveStatus
+from idemctl.cli.live import consume_status
 from idemctl.cli.logs import log_line, print_line
 from idemctl.cli.running import stop_on_signals
 from idemctl.consume.metrics import OUTCOMES
@@ -211,21 +211,9 @@ def supervise(
             on_line=lines.line,
             on_change=lines.change,
         )
-        status = LiveStatus(
-            current.err,
-            "consume",
-            render.consume_fields,
-            lambda summary: summary.finished,
-            live=current.live,
-            header={
-                "topics": ", ".join(topics),
-                "group": str(ctx.params["group"]),
-                "store": shown_url,
-                "processes": str(processes),
-            },
-            log_format=current.progress_format,
-            rows=lambda: worker_rows(supervisor.workers),
-        )
+        header = {"topics": ", ".join(topics), "group": str(ctx.params["group"])}
+        header |= {"store": shown_url, "processes": str(processes)}
+        status = consume_status(current, header, rows=lambda: worker_rows(supervisor.workers))
         supervisor.on_tick = lambda: status.update(totals(supervisor.workers))
 
         def register(registry: CollectorRegistry) -> Any:
