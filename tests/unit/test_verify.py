@@ -189,7 +189,7 @@ def test_ctrl_c_while_a_consumer_starts_leaves_no_consumer_running(
         os.kill(os.getppid(), signal.SIGINT)
         time.sleep(1.0)
 
-    monkeypatch.setattr(processes, "_term_with_parent", ctrl_c_then_slow_exec)
+    monkeypatch.setattr(processes, "term_with_parent", ctrl_c_then_slow_exec)
     before = children()
     # Ctrl-C as an interactive Python gets it: a run started in the background (CI's) has
     # SIGINT ignored, and Python then leaves it so.
