@@ -131,7 +131,11 @@ def test_verify_passes_with_kills_every_2s_and_leaves_nothing(
         kafka_broker, t.url, "--messages", str(t.messages), "--kill-every", "2s",
         "--run-id", run, *t.options,
     )  # fmt: skip
-    assert rc == 0, err[-3000:]
+    # What verify judged, for a failure to be read: its problems and counts, then its log.
+    shown = ("problems", "lost", "duplicate_effects", "duplicates_allowed", "kills",
+             "kills_mid_handler", "poison_missing", "lag_left")  # fmt: skip
+    judged = {k: doc.get(k) for k in shown}
+    assert rc == 0, f"{judged}\n{err[-3000:]}"
     validate("verify.schema.json", doc)
     assert doc["ok"] is True and doc["problems"] == []
     assert doc["messages"] == t.messages and doc["lost"] == 0 and doc["lag_left"] == 0
