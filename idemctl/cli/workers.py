@@ -230,7 +230,7 @@ def supervise(
             stop_on_signals(current, second_signal),
             status,
         ):
-            outcome = supervisor.run()
+            ending = supervisor.run()
     summary = totals(supervisor.workers)
     workers = [
         {
@@ -262,13 +262,13 @@ def supervise(
                 **dict(counts),
             },
         )
-    if outcome.code:
-        error = IdemctlError(outcome.reason or f"exit {outcome.code}")
+    if ending.code:
+        error = IdemctlError(ending.reason or f"exit {ending.code}")
         if current.log_format in ("json", "logfmt"):
             note(current, str(error), level="error")
         else:
             report_error(error, current.err)
-        raise typer.Exit(outcome.code)
+        raise typer.Exit(ending.code)
 
 
 def _free_port() -> int:

@@ -33,6 +33,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from idemctl.consume.metrics import OUTCOMES
 from idemctl.processes import term_with_parent
 
 FINAL = frozenset({2, 4, 7, 8})
@@ -72,12 +73,8 @@ class Worker:
         return self.counts.get(name, 0) + (now if isinstance(now, int) else 0)
 
 
-class CrashLoop(Exception):
-    """Workers keep dying: ``deaths`` within the window."""
-
-
 @dataclass
-class Outcome:
+class Ending:
     """How the run ended: the exit code the command gives, and why when it is not 0."""
 
     code: int
@@ -149,7 +146,7 @@ class Supervisor:
 
     # -- the run ------------------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self) -> Ending:
         """Start the workers and keep them running until each is done; then how it ended."""
         try:
             for worker in self.workers:
@@ -158,8 +155,8 @@ class Supervisor:
         finally:
             self.kill_all_left()
 
-    def _watch(self) -> Outcome:
-        outcome: Outcome | None = None
+    def _watch(self) -> Ending:
+        ending: Ending | None = None
         ticked = 0.0
         while True:
             now = time.monotonic()
@@ -169,8 +166,8 @@ class Supervisor:
             for worker in self.workers:
                 if worker.proc is not None and worker.proc.poll() is not None:
                     why = self._ended(worker, now)
-                    if why is not None and outcome is None:
-                        outcome = why
+                    if why is not None and ending is None:
+                        ending = why
                         self.stop()
             if not self.stopping:
                 for index, due in list(self._due.items()):
@@ -180,14 +177,14 @@ class Supervisor:
             if all(w.proc is None and (w.done or self.stopping) for w in self.workers):
                 break
             time.sleep(0.05)
-        if outcome is not None:
-            return outcome
+        if ending is not None:
+            return ending
         if self._killed.is_set():
-            return Outcome(130, "stopped at once by a second signal")
-        return Outcome(0)
+            return Ending(130, "stopped at once by a second signal")
+        return Ending(0)
 
-    def _ended(self, worker: Worker, now: float) -> Outcome | None:
-        """Account for ``worker``'s process having exited; an Outcome when the run must end."""
+    def _ended(self, worker: Worker, now: float) -> Ending | None:
+        """Account for ``worker``'s process having exited; an Ending when the run must end."""
         proc = worker.proc
         assert proc is not None
         code = proc.wait()
@@ -202,10 +199,10 @@ class Supervisor:
         if self.stopping:
             return None
         if code in FINAL:
-            return Outcome(code, f"worker {worker.index} exited {code}: {worker.last_error or '?'}")
+            return Ending(code, f"worker {worker.index} exited {code}: {worker.last_error or '?'}")
         self._deaths = [t for t in self._deaths if t > now - self.crash_window] + [now]
         if len(self._deaths) >= self.crash_limit:
-            return Outcome(
+            return Ending(
                 code if code > 0 else 1,
                 f"crash loop: {len(self._deaths)} worker deaths within "
                 f"{self.crash_window:g}s; the last, worker {worker.index}, "
@@ -301,8 +298,7 @@ class Supervisor:
                 summary = {}
         counts = summary.get("counts")
         if not isinstance(counts, dict):  # died without one: its last progress line
-            counts = {k: v for k, v in worker.progress.items() if isinstance(v, int)}
-            counts = {k: v for k, v in counts.items() if k in PROGRESS_COUNTS}
+            counts = {k: v for k, v in worker.progress.items() if k in OUTCOMES}
         for name, n in counts.items():
             worker.counts[name] = worker.counts.get(name, 0) + int(n)
         for reason, n in (summary.get("dead_letters") or {}).items():
@@ -316,12 +312,6 @@ class Supervisor:
                 if worker.proc is not None and worker.proc.poll() is None:
                     worker.proc.kill()
                     worker.proc.wait()
-
-
-PROGRESS_COUNTS = frozenset(
-    ("executed", "replayed", "retried", "dead_lettered", "busy", "store_unavailable", "stale")
-)
-"""The counts a progress line carries (``render.consume_fields``)."""
 
 
 def _how(code: int) -> str:
