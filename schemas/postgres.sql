@@ -72,3 +72,10 @@ CREATE TABLE {schema}.{entities} (
     expires_at      timestamptz
 );
 CREATE INDEX {entities_expires} ON {schema}.{entities} (expires_at) WHERE expires_at IS NOT NULL;
+
+-- migration 5: the outbox relay's wake-up. Each statement that writes outbox rows notifies
+-- the table's channel, 'idemctl_outbox_' || md5(schema || '.' || table) (PostgreSQL sends it
+-- at the commit, once a transaction however many rows); a relay that LISTENs there takes
+-- the rows at once instead of at its next poll.
+CREATE FUNCTION {schema}.{outbox_notify}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('idemctl_outbox_' || md5(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME), ''); RETURN NULL; END $$;
+CREATE TRIGGER {outbox_notify} AFTER INSERT ON {schema}.{outbox} FOR EACH STATEMENT EXECUTE FUNCTION {schema}.{outbox_notify}();

@@ -86,6 +86,13 @@ def relay(
         str,
         typer.Option("--poll-interval", metavar="DUR", help="Wait between looks at an idle table"),
     ] = "1s",
+    listen: Annotated[
+        bool,
+        typer.Option(
+            "--listen/--no-listen",
+            help="Wake as soon as rows are committed (LISTEN/NOTIFY); --no-listen: poll only",
+        ),
+    ] = True,
     backoff: Annotated[
         str,
         typer.Option(
@@ -104,8 +111,9 @@ def relay(
 ) -> None:
     """Publish committed outbox rows to Kafka, marking each published once acknowledged.
 
-    Rows are taken with FOR UPDATE SKIP LOCKED, so several relays may run side by side.
-    Each message is keyed by aggregateid and carries the row's id and type as headers.
+    Rows are taken with FOR UPDATE SKIP LOCKED, so several relays may run side by side,
+    each aggregate's events in the order they were written. An idle relay wakes as soon as
+    new rows commit (LISTEN/NOTIFY), and polls every --poll-interval besides. Each message is keyed by aggregateid and carries the row's id and type as headers.
     A failed delivery is counted on its row and retried after a back-off. SIGTERM or
     Ctrl-C finishes the batch in hand and exits. Exits 0 when every row it took was
     delivered, 1 (naming the brokers) when it ends with rows it could not deliver.
@@ -124,6 +132,7 @@ def relay(
         backoff=duration(backoff, "--backoff"),
         delivery_timeout=duration(delivery_timeout, "--delivery-timeout") or 30.0,
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
+        listen=listen,
         kafka_config=kafka,
     )
     show_warnings(current, "idemctl.outbox")

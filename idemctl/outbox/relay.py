@@ -33,6 +33,7 @@ from idemctl.errors import ConfigError, StoreUnavailable
 from idemctl.metrics import Ready, Scraped, build_info, counter, store_answers
 from idemctl.model import canonical_json
 from idemctl.outbox.table import OutboxRow, OutboxTable
+from idemctl.outbox.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -266,6 +267,8 @@ class RelayOptions:
     (librdkafka's message.timeout.ms); the batch's rows stay locked meanwhile."""
     exit_when_idle: float | None = None
     """Stop after this many seconds without a row due (for scripted runs)."""
+    listen: bool = True
+    """Wake at once when rows are written (LISTEN/NOTIFY), not only every poll interval."""
     kafka_config: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -337,12 +340,27 @@ class Relay:
         self._stop = threading.Event()
         self._producer: Any = producer
         self._undelivered: set[uuid.UUID] = set()
+        self._wakeup = Wakeup(self.table.store) if options.listen else None
 
     def stop(self) -> None:
         """Finish the batch in hand (its acknowledgements and marks), then return (signal-safe)."""
         self._stop.set()
 
     def run(self) -> RelaySummary:
+        try:
+            return self._run()
+        finally:
+            if self._wakeup is not None:
+                self._wakeup.close()
+
+    def _idle(self, seconds: float) -> None:
+        """Wait ``seconds`` for rows, or less: until a new row's notification or stop()."""
+        if self._wakeup is None:
+            self._stop.wait(seconds)
+        else:
+            self._wakeup.wait(seconds, self._stop)
+
+    def _run(self) -> RelaySummary:
         o = self.options
         idle_since = time.monotonic()
         store_failures = 0
@@ -370,7 +388,7 @@ class Relay:
             elif o.exit_when_idle is not None and now - idle_since >= o.exit_when_idle:
                 break
             if taken < o.batch_size:
-                self._stop.wait(o.poll_interval)
+                self._idle(o.poll_interval)
         return self.summary
 
     def relay_once(self) -> int:
@@ -389,16 +407,14 @@ class Relay:
             results, held = publish_in_order(
                 self._producer, rows, o.topic_of, o.delivery_timeout + 5.0
             )
-            acked = [row.id for row in rows if row.id in results and results[row.id] is None]
+            acked = [row for row in rows if row.id in results and results[row.id] is None]
             failed = [(row, error) for row in rows if (error := results.get(row.id)) is not None]
             self.table.mark_published(conn, acked)
-            self.table.mark_failed(
-                conn, [(row.id, error) for row, error in failed], o.backoff, o.max_backoff
-            )
+            self.table.mark_failed(conn, failed, o.backoff, o.max_backoff)
         self.summary.batches += 1
         self.summary.published += len(acked)
         self.summary.failed += len(failed)
-        self._undelivered.difference_update(acked)
+        self._undelivered.difference_update(row.id for row in acked)
         self._undelivered.update(row.id for row, _ in failed)
         self.summary.undelivered = len(self._undelivered)
         if failed:

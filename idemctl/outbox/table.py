@@ -30,9 +30,10 @@ TAKE_MARK = "idemctl outbox relay: take"
 may be cut off there)."""
 
 _COLUMNS = (
-    "id, aggregatetype, aggregateid, type, payload, headers, created_at, published_at, "
-    "attempts, last_error, seq"
+    "id, aggregatetype, aggregateid, type, payload, nullif(headers, '{}'::jsonb), created_at, "
+    "published_at, attempts, last_error, seq"
 )
+"""An ``OutboxRow``'s columns; no headers is NULL, not '{}' (a JSON document less to parse)."""
 
 
 @dataclass(frozen=True)
@@ -185,33 +186,36 @@ class OutboxTable:
         a transaction, which keeps them until it ends. See ``take``."""
         return take(conn, self.name, limit)
 
-    def mark_published(self, conn: psycopg.Connection[Any], ids: Sequence[uuid.UUID]) -> None:
-        if ids:
+    def mark_published(self, conn: psycopg.Connection[Any], rows: Sequence[OutboxRow]) -> None:
+        """Mark ``rows`` (taken by this transaction) published: one statement."""
+        if rows:
             conn.execute(
-                f"UPDATE {self.name} SET published_at = now(), retry_at = NULL WHERE id = ANY(%s)",
-                (list(ids),),
+                f"UPDATE {self.name} SET published_at = now(), retry_at = NULL "
+                "WHERE seq = ANY(%s) AND published_at IS NULL",
+                ([row.seq for row in rows],),
             )
 
     def mark_failed(
         self,
         conn: psycopg.Connection[Any],
-        failures: Sequence[tuple[uuid.UUID, str]],
+        failures: Sequence[tuple[OutboxRow, str]],
         backoff: float,
         max_backoff: float,
     ) -> None:
         """Count a failed delivery and hold the row back: ``backoff`` seconds after its
         first failure, doubling with each one after, at most ``max_backoff``; counted from
-        now, not from the transaction's start (the wait for the broker came in between)."""
+        now, not from the transaction's start (the wait for the broker came in between).
+        One statement for all of ``failures``."""
         if failures:
             conn.execute(
                 f"""
 UPDATE {self.name} o SET attempts = o.attempts + 1, last_error = f.error,
     retry_at = clock_timestamp()
         + least(%(backoff)s * power(2, o.attempts), %(max)s) * interval '1 second'
-FROM unnest(%(ids)s::uuid[], %(errors)s::text[]) AS f(id, error)
-WHERE o.id = f.id""",
+FROM unnest(%(seqs)s::bigint[], %(errors)s::text[]) AS f(seq, error)
+WHERE o.seq = f.seq AND o.published_at IS NULL""",
                 {
-                    "ids": [i for i, _ in failures],
+                    "seqs": [row.seq for row, _ in failures],
                     "errors": [e for _, e in failures],
                     "backoff": backoff,
                     "max": max_backoff,
@@ -358,18 +362,18 @@ def _take_within(
     """
     types, ids = [t for t, _ in skip], [i for _, i in skip]
     found = conn.execute(
-        f"/* {TAKE_MARK} */ SELECT id, aggregatetype, aggregateid, "
+        f"/* {TAKE_MARK} */ SELECT seq, aggregatetype, aggregateid, "
         "retry_at IS NULL OR retry_at <= now() "
         f"FROM {table} WHERE published_at IS NULL AND (aggregatetype, aggregateid) NOT IN "
         "(SELECT * FROM unnest(%s::text[], %s::text[])) ORDER BY seq LIMIT %s",
         (types, ids, window + 1),
     ).fetchall()
     more = len(found) > window
-    heads: dict[tuple[str, str], uuid.UUID] = {}
+    heads: dict[tuple[str, str], int] = {}
     due: dict[tuple[str, str], bool] = {}
-    for row_id, aggregatetype, aggregateid, ready in found[:window]:
+    for seq, aggregatetype, aggregateid, ready in found[:window]:
         aggregate = (aggregatetype, aggregateid)
-        heads.setdefault(aggregate, row_id)
+        heads.setdefault(aggregate, seq)
         due[aggregate] = due.get(aggregate, True) and ready
     held = {aggregate for aggregate, ready in due.items() if not ready}
     candidates = [(r[0], (r[1], r[2])) for r in found[:window] if due[r[1], r[2]]]
@@ -379,33 +383,33 @@ def _take_within(
     locked = {
         r[0]
         for r in conn.execute(
-            f"/* {TAKE_MARK} */ SELECT o.id FROM unnest(%s::uuid[]) WITH ORDINALITY AS h(id, n) "
-            f"JOIN {table} o ON o.id = h.id "
+            f"/* {TAKE_MARK} */ SELECT o.seq FROM unnest(%s::bigint[]) WITH ORDINALITY AS h(seq, n) "
+            f"JOIN {table} o ON o.seq = h.seq "
             "WHERE o.published_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now()) "
             "ORDER BY h.n LIMIT %s FOR UPDATE OF o SKIP LOCKED",
             ([heads[aggregate] for aggregate, ready in due.items() if ready], wanted),
         )
     }
     mine = {aggregate for aggregate, head in heads.items() if head in locked}
-    run = [(row_id, aggregate) for row_id, aggregate in candidates if aggregate in mine]
+    run = [(seq, aggregate) for seq, aggregate in candidates if aggregate in mine]
     run = run[:limit]
     got = {
-        row.id: row
+        row.seq: row
         for row in map(
             _row,
             conn.execute(
                 f"/* {TAKE_MARK} */ SELECT {_COLUMNS} FROM {table} "
-                "WHERE id = ANY(%s) AND published_at IS NULL FOR UPDATE SKIP LOCKED",
-                ([row_id for row_id, _ in run],),
+                "WHERE seq = ANY(%s) AND published_at IS NULL FOR UPDATE SKIP LOCKED",
+                ([seq for seq, _ in run],),
             ).fetchall(),
         )
     }
     rows, broken = [], set()
-    for row_id, aggregate in run:
-        if aggregate in broken or row_id not in got:
+    for seq, aggregate in run:
+        if aggregate in broken or seq not in got:
             broken.add(aggregate)
         else:
-            rows.append(got[row_id])
+            rows.append(got[seq])
     return rows, more, held
 
 

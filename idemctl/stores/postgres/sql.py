@@ -104,6 +104,7 @@ class Names:
     outbox_unpublished: str
     outbox_created: str
     outbox_published: str
+    outbox_notify: str
     entities: str
     entities_expires: str
 
