@@ -137,7 +137,7 @@ def plain(store: Any, spec: dict[str, Any], times: list[float]) -> int:
     while True:
         with store.connection() as conn, conn.transaction():
             rows = conn.execute(
-                f"SELECT id, aggregateid, type, payload::text FROM {table} "  # noqa: S608
+                f"SELECT id, aggregateid, type, payload::text FROM {table} "
                 "WHERE published_at IS NULL ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED",
                 (spec["batch"],),
             ).fetchall()
@@ -153,7 +153,7 @@ def plain(store: Any, spec: dict[str, Any], times: list[float]) -> int:
                 raise BenchError(f"plain publisher: a batch was not delivered: {errors[:1]}")
             if rows:
                 conn.execute(
-                    f"UPDATE {table} SET published_at = now() WHERE id = ANY(%s)",  # noqa: S608
+                    f"UPDATE {table} SET published_at = now() WHERE id = ANY(%s)",
                     ([r[0] for r in rows],),
                 )
         now = time.monotonic()
@@ -201,7 +201,7 @@ class Workers:
     def __init__(self, specs: list[dict[str, Any]]) -> None:
         here = str(Path(__file__).resolve())
         self.procs = [
-            subprocess.Popen(  # noqa: S603 - this script, our own argv
+            subprocess.Popen(
                 [sys.executable, here, "--worker", json.dumps(spec)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -113,7 +113,8 @@ def relay(
 
     Rows are taken with FOR UPDATE SKIP LOCKED, so several relays may run side by side,
     each aggregate's events in the order they were written. An idle relay wakes as soon as
-    new rows commit (LISTEN/NOTIFY), and polls every --poll-interval besides. Each message is keyed by aggregateid and carries the row's id and type as headers.
+    new rows commit (LISTEN/NOTIFY), and polls every --poll-interval besides. Each
+    message is keyed by aggregateid and carries the row's id and type as headers.
     A failed delivery is counted on its row and retried after a back-off. SIGTERM or
     Ctrl-C finishes the batch in hand and exits. Exits 0 when every row it took was
     delivered, 1 (naming the brokers) when it ends with rows it could not deliver.

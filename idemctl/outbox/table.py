@@ -383,7 +383,8 @@ def _take_within(
     locked = {
         r[0]
         for r in conn.execute(
-            f"/* {TAKE_MARK} */ SELECT o.seq FROM unnest(%s::bigint[]) WITH ORDINALITY AS h(seq, n) "
+            f"/* {TAKE_MARK} */ SELECT o.seq "
+            "FROM unnest(%s::bigint[]) WITH ORDINALITY AS h(seq, n) "
             f"JOIN {table} o ON o.seq = h.seq "
             "WHERE o.published_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now()) "
             "ORDER BY h.n LIMIT %s FOR UPDATE OF o SKIP LOCKED",

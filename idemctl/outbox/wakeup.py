@@ -65,6 +65,8 @@ class Wakeup:
     def wait(self, seconds: float, stop: threading.Event) -> bool:
         """Wait up to ``seconds`` for new rows (or ``stop``); True when notified. Without a
         connection to listen on, this is ``stop.wait(seconds)``."""
+        import psycopg
+
         deadline = time.monotonic() + seconds
         while not stop.is_set():
             left = deadline - time.monotonic()
@@ -78,7 +80,7 @@ class Wakeup:
                 if list(conn.notifies(timeout=min(left, STOP_CHECK), stop_after=1)):
                     list(conn.notifies(timeout=0))  # the others queued: one round takes all
                     return True
-            except Exception as exc:  # noqa: BLE001 - any failure: poll until it listens again
+            except psycopg.Error as exc:  # the connection is gone: poll till it listens again
                 log.debug("stopped listening for new outbox rows, polling: %s", exc)
                 self.close()
                 self._failed_at = time.monotonic()
