@@ -42,6 +42,9 @@ class Wakeup:
         self.channel = channel(store.schema, store.prefix + "outbox")
         self._conn: psycopg.Connection[Any] | None = None
         self._failed_at = -RECONNECT
+        self._deaf = True
+        """Rows may have been committed while this relay did not listen (before its first
+        LISTEN, or while its connection was lost): their notifications went to nobody."""
 
     def _listen(self) -> psycopg.Connection[Any] | None:
         if self._conn is not None and not self._conn.closed:
@@ -56,11 +59,17 @@ class Wakeup:
                 conn = psycopg.connect(settings.conninfo, **settings.connect_kwargs())
                 conn.execute(f'LISTEN "{self.channel}"')
         except IdemctlError as exc:
-            self._failed_at = time.monotonic()
+            self._failed_at, self._deaf = time.monotonic(), True
             log.debug("cannot listen for new outbox rows, polling only: %s", exc)
             return None
         self._conn = conn
         return conn
+
+    def _heard_nothing_yet(self) -> bool:
+        """Whether this relay just started listening (again): then it looks at the table
+        at once, for the rows committed while it did not listen."""
+        deaf, self._deaf = self._deaf, False
+        return deaf
 
     def wait(self, seconds: float, stop: threading.Event) -> bool:
         """Wait up to ``seconds`` for new rows (or ``stop``); True when notified. Without a
@@ -76,6 +85,8 @@ class Wakeup:
             if conn is None:
                 stop.wait(min(left, STOP_CHECK))
                 continue
+            if self._heard_nothing_yet():
+                return True
             try:
                 if list(conn.notifies(timeout=min(left, STOP_CHECK), stop_after=1)):
                     list(conn.notifies(timeout=0))  # the others queued: one round takes all
@@ -83,7 +94,7 @@ class Wakeup:
             except psycopg.Error as exc:  # the connection is gone: poll till it listens again
                 log.debug("stopped listening for new outbox rows, polling: %s", exc)
                 self.close()
-                self._failed_at = time.monotonic()
+                self._failed_at, self._deaf = time.monotonic(), True
         return False
 
     def close(self) -> None:

@@ -1,0 +1,136 @@
+"""The relay's wake-up, on a real PostgreSQL server and the real broker: an idle relay whose
+poll interval is ten minutes publishes a row as soon as it commits (the table's trigger
+notifies, the relay listens), listens again after its listening connection was killed
+(and looks at once for what was committed meanwhile), and with ``listen=False`` waits for
+its poll. Rows are written outside the relay's view of time: each test would wait out the
+ten-minute poll, and fail at its 30 s deadline, if the notification were not heard."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+from idemctl.outbox import Outbox
+from idemctl.outbox.relay import Relay, RelayOptions, RelaySummary
+from idemctl.outbox.wakeup import channel
+from tests.outbox.test_outbox import Pg, tag
+from tests.servers import KafkaBroker
+
+NEVER = 600.0
+"""A poll interval no test waits out."""
+
+
+class Running:
+    """A relay in a thread of its own; ``rounds`` counts the rounds it has done."""
+
+    def __init__(self, pg: Pg, broker: KafkaBroker, **options: Any) -> None:
+        topic = broker.create_topic(f"wake-{tag()}", partitions=1)
+        self.rounds = 0
+        self.relay = Relay(
+            pg.store,
+            RelayOptions(broker.bootstrap, topic_template=topic, poll_interval=NEVER, **options),
+            on_progress=self._round,
+        )
+        self.thread = threading.Thread(target=self.relay.run, name="relay", daemon=True)
+
+    def _round(self, _summary: RelaySummary) -> None:
+        self.rounds += 1
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.relay.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the relay did not stop"
+
+    def idle(self, rounds: int = 2) -> None:
+        """Wait until it has done ``rounds`` rounds (the first, and the look it takes once
+        it listens): from then on it waits in its poll interval."""
+        deadline = time.monotonic() + 30
+        while self.rounds < rounds:
+            assert time.monotonic() < deadline, f"the relay did {self.rounds} round(s) in 30 s"
+            time.sleep(0.02)
+        time.sleep(0.2)
+
+
+def write(pg: Pg, n: int = 1) -> list[uuid.UUID]:
+    with pg.store.connection() as conn, conn.transaction():  # type: ignore[attr-defined]
+        outbox = Outbox(conn, pg.table)
+        return [outbox.add("acct", "A", "Opened", {"n": i}) for i in range(n)]
+
+
+def published_within(pg: Pg, ids: list[uuid.UUID], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        rows = pg.rows()
+        if all(rows[i]["published_at"] is not None for i in ids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_channel_is_the_one_the_trigger_notifies(pg: Pg) -> None:
+    with pg.server.connect() as listener:
+        listener.execute(f'LISTEN "{channel(pg.schema, "outbox")}"')
+        write(pg, 3)
+        heard = list(listener.notifies(timeout=10, stop_after=1))
+        assert len(heard) == 1 and heard[0].payload == ""
+        # one statement, one notification: nothing else is queued
+        assert list(listener.notifies(timeout=0.5)) == []
+
+
+def test_an_idle_relay_publishes_a_row_as_soon_as_it_commits(
+    pg: Pg, kafka_broker: KafkaBroker
+) -> None:
+    with Running(pg, kafka_broker) as running:
+        running.idle()
+        before = running.rounds
+        ids = write(pg, 2)
+        assert published_within(pg, ids, 30), "the relay slept through the notification"
+        assert running.relay.summary.published == 2
+        assert running.rounds - before <= 3  # woken, not polling in a loop
+        more = write(pg)
+        assert published_within(pg, more, 30)
+
+
+def test_a_relay_whose_listening_connection_died_listens_again_and_looks_at_once(
+    pg: Pg, kafka_broker: KafkaBroker
+) -> None:
+    name = channel(pg.schema, "outbox")
+    with Running(pg, kafka_broker) as running:
+        running.idle()
+        pids = [
+            r[0]
+            for r in pg.admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE query = %s", (f'LISTEN "{name}"',)
+            ).fetchall()
+        ]
+        assert len(pids) == 1, pids
+        pg.admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+        ids = write(pg)  # committed while nobody listens: its notification is lost
+        assert published_within(pg, ids, 30), "the relay never listened or looked again"
+        again = pg.admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query = %s", (f'LISTEN "{name}"',)
+        ).fetchall()
+        assert [r[0] for r in again] != pids and len(again) == 1
+        later = write(pg)
+        assert published_within(pg, later, 30)
+
+
+def test_without_listen_a_relay_opens_no_listening_connection(
+    pg: Pg, kafka_broker: KafkaBroker
+) -> None:
+    name = channel(pg.schema, "outbox")
+    with Running(pg, kafka_broker, listen=False) as running:
+        running.idle(rounds=1)
+        ids = write(pg)
+        listening = pg.admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", (f'LISTEN "{name}"',)
+        ).fetchone()
+        assert listening == (0,)
+        assert not published_within(pg, ids, 1.0)  # it waits for its poll, ten minutes on
+        assert running.rounds == 1
