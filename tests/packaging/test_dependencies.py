@@ -49,6 +49,7 @@ NEEDS: dict[str, set[str]] = {
     "idemctl.harness": {"kafka"},
     "idemctl.outbox": {"kafka"},
     "idemctl.outbox.relay": {"kafka", "otel"},
+    "idemctl.outbox.wakeup": {"postgres"},  # LISTEN on the store's own server
     "idemctl.powertools.dynamodb": {"dynamodb"},
     "idemctl.powertools.keys": {"dynamodb", "redis"},
     "idemctl.powertools.redis": {"redis"},
