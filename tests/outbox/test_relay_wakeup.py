@@ -73,6 +73,13 @@ def published_within(pg: Pg, ids: list[uuid.UUID], seconds: float) -> bool:
     return False
 
 
+def listeners(pg: Pg) -> list[int]:
+    """The backends listening on the table's channel (their last statement a LISTEN)."""
+    listen = f'LISTEN "{channel(pg.schema, "outbox")}"'
+    found = pg.admin.execute("SELECT pid FROM pg_stat_activity WHERE query = %s", (listen,))
+    return [r[0] for r in found.fetchall()]
+
+
 def test_the_channel_is_the_one_the_trigger_notifies(pg: Pg) -> None:
     with pg.server.connect() as listener:
         listener.execute(f'LISTEN "{channel(pg.schema, "outbox")}"')
@@ -100,23 +107,15 @@ def test_an_idle_relay_publishes_a_row_as_soon_as_it_commits(
 def test_a_relay_whose_listening_connection_died_listens_again_and_looks_at_once(
     pg: Pg, kafka_broker: KafkaBroker
 ) -> None:
-    name = channel(pg.schema, "outbox")
     with Running(pg, kafka_broker) as running:
         running.idle()
-        pids = [
-            r[0]
-            for r in pg.admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE query = %s", (f'LISTEN "{name}"',)
-            ).fetchall()
-        ]
+        pids = listeners(pg)
         assert len(pids) == 1, pids
         pg.admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
         ids = write(pg)  # committed while nobody listens: its notification is lost
         assert published_within(pg, ids, 30), "the relay never listened or looked again"
-        again = pg.admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE query = %s", (f'LISTEN "{name}"',)
-        ).fetchall()
-        assert [r[0] for r in again] != pids and len(again) == 1
+        again = listeners(pg)
+        assert len(again) == 1 and again != pids
         later = write(pg)
         assert published_within(pg, later, 30)
 
@@ -124,13 +123,9 @@ def test_a_relay_whose_listening_connection_died_listens_again_and_looks_at_once
 def test_without_listen_a_relay_opens_no_listening_connection(
     pg: Pg, kafka_broker: KafkaBroker
 ) -> None:
-    name = channel(pg.schema, "outbox")
     with Running(pg, kafka_broker, listen=False) as running:
         running.idle(rounds=1)
         ids = write(pg)
-        listening = pg.admin.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", (f'LISTEN "{name}"',)
-        ).fetchone()
-        assert listening == (0,)
+        assert listeners(pg) == []
         assert not published_within(pg, ids, 1.0)  # it waits for its poll, ten minutes on
         assert running.rounds == 1
