@@ -191,7 +191,7 @@ class OutboxTable:
         if rows:
             conn.execute(
                 f"UPDATE {self.name} SET published_at = now(), retry_at = NULL "
-                "WHERE seq = ANY(%s) AND published_at IS NULL",
+                "WHERE seq = ANY(%b::bigint[]) AND published_at IS NULL",
                 ([row.seq for row in rows],),
             )
 
@@ -212,7 +212,7 @@ class OutboxTable:
 UPDATE {self.name} o SET attempts = o.attempts + 1, last_error = f.error,
     retry_at = clock_timestamp()
         + least(%(backoff)s * power(2, o.attempts), %(max)s) * interval '1 second'
-FROM unnest(%(seqs)s::bigint[], %(errors)s::text[]) AS f(seq, error)
+FROM unnest(%(seqs)b::bigint[], %(errors)s::text[]) AS f(seq, error)
 WHERE o.seq = f.seq AND o.published_at IS NULL""",
                 {
                     "seqs": [row.seq for row, _ in failures],
@@ -384,7 +384,7 @@ def _take_within(
         r[0]
         for r in conn.execute(
             f"/* {TAKE_MARK} */ SELECT o.seq "
-            "FROM unnest(%s::bigint[]) WITH ORDINALITY AS h(seq, n) "
+            "FROM unnest(%b::bigint[]) WITH ORDINALITY AS h(seq, n) "
             f"JOIN {table} o ON o.seq = h.seq "
             "WHERE o.published_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now()) "
             "ORDER BY h.n LIMIT %s FOR UPDATE OF o SKIP LOCKED",
@@ -400,7 +400,7 @@ def _take_within(
             _row,
             conn.execute(
                 f"/* {TAKE_MARK} */ SELECT {_COLUMNS} FROM {table} "
-                "WHERE seq = ANY(%s) AND published_at IS NULL FOR UPDATE SKIP LOCKED",
+                "WHERE seq = ANY(%b::bigint[]) AND published_at IS NULL FOR UPDATE SKIP LOCKED",
                 ([seq for seq, _ in run],),
             ).fetchall(),
         )
