@@ -2,7 +2,7 @@
 publisher, on the same rows of one PostgreSQL server and the same broker, in one run.
 
     .venv/bin/python benchmarks/relay_throughput.py [--rows 40000] [--aggregates 100,5000,50000]
-        [--batches 100,500,2000] [--relays 1,3] [--rate 1000] [--latency-seconds 10]
+        [--batches 100,500,2000] [--relays 1,3] [--reps 1] [--rate 1000] [--latency-seconds 10]
         [--postgres-url URL] [--json]
 
 It starts tansu and a throwaway PostgreSQL cluster (fsync off, as the other benchmarks) on
@@ -13,7 +13,8 @@ Throughput. For each number of aggregates, ``--rows`` outbox rows are written on
 of an aggregate picked at random (seeded), into a source table. Before each contender's
 run the outbox is truncated and filled from it, so every run starts from the same rows.
 The contenders, each a process of its own (1 or 3 of them at once), set up, then start
-together; the rate is the rows over the time from the start to the last batch committed:
+together; the rate is the rows over the time from the start to the last batch committed
+(with ``--reps N``, the contenders take turns N times and the median run of each counts):
 
 - **plain**: the plain polling publisher. Per batch, in one transaction: ``SELECT id,
   aggregateid, type, payload::text ... WHERE published_at IS NULL ORDER BY seq LIMIT batch
@@ -397,24 +398,33 @@ def work(args: argparse.Namespace) -> dict[str, Any]:
             bench.fill_source(args.rows, aggregates)
             for batch in args.batches:
                 for processes in args.relays:
-                    for contender in ("plain", "relay"):
-                        run = bench.run(contender, aggregates, batch, processes, args.rows)
-                        runs.append(run)
-                        print(
-                            f"  {contender:5} {aggregates:>6} aggregates, batch {batch:>4}, "
-                            f"{processes} process(es): {run.rate:8,.0f} events/s",
-                            file=sys.stderr,
-                        )
+                    tries: dict[str, list[Run]] = {"plain": [], "relay": []}
+                    for _ in range(args.reps):  # the contenders take turns
+                        for contender, done in tries.items():
+                            run = bench.run(contender, aggregates, batch, processes, args.rows)
+                            done.append(run)
+                            print(
+                                f"  {contender:5} {aggregates:>6} aggregates, batch {batch:>4}, "
+                                f"{processes} process(es): {run.rate:8,.0f} events/s",
+                                file=sys.stderr,
+                            )
+                    runs += [median_run(done) for done in tries.values()]
         if args.latency_seconds > 0:
             for listen in (False, True):
                 latencies.append(bench.latency(args.rate, args.latency_seconds, listen))
     return {
         "rows": args.rows,
+        "reps": args.reps,
         "cpus": os.cpu_count(),
         "runs": [{**asdict(r), "rate": r.rate} for r in runs],
         "ratios": _ratios(runs),
         "latency": latencies,
     }
+
+
+def median_run(runs: list[Run]) -> Run:
+    """The run of the median rate (of an even number, the lower of the middle two)."""
+    return sorted(runs, key=lambda r: r.rate)[(len(runs) - 1) // 2]
 
 
 def _drop(bench: Bench, schema: str) -> None:
@@ -440,7 +450,7 @@ def report(data: dict[str, Any]) -> None:
 
     console = stdout_console()
     table = Table(title=f"Outbox relay vs the plain polling publisher: {data['rows']:,} rows, "
-                  f"{data['cpus']} CPU(s)")  # fmt: skip
+                  f"{data['cpus']} CPU(s), median of {data['reps']} run(s) each")  # fmt: skip
     for column in ("aggregates", "batch", "processes", "plain events/s", "relay events/s",
                    "relay / plain", "target"):  # fmt: skip
         table.add_column(column, justify="right")
@@ -481,6 +491,7 @@ def main() -> int:
     parser.add_argument("--aggregates", type=_ints, default=[100, 5000, 50000])
     parser.add_argument("--batches", type=_ints, default=[100, 500, 2000])
     parser.add_argument("--relays", type=_ints, default=[1, 3], help="processes at once")
+    parser.add_argument("--reps", type=int, default=1, help="runs of each, the median kept")
     parser.add_argument("--rate", type=float, default=1000.0, help="latency run: events/s")
     parser.add_argument("--latency-seconds", type=float, default=10.0, help="0: no latency run")
     parser.add_argument("--postgres-url", help="a server to use instead of a throwaway one")
