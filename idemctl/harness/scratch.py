@@ -112,7 +112,7 @@ class Scratch:
             if self.scheme.startswith("redis"):
                 return any(True for _ in _redis_keys(store))
             with store.connection() as conn:  # type: ignore[attr-defined]
-                return bool(_postgres_tables(conn, store))
+                return bool(_postgres_objects(conn, store))
 
     def provision(self, transactional_ledger: bool) -> None:
         with self.store() as store:
@@ -143,7 +143,7 @@ class Scratch:
             if self.scheme.startswith("redis"):
                 return sum(1 for _ in _redis_keys(store))
             with store.connection() as conn:  # type: ignore[attr-defined]
-                return len(_postgres_tables(conn, store))
+                return len(_postgres_objects(conn, store))
 
     def remove(self) -> None:
         """Delete everything of this run: its file, keys, tables or table."""
@@ -161,7 +161,7 @@ class Scratch:
                 _drop_redis_keys(store)
             else:
                 with store.connection() as conn:  # type: ignore[attr-defined]
-                    _drop_postgres_tables(conn, store)
+                    _drop_postgres_objects(conn, store)
                     if self._created_schema:  # verify made it: gone too, if nothing else is
                         _drop_empty_schema(conn, store.schema)  # type: ignore[attr-defined]
 
@@ -202,28 +202,36 @@ def _drop_redis_keys(store: Any) -> None:
             pipe.execute()
 
 
-def _postgres_tables(conn: Any, store: Any) -> list[str]:
-    rows = conn.execute(
-        "SELECT table_name FROM information_schema.tables "
-        "WHERE table_schema = %s AND left(table_name, %s) = %s",
-        (store.schema, len(store.prefix), store.prefix),
-    ).fetchall()
-    return [r[0] for r in rows]
+_POSTGRES_OBJECTS = (
+    ("TABLE", "pg_class", "relname", "relnamespace", "relkind IN ('r', 'p')"),
+    ("FUNCTION", "pg_proc", "proname", "pronamespace", "true"),
+    ("TYPE", "pg_type", "typname", "typnamespace", "typtype = 'e'"),
+)
+"""What a store's migrations make in its schema, each named with the store's prefix: kind,
+catalog, its name and schema columns, which of its rows (indexes, triggers and sequences go
+with their tables). Dropped in this order."""
 
 
-def _drop_postgres_tables(conn: Any, store: Any) -> None:
+def _postgres_objects(conn: Any, store: Any) -> list[tuple[str, str]]:
+    """(kind, name) of each table, function and enum type of the store's prefix."""
+    found = []
+    for kind, catalog, name, namespace, which in _POSTGRES_OBJECTS:
+        query = (  # the catalogs' names are the constants above; the values are bound
+            f"SELECT o.{name} FROM pg_catalog.{catalog} o "  # noqa: S608
+            f"JOIN pg_catalog.pg_namespace n ON n.oid = o.{namespace} "
+            f"WHERE {which} AND n.nspname = %s AND left(o.{name}, %s) = %s"
+        )
+        rows = conn.execute(query, (store.schema, len(store.prefix), store.prefix)).fetchall()
+        found += [(kind, r[0]) for r in rows]
+    return found
+
+
+def _drop_postgres_objects(conn: Any, store: Any) -> None:
     from idemctl.stores.postgres.sql import quote_ident
 
     schema = quote_ident(store.schema)
-    for table in _postgres_tables(conn, store):
-        conn.execute(f"DROP TABLE IF EXISTS {schema}.{quote_ident(table)} CASCADE")
-    rows = conn.execute(
-        "SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
-        "WHERE n.nspname = %s AND left(t.typname, %s) = %s AND t.typtype = 'e'",
-        (store.schema, len(store.prefix), store.prefix),
-    ).fetchall()
-    for (name,) in rows:
-        conn.execute(f"DROP TYPE IF EXISTS {schema}.{quote_ident(name)} CASCADE")
+    for kind, name in _postgres_objects(conn, store):
+        conn.execute(f"DROP {kind} IF EXISTS {schema}.{quote_ident(name)} CASCADE")
 
 
 def _drop_dynamodb_table(store: Any) -> None:
