@@ -254,6 +254,29 @@ def test_it_refuses_a_topic_or_keys_it_did_not_make(
     assert f"idemctl-verify-{other}" not in topics(kafka_broker)
 
 
+def test_a_postgres_scratch_goes_whole_and_leaves_its_neighbours(postgres_server: Any) -> None:
+    """Every object verify's migrations make in PostgreSQL is counted and dropped: tables,
+    the enum type and the outbox trigger's function; the schema too when verify made it,
+    and a neighbour's objects (another prefix) stay."""
+    schema = unique_schema()
+    alone = Scratch(postgres_server.url(schema=schema), uuid.uuid4().hex[:8])
+    alone.provision(False)
+    assert alone.keys_left() == 6  # 4 tables, the status type, the notify function
+    alone.remove()
+    assert alone.keys_left() == 0
+    with postgres_server.connect() as conn:
+        gone = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
+        assert gone.fetchone() == (0,)
+    neighbour = Neighbour(postgres_server.url(schema=schema, prefix="theirs_"))
+    neighbour.plant()
+    beside = Scratch(postgres_server.url(schema=schema), uuid.uuid4().hex[:8])
+    beside.provision(False)
+    beside.remove()
+    assert beside.keys_left() == 0 and neighbour.intact()
+    with postgres_server.connect() as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
 @pytest.mark.parametrize("name", ["redis", "sqlite", "redis-command"])
 def test_a_store_outage_fails_closed(
     kafka_broker: KafkaBroker, request: pytest.FixtureRequest, tmp_path: Path, name: str
