@@ -16,6 +16,7 @@ header, and is never lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import string
 import threading
@@ -362,6 +363,16 @@ class Relay:
 
     def _run(self) -> RelaySummary:
         o = self.options
+        if self._wakeup is not None:
+            with contextlib.suppress(StoreUnavailable):  # the loop below says so
+                if not self.table.notifies():
+                    log.warning(
+                        "the outbox table %s has no trigger to wake the relay (an idemctl "
+                        "schema from before version 5): run 'idemctl init'; polling every "
+                        "%gs meanwhile",
+                        self.table.name,
+                        o.poll_interval,
+                    )
         idle_since = time.monotonic()
         store_failures = 0
         while not self._stop.is_set():

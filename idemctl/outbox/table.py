@@ -179,6 +179,17 @@ class OutboxTable:
         with self.store.connection() as conn:
             conn.execute(f"SELECT seq, retry_at FROM {self.name} LIMIT 0")
 
+    def notifies(self) -> bool:
+        """Whether the table has the trigger that wakes relays (schema migration 5); True
+        when there is no table at all (``check`` says what to do then)."""
+        with self.store.connection() as conn:
+            found = conn.execute(
+                "SELECT to_regclass(%(t)s) IS NULL OR EXISTS (SELECT FROM pg_trigger "
+                "WHERE tgrelid = to_regclass(%(t)s) AND tgname = %(name)s)",
+                {"t": self.name, "name": self.store.prefix + "outbox_notify"},
+            ).fetchone()
+        return bool(found and found[0])
+
     # The relay -------------------------------------------------------------------------------
 
     def take(self, conn: psycopg.Connection[Any], limit: int) -> list[OutboxRow]:

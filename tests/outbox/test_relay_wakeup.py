@@ -7,16 +7,22 @@ ten-minute poll, and fail at its 30 s deadline, if the notification were not hea
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
 from typing import Any
 
+import pytest
+
 from idemctl.outbox import Outbox
 from idemctl.outbox.relay import Relay, RelayOptions, RelaySummary
+from idemctl.outbox.table import OutboxTable
 from idemctl.outbox.wakeup import channel
-from tests.outbox.test_outbox import Pg, tag
-from tests.servers import KafkaBroker
+from idemctl.stores import open_store
+from tests.backends import unique_schema
+from tests.outbox.test_outbox import Pg, drop_schema, tag
+from tests.servers import KafkaBroker, PostgresServer
 
 NEVER = 600.0
 """A poll interval no test waits out."""
@@ -129,3 +135,31 @@ def test_without_listen_a_relay_opens_no_listening_connection(
         assert listeners(pg) == []
         assert not published_within(pg, ids, 1.0)  # it waits for its poll, ten minutes on
         assert running.rounds == 1
+
+
+def test_a_schema_without_the_trigger_is_named_and_polled(
+    postgres_server: PostgresServer, kafka_broker: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schema from before migration 5 (idemctl upgraded, `idemctl init` not run yet): the
+    relay says so once, and publishes at its poll."""
+    schema = unique_schema()
+    store = open_store(postgres_server.url(schema=schema))
+    try:
+        store.provision(upto=4)  # type: ignore[call-arg]
+        old = Pg(postgres_server, schema, postgres_server.url(schema=schema), store, None)
+        assert not OutboxTable(store).notifies()
+        topic = kafka_broker.create_topic(f"wake-{tag()}", partitions=1)
+        ids = write(old)
+        relay = Relay(
+            store,
+            RelayOptions(kafka_broker.bootstrap, topic_template=topic, exit_when_idle=0.5),
+        )
+        with caplog.at_level(logging.WARNING, logger="idemctl.outbox"):
+            assert relay.run().published == len(ids)
+        warned = [r.getMessage() for r in caplog.records if "no trigger" in r.getMessage()]
+        assert len(warned) == 1 and "run 'idemctl init'" in warned[0], warned
+        store.provision()
+        assert OutboxTable(store).notifies()
+    finally:
+        store.close()
+        drop_schema(postgres_server, schema)
