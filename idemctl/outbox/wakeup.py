@@ -57,7 +57,11 @@ class Wakeup:
         try:
             with self.store.translated():
                 conn = psycopg.connect(settings.conninfo, **settings.connect_kwargs())
-                conn.execute(f'LISTEN "{self.channel}"')
+                try:
+                    conn.execute(f'LISTEN "{self.channel}"')
+                except BaseException:
+                    conn.close()
+                    raise
         except IdemctlError as exc:
             self._failed_at, self._deaf = time.monotonic(), True
             log.debug("cannot listen for new outbox rows, polling only: %s", exc)
@@ -72,8 +76,9 @@ class Wakeup:
         return deaf
 
     def wait(self, seconds: float, stop: threading.Event) -> bool:
-        """Wait up to ``seconds`` for new rows (or ``stop``); True when notified. Without a
-        connection to listen on, this is ``stop.wait(seconds)``."""
+        """Wait up to ``seconds`` for new rows (or ``stop``). True when rows may have come:
+        a notification, or the relay just started listening (again). Without a connection
+        to listen on, this is ``stop.wait(seconds)``, in slices."""
         import psycopg
 
         deadline = time.monotonic() + seconds
