@@ -18,7 +18,7 @@ import pytest
 from idemctl.outbox import Outbox
 from idemctl.outbox.relay import Relay, RelayOptions, RelaySummary
 from idemctl.outbox.table import OutboxTable
-from idemctl.outbox.wakeup import channel
+from idemctl.outbox.wakeup import Wakeup, channel
 from idemctl.stores import open_store
 from tests.backends import unique_schema
 from tests.outbox.test_outbox import Pg, drop_schema, tag
@@ -94,6 +94,27 @@ def test_the_channel_is_the_one_the_trigger_notifies(pg: Pg) -> None:
         assert len(heard) == 1 and heard[0].payload == ""
         # one statement, one notification: nothing else is queued
         assert list(listener.notifies(timeout=0.5)) == []
+
+
+def test_a_prefixed_store_is_heard_on_its_own_channel(postgres_server: PostgresServer) -> None:
+    schema = unique_schema()
+    stores = [open_store(postgres_server.url(schema=schema, prefix=p)) for p in ("a_", "b_")]
+    try:
+        for store in stores:
+            store.provision()
+        channels = [Wakeup(store).channel for store in stores]  # type: ignore[arg-type]
+        assert len(set(channels)) == 2
+        with postgres_server.connect() as listener:
+            for name in channels:
+                listener.execute(f'LISTEN "{name}"')
+            with stores[1].connection() as conn, conn.transaction():  # type: ignore[attr-defined]
+                Outbox(conn, stores[1].names.outbox_table).add("acct", "A", "Opened", {})  # type: ignore[attr-defined]
+            heard = list(listener.notifies(timeout=10, stop_after=1))
+            assert [n.channel for n in heard] == [channels[1]]
+    finally:
+        for store in stores:
+            store.close()
+        drop_schema(postgres_server, schema)
 
 
 def test_an_idle_relay_publishes_a_row_as_soon_as_it_commits(
