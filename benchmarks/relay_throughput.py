@@ -97,7 +97,7 @@ def worker(spec: dict[str, Any]) -> None:
             batch_size=spec["batch"],
             poll_interval=POLL_INTERVAL,
             exit_when_idle=spec["idle"],
-            **({"listen": spec["listen"]} if "listen" in spec else {}),
+            listen=spec.get("listen", True),
         )
         # Both contenders connect to the broker before the start.
         producer = new_producer(options.brokers, options.kafka_config, options.delivery_timeout)
@@ -241,9 +241,11 @@ class Workers:
 
 class Bench:
     def __init__(self, url: str, brokers: str, schema: str) -> None:
+        from postgres_claims import with_options
+
         from idemctl import open_store
 
-        self.url, self.brokers = f"{url}{'&' if '?' in url else '?'}schema={schema}", brokers
+        self.url, self.brokers = with_options(url, schema=schema), brokers
         self.store = open_store(self.url)
         self.store.provision()
         self.table = self.store.names.outbox_table
