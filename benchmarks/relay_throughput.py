@@ -99,35 +99,34 @@ def worker(spec: dict[str, Any]) -> None:
             exit_when_idle=spec["idle"],
             listen=spec.get("listen", True),
         )
-        # Both contenders connect to the broker before the start.
         producer = new_producer(options.brokers, options.kafka_config, options.delivery_timeout)
-        producer.list_topics(timeout=10)
-        published = [0]
+        seen = [0]
 
         def progress(summary: Any) -> None:  # called after every round, empty ones too
-            if summary.published > published[0]:
-                published[0] = summary.published
+            if summary.published > seen[0]:
+                seen[0] = summary.published
                 times.append(time.monotonic())
 
         relay = Relay(store, options, on_progress=progress, producer=producer)
-        relay.table.check()
-        print("ready", flush=True)
-        sys.stdin.readline()
-        summary = relay.run()
-        published = summary.published
     else:
-        print("ready", flush=True)
-        sys.stdin.readline()
-        published = plain(store, spec, times)
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": spec["brokers"], "enable.idempotence": True})
+    # Both contenders are connected to the database and the broker before the start.
+    producer.list_topics(timeout=10)
+    with store.connection() as conn:
+        conn.execute("SELECT 1")
+    print("ready", flush=True)
+    sys.stdin.readline()
+    if spec["contender"] == "relay":
+        published = relay.run().published
+    else:
+        published = plain(store, producer, spec, times)
     store.close()
     print(json.dumps({"published": published, "last": times[-1] if times else None}))
 
 
-def plain(store: Any, spec: dict[str, Any], times: list[float]) -> int:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": spec["brokers"], "enable.idempotence": True})
-    producer.list_topics(timeout=10)
+def plain(store: Any, producer: Any, spec: dict[str, Any], times: list[float]) -> int:
     table, topic, published, idle_since = store.names.outbox_table, spec["topic"], 0, None
     errors: list[str] = []
 
