@@ -136,6 +136,25 @@ class AttemptsExhausted(Permanent):
     instead of being run again."""
 
 
+class HandlerTimeout(IdemctlError):
+    """Raised inside a handler that ran past its soft time limit (``consume
+    --handler-timeout``): the attempt counts as failed and is retried. A handler may catch
+    it to clean up, and should let it go on."""
+
+    def __init__(self, message: str = "the handler ran past its time limit") -> None:
+        super().__init__(message)
+
+
+class StuckHandlers(IdemctlError):
+    """``idemctl consume`` stopped with handlers that did not return: SIGTERM's
+    ``--drain-timeout`` passed, or more handlers passed their hard time limit than
+    ``--max-abandoned`` allows. Their messages were left uncommitted; ``keys`` names them."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
 class ConsumeStopped(IdemctlError):
     """``idemctl consume`` stopped on purpose before a message it must not pass: a
     dead-letter storm (``--dlq-breaker``) or ``--on-missing-key stop``. Nothing past that

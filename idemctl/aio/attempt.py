@@ -22,6 +22,7 @@ from idemctl.aio.store import AsyncTransactionalStore
 from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, LeaseLost, StoreError
 from idemctl.model import Acquired, GuardReply, Order, Stale, Verdict, validate_key
 from idemctl.runner.context import Context
+from idemctl.runner.limits import Abandoned
 from idemctl.runner.ordering import (
     busy,
     guard_of,
@@ -247,7 +248,7 @@ async def invoke(
     key = acquired.key
     if exhausted(acquired, max_attempts):
         error: Exception = exhausted_error(acquired, max_attempts)
-        return await _record_failure(store, acquired, error, False, retention, order=order)
+        return await record_failure(store, acquired, error, False, retention, order=order)
     ctx = Context.held(acquired, store, logger, order=order)
     beat = (
         Heartbeat(
@@ -268,10 +269,12 @@ async def invoke(
                 await beat.stop()
     except Exception as exc:
         error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
-    except BaseException:
+    except BaseException as exc:
         # Interrupted (Ctrl-C, SystemExit, a cancelled task): free the key for the next
-        # delivery at once, even if the task is cancelled again meanwhile.
-        await asyncio.shield(give_back(store, acquired, order, logger))
+        # delivery at once, even if the task is cancelled again meanwhile. A thread
+        # abandoned past its hard time limit touches nothing: its key was settled for it.
+        if not isinstance(exc, Abandoned):
+            await asyncio.shield(give_back(store, acquired, order, logger))
         raise
     else:
         try:
@@ -285,12 +288,12 @@ async def invoke(
             )
             retriable = False
     final = last_attempt(acquired, max_attempts)
-    return await _record_failure(
+    return await record_failure(
         store, acquired, error, retriable, retention, final=final, order=order
     )
 
 
-async def _record_failure(
+async def record_failure(
     store: AsyncStore,
     a: Acquired,
     error: Exception,

@@ -173,7 +173,7 @@ def consume(
             "--concurrency",
             metavar="N",
             min=1,
-            help="Partitions handled side by side (for I/O-bound handlers)",
+            help="Handler threads: partitions handled side by side (for I/O-bound handlers)",
         ),
     ] = 1,
     max_messages: Annotated[
@@ -206,6 +206,42 @@ def consume(
             "resumed and sent back to its committed offset; 0: never",
         ),
     ] = "30s",
+    handler_timeout: Annotated[
+        str,
+        typer.Option(
+            "--handler-timeout",
+            metavar="DUR",
+            help="A handler running DUR gets HandlerTimeout raised in its thread (the attempt "
+            "fails and is retried); 0: no limit",
+        ),
+    ] = "5m",
+    handler_grace: Annotated[
+        str,
+        typer.Option(
+            "--handler-grace",
+            metavar="DUR",
+            help="DUR past --handler-timeout (a blocking call that ignores it), its thread is "
+            "abandoned: its key is failed as timed out and a fresh thread takes over",
+        ),
+    ] = "30s",
+    max_abandoned: Annotated[
+        int,
+        typer.Option(
+            "--max-abandoned",
+            metavar="N",
+            help="Exit 9 when more than N threads were abandoned, for a fresh process "
+            "(under --processes, a worker exits at the first and is replaced)",
+        ),
+    ] = 3,
+    drain_timeout: Annotated[
+        str,
+        typer.Option(
+            "--drain-timeout",
+            metavar="DUR",
+            help="SIGTERM or Ctrl-C waits DUR at most for the handlers in hand, then exits 9 "
+            "naming those left (uncommitted); a second signal exits at once",
+        ),
+    ] = "30s",
     kafka_config: KafkaConfigOption = None,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = METRICS_HOST,
@@ -235,9 +271,12 @@ def consume(
     """Run a handler for each message of the topics, effectively once per key.
 
     Offsets are stored only after a message is completed, replayed, stale or dead-lettered.
-    SIGTERM or Ctrl-C drains: the running handlers finish and are completed, the batch's
-    other claims are released, offsets are committed, exit 0. Before anything is
-    claimed it checks the handler's signature and the Kafka settings (exit 2).
+    Handlers run in threads beside the poll loop; one running past --stall-timeout is
+    reported (/readyz 503, its stack in a warning), past --handler-timeout interrupted.
+    SIGTERM or Ctrl-C drains: the running handlers finish (within --drain-timeout, else
+    exit 9) and are completed, the other claims are released, offsets are committed, exit 0;
+    a second signal exits 130 at once. Before anything is claimed it checks the handler's
+    signature and the Kafka settings (exit 2).
     """
     # asyncio, and http.server with ssl: loaded for a consume run, not at every start-up
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
@@ -273,6 +312,11 @@ def consume(
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
         join_timeout=duration(join_timeout, "--join-timeout"),
         stall_timeout=duration(stall_timeout, "--stall-timeout"),
+        handler_timeout=duration(handler_timeout, "--handler-timeout"),
+        handler_grace=duration(handler_grace, "--handler-grace"),
+        # A worker of --processes exits at the first: its supervisor starts a fresh one.
+        max_abandoned=0 if worker_index is not None else max_abandoned,
+        drain_timeout=duration(drain_timeout, "--drain-timeout"),
         dlq_breaker=dlq_breaker,
         trace_keys=trace_keys.value,
         dlq_oversize=dlq_oversize,

@@ -15,6 +15,7 @@ from idemctl.errors import (
     NotProvisioned,
     Refused,
     StoreUnavailable,
+    StuckHandlers,
 )
 
 
@@ -28,6 +29,7 @@ class ExitCode(IntEnum):
     REFUSED = 6
     KAFKA_UNREACHABLE = 7
     CONSUME_STOPPED = 8
+    HANDLERS_STUCK = 9
     INTERRUPTED = 130
 
 
@@ -59,6 +61,11 @@ MEANINGS: dict[ExitCode, str] = {
         "consume stopped before a message it must not pass: a dead-letter storm "
         "(--dlq-breaker) or --on-missing-key stop"
     ),
+    ExitCode.HANDLERS_STUCK: (
+        "consume stopped with handlers that did not return (SIGTERM's --drain-timeout passed, "
+        "or more handlers passed --handler-timeout's hard limit than --max-abandoned allows): "
+        "their messages were left uncommitted and are named; restart it"
+    ),
     ExitCode.INTERRUPTED: "interrupted",
 }
 
@@ -72,6 +79,7 @@ ERROR_CODES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], 
     (Refused, ExitCode.REFUSED),
     (KafkaUnavailable, ExitCode.KAFKA_UNREACHABLE),
     (ConsumeStopped, ExitCode.CONSUME_STOPPED),
+    (StuckHandlers, ExitCode.HANDLERS_STUCK),
 )
 """Exception classes -> exit code, the first that matches winning; any other: UNEXPECTED."""
 

@@ -4,6 +4,7 @@ format of their lines, and running to the end with SIGTERM and Ctrl-C draining."
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -97,14 +98,26 @@ def kafka_settings(
 
 
 @contextmanager
-def stop_on_signals(current: Settings, stop: Callable[[], None]) -> Iterator[None]:
+def stop_on_signals(
+    current: Settings, stop: Callable[[], None], again: Callable[[], None] | None = None
+) -> Iterator[None]:
     """SIGTERM and Ctrl-C call ``stop`` (finish the work in hand, then return) inside the
-    block, instead of interrupting it; the previous handlers come back after it. The line
-    that says so follows the command's ``--log-format``."""
+    block, instead of interrupting it; a second one calls ``again`` (by default: exit 130 at
+    once, committing nothing more). The previous handlers come back after the block. The
+    lines that say so follow the command's ``--log-format``."""
+    signalled = False
 
     def handle(signum: int, frame: object) -> None:
+        nonlocal signalled
         name = signal.Signals(signum).name
-        note(current, f"{name}: finishing the batch in hand", fields={"signal": name})
+        if signalled:
+            if again is not None:
+                again()
+                return
+            note(current, f"{name} again: exiting at once", fields={"signal": name})
+            os._exit(130)
+        signalled = True
+        note(current, f"{name}: finishing the work in hand", fields={"signal": name})
         stop()
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}

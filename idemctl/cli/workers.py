@@ -219,15 +219,9 @@ def supervise(
         def register(registry: CollectorRegistry) -> Any:
             return _aggregate(registry, ports, supervisor)
 
-        def second_signal() -> None:
-            if supervisor.stopping:
-                supervisor.kill()
-            else:
-                supervisor.stop()
-
         with (
             serving(register, metrics_host, metrics_port),
-            stop_on_signals(current, second_signal),
+            stop_on_signals(current, supervisor.stop, supervisor.kill),
             status,
         ):
             ending = supervisor.run()

@@ -1,17 +1,24 @@
 """The consume loop: Kafka's at-least-once delivery made effectively-once by a store.
 
-Per poll batch, in rounds of distinct keys: a ``runner.Batch`` claims every key in one round
-trip, runs the handlers of the keys it holds, completes each as its handler returns (from a
-completer thread, while later handlers run) and gives back those not run. This module does
-Kafka's part: polling, per-partition order, pausing a partition (seek back, pause, back-off),
-dead letters and offsets. What each message is and what each RunResult comes to in Kafka
-is the policy's (``consume.policy``, shared with the FastStream middleware); ``acting``
-carries its decisions out, the same for batched and transactional mode.
+The loop polls, and never runs handler code: it hands each free lane (``--concurrency``
+threads, ``consume.lanes``) a round of the messages it fetched, a partition in one lane at
+a time, and goes on polling (so a slow handler never exceeds ``max.poll.interval.ms``),
+serving the rebalance callbacks, pausing and resuming, and storing offsets as rounds come
+back. What a lane does with a round (claim in one round trip a chunk, run, complete) is
+``consume.rounds``; what each message and RunResult comes to in Kafka is the policy's
+(``consume.policy``, shared with the FastStream middleware); ``acting`` carries its
+decisions out.
 
 Offsets are stored only for messages that are finished (completed, replayed, skipped, stale
 or dead-lettered), in partition order: a partition stops at its first unfinished message,
 seeks back to it, and waits (paused) for a back-off. The store being unreachable stops
 every partition the same way: fail closed; so does a dead letter the broker refuses.
+
+A handler that does not return is the watchdog's (``consume.overdue``): reported, then
+interrupted, then abandoned (``_abandon``: its key failed as timed out, its round settled
+without it, a fresh lane in its place); past ``--max-abandoned`` the consumer stops
+(StuckHandlers). ``stop()`` drains for at most ``--drain-timeout``; what is still running
+then is left uncommitted and named (StuckHandlers).
 
 What stops it on purpose: a Kafka setting librdkafka refuses, or a key template the first
 message cannot fill (ConfigError, before anything is claimed); no partitions within
@@ -21,47 +28,45 @@ storm or ``--on-missing-key stop`` (ConsumeStopped).
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.acting import Acting
 from idemctl.consume.deadletter import DeadLetters, kafka_text
-from idemctl.consume.item import Item, Pause, Stop, about, chunks, fields, while_done
+from idemctl.consume.item import Item, about, while_done
+from idemctl.consume.lanes import Lane, Partition, Round
 from idemctl.consume.options import ConsumeOptions, Summary
-from idemctl.consume.policy import (
-    MAX_BACKOFF,
-    Breaker,
-    Keying,
-    Refusals,
-)
+from idemctl.consume.overdue import Overdue
+from idemctl.consume.policy import MAX_BACKOFF, Breaker, Keying, Refusals
+from idemctl.consume.rounds import Rounds
 from idemctl.consume.traced import Tracing
 from idemctl.consume.watch import Watch, kafka_log, log
 from idemctl.drivers import require
+from idemctl.durations import format_duration
 from idemctl.errors import (
     ConfigError,
     ConsumeStopped,
+    HandlerTimeout,
     KafkaUnavailable,
-    StoreUnavailable,
+    StuckHandlers,
 )
-from idemctl.keys import (
-    Message,
-)
-from idemctl.model import ClaimRequest
-from idemctl.runner import Batch, Context, Outcome, RunResult
-from idemctl.runner.ordering import missing_predecessor
+from idemctl.keys import Message
+from idemctl.runner import Batch, Outcome
+from idemctl.runner.limits import stack_of
 
 if TYPE_CHECKING:
     from idemctl.consume.event import Handler
     from idemctl.stores.base import Store
 
-HELD, RAN, EXECUTED = Outcome.HELD, Outcome.RAN, Outcome.EXECUTED
+HOLD_AFTER = 1.0
+"""Seconds the loop goes without fetching (every lane busy, the next round waiting) before
+it pauses the partitions in hand and polls only to stay in the group."""
 
 
-class Consumer(Acting, Watch):
+class Consumer(Rounds, Acting, Watch):
     """Runs ``handler`` for each message of ``options.topics``, effectively once per key."""
 
     def __init__(
@@ -81,48 +86,89 @@ class Consumer(Acting, Watch):
         predecessor is missing."""
         self._stop = threading.Event()
         self._counting = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = (
-            ThreadPoolExecutor(options.concurrency, thread_name_prefix="idemctl-handler")
-            if options.concurrency > 1
-            else None
-        )
-        self._paused: dict[tuple[str, int], float] = {}
-        self._resume_at: dict[tuple[str, int], int] = {}
+        self._paused: dict[Partition, float] = {}
+        self._resume_at: dict[Partition, int] = {}
         """The offset a paused partition was sought back to: anything else fetched for it
         before that offset comes round again was fetched before the seek."""
+        self._waiting: dict[Partition, list[Item]] = {}
+        """Fetched, not handed to a lane yet: the next round."""
+        self._in_lane: dict[Partition, Lane] = {}
+        self._held: set[Partition] = set()
+        """Paused while every lane is busy (``HOLD_AFTER``), resumed when one frees."""
+        self._fetched_at = time.monotonic()
         self._kafka: Any = None
         self._dlq: DeadLetters | None = None
         self._refusals = Refusals(options.backoff)
         self._breaker = Breaker(options.dlq_breaker)
         self._storm_tripped: str | None = None
-        self._runner = Batch(
-            store,
-            lease=options.lease,
-            permanent=options.permanent_errors,
-            max_attempts=options.max_attempts,
-            transactional=options.transactional,
-            complete_batch=options.complete_batch,
-            complete_wait=options.complete_wait,
+        self._failure: BaseException | None = None
+        """Raised by the loop at its next turn (found in a rebalance callback)."""
+        self._finished: queue.SimpleQueue[tuple[Lane, Round]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._handler_timed: Callable[[float], None] | None = None
+        self._store_timed: Callable[[str, float], None] | None = None
+        self._lanes = [self._lane(i) for i in range(options.concurrency)]
+        self._abandoned: list[str] = []
+        """Keys whose handlers' threads were abandoned past the hard limit."""
+        hard = options.handler_timeout + options.handler_grace if options.handler_timeout else 0
+        self._overdue = Overdue(
+            lambda: self._lanes, options.stall_timeout, options.handler_timeout, hard,
+            self._wake.set,
+        )  # fmt: skip
+        self._trace = Tracing.start(store.url, options.trace_keys)
+
+    def _lane(self, index: int) -> Lane:
+        o = self.options
+        batch = Batch(
+            self.store,
+            lease=o.lease,
+            permanent=o.permanent_errors,
+            max_attempts=o.max_attempts,
+            transactional=o.transactional,
+            complete_batch=o.complete_batch,
+            complete_wait=o.complete_wait,
             logger=log,
         )
-        self._handler_timed: Callable[[float], None] | None = None
-        self._trace = Tracing.start(store.url, options.trace_keys)
+        batch.timed = self._store_timed
+        return Lane(index, batch, self._work, self._lane_done)
+
+    def _lane_done(self, lane: Lane, rnd: Round) -> None:
+        self._finished.put((lane, rnd))
+        self._wake.set()
 
     def timed(self, handler: Callable[[float], None], store: Callable[[str, float], None]) -> None:
         """Tell ``handler`` each handler run's seconds, and ``store`` each claim and
         completion round trip's (``"claim"`` or ``"complete"``, and the seconds)."""
-        self._handler_timed = handler
-        self._runner.timed = store
+        self._handler_timed, self._store_timed = handler, store
+        for lane in self._lanes:
+            lane.batch.timed = store
 
     @property
     def in_flight(self) -> int:
         """Keys this consumer holds now (claimed, not yet completed or given back)."""
-        return self._runner.in_flight
+        return sum(lane.batch.in_flight for lane in self._lanes)
+
+    @property
+    def stalled(self) -> list[str]:
+        """Partitions the watchdog finds stalled and handlers overdue now (``/readyz``)."""
+        return list(self._stalls.stalled.values()) + list(self._overdue.overdue.values())
+
+    @property
+    def handlers_overdue(self) -> int:
+        """Handlers running past ``--stall-timeout`` now."""
+        return len(self._overdue.overdue)
+
+    def _not_stalled(self) -> set[Partition]:
+        """Partitions the stall watchdog leaves alone: paused or held by idemctl, or with
+        messages in hand (a lane's handler that does not return is the other watchdog's)."""
+        return {*self._paused, *self._held, *self._in_lane, *self._waiting}
 
     def stop(self) -> None:
-        """Drain and return (signal-safe): the running handlers finish, their keys are
-        completed, the batch's other claims released, offsets stored and committed."""
+        """Drain and return (signal-safe): the running handlers finish (for at most
+        ``--drain-timeout``), their keys are completed, the rounds' other claims released,
+        offsets stored and committed."""
         self._stop.set()
+        self._wake.set()
 
     # The loop -----------------------------------------------------------------------------
 
@@ -156,54 +202,273 @@ class Consumer(Acting, Watch):
         self._kafka = kafka
 
     def run(self) -> Summary:
+        """Consume until stopped, done (``max_messages``, ``exit_when_idle``) or failed;
+        StuckHandlers when handlers were left running (their messages uncommitted)."""
         from confluent_kafka import KafkaException
 
-        o = self.options
         self.open()
-        started = self._unassigned_since = self._idle_since = time.monotonic()
         try:
-            self._kafka.subscribe(
-                o.topics,
-                on_assign=self._on_assign,
-                on_revoke=self._on_revoke,
-                on_lost=self._on_lost,
-            )
-            while not self._stop.is_set():
-                if self._watch(started):
-                    break
-                self._resume_due()
-                want = o.batch_size
-                if o.max_messages is not None:  # claim no message that will not run
-                    want = min(want, o.max_messages - self.summary.finished)
-                fetched = self._kafka.consume(num_messages=want, timeout=o.poll_timeout)
-                self._polls += 1
-                self._resume_assigned()
-                if fetched:
-                    self._down_since = None  # the brokers answer
-                messages = [m for m in fetched if m.error() is None or not self._error(m)]
-                if messages:
-                    self._idle_since = time.monotonic()
-                    self._batch(messages)
-                self._progress()
-                if o.max_messages is not None and self.summary.finished >= o.max_messages:
-                    break
+            self._loop()
         except KafkaException as exc:
+            self._wind_down()
             raise KafkaUnavailable(
                 f"the Kafka client failed: {kafka_text(exc)}; nothing past the finished "
                 "messages was committed"
             ) from None
-        finally:
-            self._progress(force=True)  # where it stood when it stopped consuming
-            self._close()
-            self._progress(force=True, state="stopped")
+        except BaseException:
+            self._wind_down()
+            raise
+        left = self._wind_down()
+        if left:
+            raise StuckHandlers(
+                f"--drain-timeout {format_duration(self.options.drain_timeout)} passed with "
+                f"handlers still running: {_keys(left)}; their messages were left uncommitted "
+                "(their keys are taken over once their leases run out)",
+                tuple(left),
+            )
         return self.summary
+
+    def _loop(self) -> None:
+        o = self.options
+        started = self._unassigned_since = self._idle_since = time.monotonic()
+        self._kafka.subscribe(
+            o.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        self._overdue.start()
+        while not self._stop.is_set():
+            self._reap()
+            if self._stop.is_set():
+                break
+            if self._watch(started):
+                break
+            self._resume_due()
+            self._fetch()
+            self._dispatch()
+            self._progress()
+            if o.max_messages is not None and self.summary.finished >= o.max_messages:
+                break
+
+    def _in_hand(self) -> int:
+        """Messages fetched and not finished: waiting for a lane, or in one."""
+        waiting = sum(len(items) for items in self._waiting.values())
+        return waiting + sum(lane.round.unfinished() for lane in self._lanes if lane.round)
+
+    def _fetch(self) -> None:
+        """Fetch the next round while the lanes run theirs: at most a batch waits. With
+        every lane busy and a round waiting, wait for a lane; past ``HOLD_AFTER``, pause
+        every partition and poll only to stay in the group."""
+        o = self.options
+        busy = any(lane.busy for lane in self._lanes)
+        want = o.batch_size - sum(len(items) for items in self._waiting.values())
+        if o.max_messages is not None:  # claim no message that will not run
+            want = min(want, o.max_messages - self.summary.finished - self._in_hand())
+        now = time.monotonic()
+        if busy or self._waiting:
+            self._idle_since = now  # work in hand is not idling
+        if want <= 0:
+            if self._finished.empty():
+                self._wake.wait(o.poll_timeout if now - self._fetched_at < HOLD_AFTER else 0.1)
+            self._wake.clear()
+            if time.monotonic() - self._fetched_at < HOLD_AFTER:
+                return
+            self._hold()
+            want = 1  # nothing comes from a held partition: the poll keeps the membership
+        fetched = self._kafka.consume(
+            num_messages=want, timeout=min(o.poll_timeout, 0.02) if busy else o.poll_timeout
+        )
+        self._fetched_at = time.monotonic()
+        self._polls += 1
+        self._resume_assigned()
+        if fetched:
+            self._down_since = None  # the brokers answer
+        messages = [m for m in fetched if m.error() is None or not self._error(m)]
+        if not messages:
+            return
+        self._idle_since = time.monotonic()
+        for m in messages:
+            tp = (m.topic(), m.partition())
+            if tp in self._paused or tp in self._held:
+                continue  # fetched before the partition was paused
+            if tp in self._resume_at:
+                if m.offset() != self._resume_at[tp]:
+                    continue
+                del self._resume_at[tp]
+            self._waiting.setdefault(tp, []).append(self._keyed(m, tp))
+
+    def _keyed(self, m: Any, tp: Partition) -> Item:
+        """The message with its key and fingerprint, or why it has none usable (the
+        policy's ``Keying.admit``)."""
+        a = self._keying.admit(Message(tp[0], tp[1], m.offset(), m.value(), m.headers() or ()))
+        return Item(m, tp, m.offset(), a.key, a.fingerprint, a.bad, order=a.order)
+
+    def _dispatch(self) -> None:
+        """Hand the waiting messages of partitions in no lane to the free lanes, their
+        partitions shared out among them."""
+        free = [lane for lane in self._lanes if not lane.busy]
+        ready = [tp for tp in self._waiting if tp not in self._in_lane]
+        if not free or not ready:
+            return
+        shares: list[dict[Partition, list[Item]]] = [{} for _ in range(min(len(free), len(ready)))]
+        for i, tp in enumerate(ready):
+            shares[i % len(shares)][tp] = self._waiting.pop(tp)
+        for lane, share in zip(free, shares, strict=False):
+            for tp in share:
+                self._in_lane[tp] = lane
+            lane.give(Round(share))
+
+    # Rounds coming back -------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        """Take back the rounds the lanes finished and settle the lanes the watchdog
+        abandoned; raise what one of them raised."""
+        while True:
+            try:
+                lane, rnd = self._finished.get_nowait()
+            except queue.Empty:
+                break
+            if lane.round is rnd:
+                self._settle(lane, rnd)
+        for lane in list(self._lanes):
+            if lane.abandoned is not None and lane.round is not None:
+                self._abandon(lane)
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def _settle(self, lane: Lane, rnd: Round) -> None:
+        """A round is back: store its partitions' offsets, pause each where it stopped."""
+        lane.round = None
+        for tp in rnd.partitions:
+            if self._in_lane.get(tp) is lane:
+                del self._in_lane[tp]
+        if self._storm_tripped is not None:
+            self._failure = self._failure or ConsumeStopped(self._storm_tripped)
+            return  # no offset of this round stored
+        if rnd.error is not None:
+            self._failure = self._failure or rnd.error
+        self._store_offsets(list(rnd.partitions.values()))
+        for tp, items in rnd.partitions.items():
+            stop = rnd.blocked.get(tp)
+            if stop is None and not self._stop.is_set():
+                left = [i for i in items if not i.done]
+                stop = (left[0], (0.0, "")) if left else None  # from there, at once
+            if stop is not None:
+                item, (seconds, _) = stop
+                self._waiting.pop(tp, None)  # fetched past it: it comes again
+                self._pause(item, seconds)
+        self._unhold()
+
+    def _abandon(self, lane: Lane) -> None:
+        """The watchdog abandoned ``lane`` past the hard limit: fail the stuck key as timed
+        out (retried, or dead-lettered after --max-attempts), give back the round's other
+        claims, settle the round without the stuck thread, and put a fresh lane in its
+        place; past --max-abandoned, stop."""
+        o = self.options
+        running, rnd = lane.abandoned, lane.round
+        assert running is not None
+        assert rnd is not None
+        item = running.item
+        assert item.key is not None
+        seconds = time.monotonic() - running.started
+        self._abandoned.append(item.key)
+        limit = format_duration(o.handler_timeout + o.handler_grace)
+        log.warning(
+            "handler of key %r (%s[%d]@%d) ran %.0fs, past its hard limit %s (--handler-timeout "
+            "+ --handler-grace): its thread %s is abandoned (%d of --max-abandoned %d), the "
+            "key failed as timed out; it was at:\n%s",
+            item.key,
+            item.tp[0],
+            item.tp[1],
+            item.offset,
+            seconds,
+            limit,
+            lane.thread.name,
+            len(self._abandoned),
+            o.max_abandoned,
+            stack_of(running.thread) or "(gone)",
+            extra=about(item, "abandoned", seconds=round(seconds, 1)),
+        )
+        if o.transactional:  # its open transaction holds the key's row while the thread lives
+            self._settle(lane, rnd)
+            self._failure = self._failure or StuckHandlers(
+                f"the handler of key {item.key!r} passed its hard limit {limit} in "
+                "transactional mode: its open transaction holds the key while this process "
+                "lives; stopping so it can run again",
+                (item.key,),
+            )
+            return
+        batch = lane.batch
+        result = batch.abandon(
+            item.key,
+            HandlerTimeout(
+                f"the handler ran {seconds:.0f}s, past its hard limit {limit} "
+                "(--handler-timeout + --handler-grace): its thread was abandoned"
+            ),
+        )
+        for other in rnd.current:
+            if other.key is None or other.key == item.key or other.key in rnd.started:
+                continue
+            claim = rnd.claimed.get(other.key)
+            if claim is not None and claim.outcome is Outcome.HELD:
+                batch.give_back(other.key)
+        self._completed(rnd, rnd.current, batch.end_round())
+        wait = self._act(item, result)
+        if wait is not None:
+            self._block(rnd, item, wait)
+        self._settle(lane, rnd)
+        lane.close()
+        batch.close()
+        self._lanes[lane.index] = self._lane(lane.index)
+        if len(self._abandoned) > o.max_abandoned:
+            self._failure = self._failure or StuckHandlers(
+                f"{len(self._abandoned)} handler(s) passed their hard limit {limit}, more "
+                f"than --max-abandoned {o.max_abandoned}: {_keys(self._abandoned)}; stopping "
+                "so that a fresh process takes over (their keys were failed as timed out)",
+                tuple(self._abandoned),
+            )
+
+    def _wind_down(self) -> list[str]:
+        """Drain the lanes for at most ``--drain-timeout``, commit, close; the keys of the
+        handlers still running then (their messages left uncommitted)."""
+        self._progress(force=True)  # where it stood when it stopped consuming
+        self._stop.set()
+        self._waiting.clear()  # never claimed: the next owner fetches them again
+        deadline = time.monotonic() + self.options.drain_timeout
+        while any(lane.busy for lane in self._lanes) and time.monotonic() < deadline:
+            self._wake.wait(min(0.1, max(deadline - time.monotonic(), 0)))
+            self._wake.clear()
+            try:
+                self._reap()
+            except BaseException as exc:  # stopping already
+                log.debug("draining: %s", exc)
+        left = []
+        for lane in self._lanes:
+            if lane.round is None:
+                continue
+            running = lane.running
+            held = running.item if running is not None else _first_unfinished(lane.round)
+            left.append(held.key or f"{held.tp[0]}[{held.tp[1]}]@{held.offset}")
+            self._store_offsets(list(lane.round.partitions.values()))  # what finished
+        if left:
+            log.warning(
+                "--drain-timeout %s passed with handlers still running: %s; their messages "
+                "are left uncommitted",
+                format_duration(self.options.drain_timeout),
+                _keys(left),
+                extra={"idemctl": {"outcome": "drain_timeout", "keys": left}},
+            )
+        self._overdue.stop()
+        self._close()
+        self._progress(force=True, state="stopped")
+        return left
 
     def _close(self) -> None:
         from confluent_kafka import KafkaException
 
-        self._runner.close()
-        if self._pool is not None:
-            self._pool.shutdown()
+        for lane in self._lanes:
+            lane.close()
+            if not lane.busy:  # a stuck thread's batch dies with the process
+                lane.batch.close()
         try:
             self._kafka.commit(asynchronous=False)
         except KafkaException as exc:  # nothing stored since the last commit
@@ -214,6 +479,36 @@ class Consumer(Acting, Watch):
             log.debug("close: %s", exc)
         if self._dlq is not None:
             self._dlq.close()
+
+    # Rebalances ---------------------------------------------------------------------------
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        """Finish the rounds of the revoked partitions (for at most --drain-timeout), then
+        commit what is stored."""
+        revoked = {(p.topic, p.partition) for p in partitions}
+        deadline = time.monotonic() + self.options.drain_timeout
+        while any(tp in self._in_lane for tp in revoked) and time.monotonic() < deadline:
+            self._wake.wait(0.05)
+            self._wake.clear()
+            try:
+                self._reap()
+            except BaseException as exc:  # raised by the loop's next turn
+                self._failure = self._failure or exc
+        busy = sorted(tp for tp in revoked if tp in self._in_lane)
+        if busy:
+            log.warning(
+                "revoked while their handlers still ran: %s; their messages are left "
+                "uncommitted for the partitions' next owner",
+                ", ".join(f"{t}[{p}]" for t, p in busy),
+            )
+        super()._on_revoke(consumer, partitions)
+
+    def _forget_partitions(self, partitions: list[Any]) -> None:
+        super()._forget_partitions(partitions)
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            self._waiting.pop(tp, None)
+            self._held.discard(tp)
 
     # Pausing ------------------------------------------------------------------------------
 
@@ -229,8 +524,9 @@ class Consumer(Acting, Watch):
         except KafkaException as exc:  # revoked meanwhile: its new owner starts from the commit
             log.debug("hold %s[%d]: %s", m.topic(), m.partition(), kafka_text(exc))
             return
-        self._paused[(m.topic(), m.partition())] = time.monotonic() + min(seconds, MAX_BACKOFF)
-        self._resume_at[(m.topic(), m.partition())] = m.offset()
+        self._held.discard(item.tp)
+        self._paused[item.tp] = time.monotonic() + min(seconds, MAX_BACKOFF)
+        self._resume_at[item.tp] = m.offset()
 
     def _resume_due(self) -> None:
         from confluent_kafka import KafkaException, TopicPartition
@@ -241,261 +537,41 @@ class Consumer(Acting, Watch):
             for tp in due:
                 del self._paused[tp]
             try:
-                self._kafka.resume([TopicPartition(t, p) for t, p in due])
+                self._kafka.resume([TopicPartition(*tp) for tp in due if tp not in self._held])
             except KafkaException as exc:  # revoked meanwhile
                 log.debug("resume: %s", kafka_text(exc))
 
-    # One batch ----------------------------------------------------------------------------
+    def _hold(self) -> None:
+        """Every lane busy for a while: pause the assigned partitions not paused yet, each
+        sought to where it stands, so the polls that keep the membership bring nothing."""
+        from confluent_kafka import KafkaException, TopicPartition
 
-    def _batch(self, messages: list[Any]) -> None:
-        by_partition: dict[tuple[str, int], list[Item]] = defaultdict(list)
-        for m in messages:
-            tp = (m.topic(), m.partition())
-            if tp in self._paused:
-                continue  # fetched before the partition was paused
-            if tp in self._resume_at:
-                if m.offset() != self._resume_at[tp]:
-                    continue
-                del self._resume_at[tp]
-            by_partition[tp].append(self._keyed(m, tp))
-        # A key twice in one batch: the later copy waits for the next round, after the
-        # first is finished (then it replays). So does the rest of its partition, and so
-        # does an entity's second event: the first must settle before the guard can judge it.
-        pending = [items for items in by_partition.values() if items]
-        while pending:
-            round_items: list[Item] = []
-            seen: set[str] = set()
-            entities: set[str] = set()
-            later: list[list[Item]] = []
-            for items in pending:
-                for i, item in enumerate(items):
-                    entity = None if item.order is None else item.order.entity
-                    if item.key is not None and (item.key in seen or entity in entities):
-                        later.append(items[i:])
-                        break
-                    if item.key is not None:
-                        seen.add(item.key)
-                        if entity is not None:
-                            entities.add(entity)
-                    round_items.append(item)
-            self._round(round_items)
-            if self._storm_tripped is not None:
-                raise ConsumeStopped(self._storm_tripped)  # no offset of this batch stored
-            if self._stop.is_set():
-                break  # draining: later rounds were never claimed
-            # A partition that stopped in this round skips the rest of the batch.
-            stopped = {i.tp for i in round_items if i.blocked}
-            pending = [items for items in later if items[0].tp not in stopped]
-        self._store_offsets(list(by_partition.values()))
-
-    def _keyed(self, m: Any, tp: tuple[str, int]) -> Item:
-        """The message with its key and fingerprint, or why it has none usable (the
-        policy's ``Keying.admit``)."""
-        a = self._keying.admit(Message(tp[0], tp[1], m.offset(), m.value(), m.headers() or ()))
-        return Item(m, tp, m.offset(), a.key, a.fingerprint, a.bad, order=a.order)
-
-    def _round(self, items: list[Item]) -> None:
-        """Claim, run and complete ``items`` (distinct keys), partitions in order, side by
-        side with ``concurrency``. The claims go in chunks of the store's ``claim_chunk``
-        keys, each answered while the handlers of the chunk before it run."""
-        o = self.options
-        blocked: dict[tuple[str, int], int] = {}
-        """Each paused partition's offset: it goes on from there after the back-off."""
-
-        def usable(item: Item) -> bool:
-            """Not behind a message its partition is paused at."""
-            at = blocked.get(item.tp)
-            return at is None or item.offset < at
-
-        def block(item: Item, wait: Pause) -> None:
-            item.blocked = True
-            blocked[item.tp] = item.offset
-            self._count(wait[1])
-            self._pause(item, wait[0])
-
-        claimed: dict[str, RunResult] = {}
-
-        def release(part: list[Item]) -> None:
-            """Give back the claims of messages that will not run now."""
-            for item in part:
-                if item.key is not None and claimed[item.key].outcome is HELD:
-                    self._runner.give_back(item.key)
-
-        def run_partition(part: list[Item]) -> Stop:
-            """One partition's messages in order; stops at the first that must wait, on
-            stop() (SIGTERM: the handler in hand finishes, no more) or a tripped breaker."""
-            for i, item in enumerate(part):
-                if self._stop.is_set() or self._storm_tripped is not None:
-                    release(part[i:])
-                    return None
-                wait = self._process(item, claimed.get(item.key) if item.key else None)
-                if wait is not None:
-                    release(part[i + 1 :])  # behind a stopped message: not now
-                    return item, wait
-            return None
-
-        asks = self._runner.start_round(
-            [ClaimRequest(i.key, i.fingerprint) for i in items if i.key is not None],
-            [i.order for i in items if i.key is not None] if self._keying.ordered else (),
-        )
-        parts = chunks(items, [len(ask.requests) for ask in asks])
-        taken = 0
+        tps = [tp for tp in self._partitions if tp not in self._paused and tp not in self._held]
+        if not tps:
+            return
         try:
-            for chunk, ask in zip(parts, asks, strict=True):
-                if self._stop.is_set() or self._storm_tripped is not None:
-                    break
-                taken += 1
-                try:
-                    claimed.update((r.key, r) for r in ask.take())
-                    if self._trace is not None:
-                        for item in chunk:
-                            item.claim_ns = ask.sent
-                except StoreUnavailable as exc:
-                    log.warning(
-                        "store unavailable, holding every partition: %s",
-                        exc,
-                        extra=fields(outcome="store_unavailable"),
-                    )
-                    for item in (i for later in parts[taken - 1 :] for i in later):
-                        if usable(item):
-                            block(item, (o.backoff, "store_unavailable"))
-                    break
-                release([i for i in chunk if not usable(i)])
-                for stop in self._side_by_side(run_partition, [i for i in chunk if usable(i)]):
-                    if stop is not None:
-                        block(*stop)
-        finally:  # chunks sent but not run now are given back; every completion answered
-            completed = self._runner.end_round()
-        self._completed(items, completed, usable, block)
+            positions = self._kafka.position([TopicPartition(t, p) for t, p in tps])
+            self._kafka.pause(positions)
+            for tp in positions:
+                if tp.offset >= 0:
+                    self._kafka.seek(tp)
+                    self._resume_at[(tp.topic, tp.partition)] = tp.offset
+        except KafkaException as exc:  # revoked meanwhile
+            log.debug("hold: %s", kafka_text(exc))
+        self._held.update(tps)
 
-    def _side_by_side(
-        self, run_partition: Callable[[list[Item]], Stop], items: list[Item]
-    ) -> list[Stop]:
-        """``run_partition`` on each partition's items, side by side with ``concurrency``."""
-        partitions: dict[tuple[str, int], list[Item]] = defaultdict(list)
-        for item in items:
-            partitions[item.tp].append(item)
-        parts = list(partitions.values())
-        if self._pool is not None and len(parts) > 1:
-            return list(self._pool.map(run_partition, parts))
-        return [run_partition(part) for part in parts]
+    def _unhold(self) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
 
-    def _completed(
-        self,
-        items: list[Item],
-        completed: list[RunResult],
-        usable: Callable[[Item], bool],
-        block: Callable[[Item, Pause], None],
-    ) -> None:
-        """The round's completions answered: executed ones are finished; one that failed
-        pauses its partition at its message, even where a later message of it stopped the
-        partition already: nothing past it may be stored."""
-        keyed = {i.key: i for i in items if i.key is not None}
-        failed = []
-        for result in completed:
-            if result.outcome is EXECUTED:
-                item = keyed[result.key]
-                item.done, item.outcome = True, EXECUTED.value
-            else:
-                failed.append(result)
-        self._count(EXECUTED.value, len(completed) - len(failed))
-        for result in sorted(failed, key=lambda r: keyed[r.key].offset):
-            item = keyed[result.key]
-            if usable(item):
-                wait = self._act(item, result)
-                if wait is not None:
-                    block(item, wait)
-        if self._trace is not None:
-            for result in completed:
-                item = keyed[result.key]
-                if item.span is not None:
-                    self._trace.completed(item.span, item.ran_ns, result)
-                    self._trace.end(item.span, item.outcome or result.outcome.value)
-                    item.span = None
-
-    def _process(self, item: Item, claimed: RunResult | None) -> Pause | None:
-        """Run a held key's handler; then what its result comes to. With tracing, inside
-        the message's process span, which ends here unless a completion is on its way."""
-        trace = self._trace
-        if trace is None:
-            return self._handle(item, claimed)
-        item.span = trace.begin(item.msg, item.key, claimed, item.claim_ns)
+        if not self._held:
+            return
+        held, self._held = self._held, set()
         try:
-            wait = self._handle(item, claimed)
-        except BaseException as exc:
-            item.span.record_exception(exc)
-            trace.end(item.span, None)
-            raise
-        if item.done or wait is not None:
-            trace.end(item.span, item.outcome if wait is None else wait[1])
-            item.span = None
-        return wait
-
-    def _handle(self, item: Item, claimed: RunResult | None) -> Pause | None:
-        if claimed is None:
-            return self._unusable(item)
-        if claimed.outcome is not HELD:
-            return self._act(item, claimed)
-        if self.options.contiguous and item.order is not None:
-            wait = self._gap(item, claimed)
-            if wait is not None:
-                return wait
-        event = self._event(item)
-        timed = self._handler_timed
-
-        def call(ctx: Context) -> Any:
-            if timed is None:
-                return self.handler(event, ctx)
-            started = time.perf_counter()
-            try:
-                return self.handler(event, ctx)
-            finally:
-                timed(time.perf_counter() - started)
-
-        if self._trace is None:
-            ran = self._runner.run(claimed.key, call)
-        else:
-            with self._trace.run(item.span) as span:
-                ran = self._runner.run(claimed.key, call)
-                self._trace.ran(span, ran)
-            item.ran_ns = time.time_ns()
-        return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
-
-    def _gap(self, item: Item, claimed: RunResult) -> Pause | None:
-        """--contiguous: pause the partition at an event whose predecessor is not applied
-        yet, the busy path's way, until ``gap_timeout`` has passed since it was first
-        paused; then it runs (a gap counted)."""
-        assert item.order is not None
-        m = item.msg
-        at = (m.topic(), m.partition(), m.offset())
-        last = claimed.last
-        if self.options.transactional:  # the guard is asked inside the transaction
-            last = self._runner.last_applied(item.order.entity)
-        if not missing_predecessor(item.order, last):
-            self._gap_since.pop(at, None)
-            return None
-        now = time.monotonic()
-        since = self._gap_since.setdefault(at, now)
-        if now - since < self.options.gap_timeout:
-            self._runner.give_back(claimed.key)
-            left = self.options.gap_timeout - (now - since)
-            return min(self.options.backoff, left), "gap_wait"
-        del self._gap_since[at]
-        self._count("gaps")
-        log.warning(
-            "%s[%d]@%d: entity %r applied up to %s, not %d; applying %d after waiting "
-            "%.1fs (--gap-timeout)",
-            m.topic(),
-            m.partition(),
-            m.offset(),
-            item.order.entity,
-            last,
-            item.order.sequence - 1,
-            item.order.sequence,
-            now - since,
-            extra=about(item, "gaps", entity=item.order.entity, sequence=item.order.sequence),
-        )
-        return None
+            self._kafka.resume(
+                [TopicPartition(t, p) for t, p in held if (t, p) not in self._paused]
+            )
+        except KafkaException as exc:  # revoked meanwhile
+            log.debug("resume: %s", kafka_text(exc))
 
     def _store_offsets(self, partitions: list[list[Item]]) -> None:
         """For each partition, the offset after its last finished message before the
@@ -513,3 +589,16 @@ class Consumer(Acting, Watch):
                 self._kafka.store_offsets(offsets=offsets)
             except KafkaException as exc:  # revoked meanwhile: the new owner goes on
                 log.debug("store offsets: %s", kafka_text(exc))
+
+
+def _first_unfinished(rnd: Round) -> Item:
+    for items in rnd.partitions.values():
+        for item in items:
+            if not item.done:
+                return item
+    return rnd.items[0]
+
+
+def _keys(keys: list[str]) -> str:
+    shown = ", ".join(repr(k) for k in keys[:5])
+    return shown + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")

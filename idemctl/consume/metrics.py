@@ -7,13 +7,14 @@
 - ``idemctl_store_call_duration_seconds{store,op}``: each claim (``claim_many``) and
   completion (``complete_many``) round trip;
 - gauges: ``idemctl_in_flight_leases`` (keys held now), ``idemctl_assigned_partitions``,
-  ``idemctl_paused_partitions``, ``idemctl_stalled_partitions`` (the watchdog's, see
-  ``consume.stalls``), ``idemctl_lag_messages`` (where the broker reports it);
+  ``idemctl_paused_partitions``, ``idemctl_stalled_partitions`` (the watchdogs', see
+  ``consume.stalls`` and ``consume.overdue``), ``idemctl_handlers_overdue`` (handlers
+  running past --stall-timeout), ``idemctl_lag_messages`` (where the broker reports it);
 - ``idemctl_stalls_total``: stalled partitions found and recovered;
 - ``idemctl_build_info``.
 
-``/readyz`` is ready while partitions are assigned, none is stalled, and the store answers
-a read.
+``/readyz`` is ready while partitions are assigned, none is stalled, no handler is overdue,
+and the store answers a read.
 """
 
 from __future__ import annotations
@@ -108,7 +109,16 @@ def _families(consumer: Consumer) -> Iterator[Any]:
         ("idemctl_in_flight_leases", "Keys this consumer holds now.", consumer.in_flight),
         ("idemctl_assigned_partitions", "Partitions assigned now.", s.partitions),
         ("idemctl_paused_partitions", "Partitions paused now (busy, retries).", s.paused),
-        ("idemctl_stalled_partitions", "Partitions stalled now, not paused.", s.stalled),
+        (
+            "idemctl_stalled_partitions",
+            "Partitions stalled now (not paused), or whose handler runs past --stall-timeout.",
+            s.stalled,
+        ),
+        (
+            "idemctl_handlers_overdue",
+            "Handlers running past --stall-timeout now.",
+            consumer.handlers_overdue,
+        ),
         ("idemctl_lag_messages", "Messages behind the partitions' ends.", s.lag),
     )
     for name, text, value in gauges:

@@ -82,6 +82,19 @@ class ConsumeOptions:
     """Seconds a partition may be assigned, not paused, behind its end and without progress
     before it counts as stalled: it is reported and recovered (resumed, sent back to its
     committed offset). 0: never."""
+    handler_timeout: float = 300.0
+    """Seconds a handler may run before ``HandlerTimeout`` is raised in its thread (the
+    soft limit), as ``max.poll.interval.ms`` judges a consumer dead after 5 minutes.
+    0: no limit."""
+    handler_grace: float = 30.0
+    """Seconds past the soft limit before the handler's thread is abandoned (the hard
+    limit): its key is failed as timed out and a fresh thread takes its lane."""
+    max_abandoned: int = 3
+    """Threads abandoned past the hard limit before the consumer stops (StuckHandlers), so
+    that its supervisor starts a fresh process; 0: stop at the first."""
+    drain_timeout: float = 30.0
+    """Seconds ``stop()`` waits for the handlers in hand (Kubernetes' default grace
+    period); those still running then are left uncommitted (StuckHandlers)."""
     dlq_breaker: int = 20
     """Stop (ConsumeStopped) when this many messages in a row are dead-lettered for the same
     reason: a storm says the consumer is misconfigured, not that the messages are bad.
@@ -129,6 +142,12 @@ class ConsumeOptions:
             raise ConfigError("--gap-timeout cannot be negative")
         if self.stall_timeout < 0:
             raise ConfigError("--stall-timeout cannot be negative")
+        if min(self.handler_timeout, self.handler_grace, self.drain_timeout) < 0:
+            raise ConfigError(
+                "--handler-timeout, --handler-grace and --drain-timeout cannot be negative"
+            )
+        if self.max_abandoned < 0:
+            raise ConfigError("--max-abandoned cannot be negative")
 
 
 @dataclass
@@ -150,9 +169,12 @@ class Summary:
     lag: int | None = None
     """Messages behind the end of the assigned partitions, where the broker reports it."""
     stalled: int = 0
-    """Partitions stalled now: assigned, not paused, behind their end, no progress."""
+    """Partitions stalled now: assigned, not paused, behind their end, no progress; or
+    whose handler runs past --stall-timeout."""
     stalls: int = 0
     """Stalled partitions found and recovered since the start."""
+    overdue: int = 0
+    """Handlers running past --stall-timeout now."""
 
     @property
     def finished(self) -> int:

@@ -41,6 +41,10 @@ FINAL = frozenset({2, 4, 7, 8})
 a usage or configuration error (2), a store not provisioned (4), Kafka unreachable for
 ``--join-timeout`` (7), a dead-letter storm or ``--on-missing-key stop`` (8)."""
 
+STUCK = 9
+"""A worker's exit code when handlers did not return (its --drain-timeout passed, or one
+passed the hard limit): replaced while the run goes on; the run's own code while it stops."""
+
 
 @dataclass
 class Worker:
@@ -197,6 +201,8 @@ class Supervisor:
             worker.done = True
             return None
         if self.stopping:
+            if code == STUCK:  # its drain ran out of time: what it left is named
+                return Ending(code, f"worker {worker.index}: {worker.last_error or '?'}")
             return None
         if code in FINAL:
             return Ending(code, f"worker {worker.index} exited {code}: {worker.last_error or '?'}")

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.overdue import Overdue
 from idemctl.consume.stalls import Stalls
 from idemctl.errors import KafkaUnavailable
 
@@ -40,6 +41,7 @@ class Watch:
     _kafka: Any
     _paused: dict[tuple[str, int], float]
     _resume_at: dict[tuple[str, int], int]
+    _overdue: Overdue
 
     def __init__(self, on_progress: Callable[[Summary], None] | None, stall_timeout: float) -> None:
         self._on_progress = on_progress
@@ -72,7 +74,7 @@ class Watch:
                 raise KafkaUnavailable(self._no_partitions(now - started))
             return False
         if self._down_since is None:
-            self._stalls.check(self._kafka, self._partitions, self._paused, self._polls, now)
+            self._stalls.check(self._kafka, self._partitions, self._not_stalled(), self._polls, now)
         if o.exit_when_idle is None:
             return False
         if not self._partitions:
@@ -176,7 +178,8 @@ class Watch:
         summary = self.summary
         summary.paused = len(self._paused)
         summary.partitions = len(self._partitions)
-        summary.stalled = len(self._stalls.stalled)
+        summary.stalled = len({*self._stalls.stalled, *self._overdue.partitions})
+        summary.overdue = len(self._overdue.overdue)
         summary.stalls = self._stalls.recovered
         if state is not None:
             summary.state = state
@@ -210,6 +213,10 @@ class Watch:
             return None
         return lag
 
+    def _not_stalled(self) -> Container[tuple[str, int]]:
+        """Partitions the stall watchdog leaves alone: those idemctl paused."""
+        return self._paused
+
     def _error(self, msg: Any) -> bool:
         from confluent_kafka import KafkaError, KafkaException
 
@@ -223,11 +230,6 @@ class Watch:
         log.warning("consumer error: %s", error)
         return True
 
-    @property
-    def stalled(self) -> list[str]:
-        """The partitions the watchdog finds stalled now, each with its offsets (``/readyz``)."""
-        return list(self._stalls.stalled.values())
-
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self._assigned += partitions  # resumed after the poll: the assignment is then in place
         self._joined = True
@@ -238,7 +240,7 @@ class Watch:
         self._idle_since = time.monotonic()
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        # Handlers run between polls, so nothing is in flight here: commit what is stored.
+        # The consumer finished the partitions' rounds first: commit what is stored.
         from confluent_kafka import KafkaException
 
         self._forget_partitions(partitions)

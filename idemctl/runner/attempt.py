@@ -21,6 +21,7 @@ from idemctl.model import Acquired, GuardReply, Order, Stale, Verdict, validate_
 from idemctl.outbox.writer import Outbox
 from idemctl.runner.context import Context, Handler, call_handler
 from idemctl.runner.heartbeat import Heartbeat
+from idemctl.runner.limits import Abandoned
 from idemctl.runner.ordering import (
     busy,
     guard_of,
@@ -247,7 +248,7 @@ def invoke(
     key = acquired.key
     if exhausted(acquired, max_attempts):
         error: Exception = exhausted_error(acquired, max_attempts)
-        return _record_failure(store, acquired, error, False, retention, order=order)
+        return record_failure(store, acquired, error, False, retention, order=order)
     ctx = Context.held(acquired, store, logger, order=order)
     beat = (
         Heartbeat(
@@ -268,10 +269,12 @@ def invoke(
                 beat.stop()
     except Exception as exc:
         error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
-    except BaseException:
+    except BaseException as exc:
         # Interrupted (Ctrl-C, SystemExit, a cancelled task): free the key for the next
-        # delivery at once, even if the task is cancelled again meanwhile.
-        give_back(store, acquired, order, logger)
+        # delivery at once, even if the task is cancelled again meanwhile. A thread
+        # abandoned past its hard time limit touches nothing: its key was settled for it.
+        if not isinstance(exc, Abandoned):
+            give_back(store, acquired, order, logger)
         raise
     else:
         try:
@@ -285,10 +288,10 @@ def invoke(
             )
             retriable = False
     final = last_attempt(acquired, max_attempts)
-    return _record_failure(store, acquired, error, retriable, retention, final=final, order=order)
+    return record_failure(store, acquired, error, retriable, retention, final=final, order=order)
 
 
-def _record_failure(
+def record_failure(
     store: Store,
     a: Acquired,
     error: Exception,

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, IdemctlError, StoreUnavailable
 from idemctl.model import Acquired, ClaimRequest, Completion, Guard, Order, Settle, Verdict
-from idemctl.runner.attempt import invoke, let_go, not_run, run
+from idemctl.runner.attempt import invoke, let_go, not_run, record_failure, run
 from idemctl.runner.context import Context
 from idemctl.runner.heartbeat import Heartbeat
 from idemctl.runner.ordering import guard_of, settle_of
-from idemctl.runner.outcome import Outcome, RunResult, not_acquired
+from idemctl.runner.outcome import Outcome, RunResult, last_attempt, not_acquired
 from idemctl.stores.base import TransactionalStore
 
 if TYPE_CHECKING:
@@ -228,9 +228,10 @@ class Batch:
         )
         return RunResult(Outcome.RAN, key, did.value, None, None, a.attempt, a.fencing_token)
 
-    def give_back(self, key: str) -> RunResult:
+    def give_back(self, key: str, *, ran: bool = False) -> RunResult:
         """Give back a key this round holds and will not run now: its attempt is not
-        counted, so ``max_attempts`` counts runs."""
+        counted, so ``max_attempts`` counts runs. ``ran``: its handler was started (and is
+        left running: a drain that ran out of time), so the attempt counts."""
         self._heartbeat.done([key])
         a = self._held.get(key)
         if a is None:  # transactional: nothing was claimed
@@ -239,10 +240,30 @@ class Batch:
         if order is not None:
             let_go(self.store, a, order, self.logger)
         try:
-            self.store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
+            self.store.release(a.key, a.owner, a.fencing_token, handler_ran=ran)
         except IdemctlError as exc:  # its lease runs out by itself
             self.logger.debug("release %s: %s", key, exc)
         return RunResult(Outcome.RELEASED, key, attempt=a.attempt, fencing_token=a.fencing_token)
+
+    def abandon(self, key: str, error: Exception) -> RunResult:
+        """A held key whose handler passed its hard time limit in a thread left to itself:
+        its lease is no longer extended and ``error`` is recorded as its failure (retriable
+        unless it was the last attempt), so the key may run again at once and the stuck
+        attempt's late writes are refused. ERROR, or LEASE_LOST where the attempt had
+        finished or lost the key meanwhile, or UNAVAILABLE."""
+        self._heartbeat.done([key])
+        a = self._held[key]
+        final = last_attempt(a, self._max_attempts)
+        order = self._orders.get(key)
+        try:
+            did = record_failure(
+                self.store, a, error, True, self._retention, final=final, order=order
+            )
+        except StoreUnavailable as exc:
+            return RunResult(Outcome.UNAVAILABLE, key, None, None, exc, a.attempt, a.fencing_token)
+        failed = did.failed(a)
+        assert failed is not None
+        return failed
 
     def end_round(self) -> list[RunResult]:
         """End the round: the chunks not taken are dropped (given back if claimed), what

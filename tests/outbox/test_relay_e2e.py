@@ -595,7 +595,7 @@ def test_sigterm_finishes_the_batch_in_hand_and_marks_only_what_is_on_the_topic(
         pytest.fail(f"no exit within 30s of SIGTERM:\n{relay.describe()}")
     print(f"exited {time.monotonic() - started:.2f}s after SIGTERM")
     assert relay.popen.returncode == 0, relay.describe()
-    assert "SIGTERM: finishing the batch in hand" in relay.stderr()
+    assert "SIGTERM: finishing the work in hand" in relay.stderr()
     published = world.published()
     assert relay.summary()["published"] == len(published)
     assert len(published) % 100 == 0  # whole batches
