@@ -16,6 +16,7 @@ Importing idemctl loads no store driver: each backend is imported on first use.
 from idemctl.errors import (
     ConfigError,
     FingerprintMismatch,
+    HandlerTimeout,
     IdemctlError,
     InvalidCursor,
     InvalidKey,
@@ -64,6 +65,7 @@ __all__ = [
     "Context",
     "Failed",
     "FingerprintMismatch",
+    "HandlerTimeout",
     "IdemctlError",
     "InvalidCursor",
     "InvalidKey",

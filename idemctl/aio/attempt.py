@@ -66,6 +66,7 @@ async def run(
     max_attempts: int | None = None,
     order: Order | None = None,
     logger: logging.Logger = log,
+    timeout: float | None = None,
 ) -> RunResult:
     """Run ``handler`` at most once to completion for ``key``.
 
@@ -85,6 +86,10 @@ async def run(
     ``order`` (an entity and the event's sequence) adds the sequence guard: the handler
     runs only if the sequence is above the last one the entity applied, else the result is
     ``Outcome.STALE``; BUSY while another key's event of the entity is being handled.
+
+    ``timeout`` (seconds) is the handler's soft time limit: past it HandlerTimeout is
+    raised in it (a coroutine is cancelled; a thread gets it at its next bytecode, a
+    blocking C call when it returns), and the attempt fails as retriable.
     """
     validate_key(key)  # InvalidKey before anything is claimed, the same on every store
     if transactional:
@@ -99,6 +104,7 @@ async def run(
             max_attempts,
             logger,
             order,
+            timeout,
         )
     outcome = await store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
@@ -119,6 +125,7 @@ async def run(
         max_attempts=max_attempts,
         order=order,
         logger=logger,
+        timeout=timeout,
     )
     return await _complete(store, outcome, did, retention, order, logger)
 
@@ -169,6 +176,7 @@ async def _run_transactional(
     max_attempts: int | None,
     logger: logging.Logger,
     order: Order | None,
+    timeout: float | None,
 ) -> RunResult:
     if not isinstance(store, AsyncTransactionalStore):
         raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
@@ -186,7 +194,7 @@ async def _run_transactional(
             outbox = AsyncOutbox(unit.connection, store.outbox_table)
             ctx = Context.held(a, store, logger, unit.connection, outbox, order)
             try:
-                value = stored_form(await call_handler(ctx, handler))
+                value = stored_form(await call_handler(ctx, handler, timeout))
             except Exception as exc:
                 failure = exc
                 raise _Rollback from exc
@@ -238,6 +246,7 @@ async def invoke(
     max_attempts: int | None = None,
     order: Order | None = None,
     logger: logging.Logger = log,
+    timeout: float | None = None,
 ) -> Invocation:
     """Run ``handler`` for a key this attempt holds, with a heartbeat, and record a failure;
     completing is left to the caller (``complete`` or, for a batch, ``complete_many``).
@@ -263,7 +272,7 @@ async def invoke(
     )
     try:
         try:
-            value = await call_handler(ctx, handler)
+            value = await call_handler(ctx, handler, timeout)
         finally:
             if beat is not None:
                 await beat.stop()

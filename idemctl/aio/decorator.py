@@ -27,6 +27,7 @@ def idempotent(
     permanent: tuple[type[BaseException], ...] = (),
     order_key: str | Callable[..., str] | None = None,
     sequence: str | Callable[..., Any] | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
     """``idemctl.idempotent`` for ``async def`` functions: the same arguments, results and
     errors; ``store`` is an ``AsyncStore`` or a URL opened on first call."""
@@ -56,6 +57,7 @@ def idempotent(
                 lease=lease,
                 retention=retention,
                 permanent=permanent,
+                timeout=timeout,
                 order=order,
             )
             value: T = answer(result, order)

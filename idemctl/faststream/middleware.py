@@ -93,7 +93,9 @@ class IdempotencyMiddleware:
     offset, skip or stop), ``lease``, ``max_attempts``, ``backoff`` (seconds before the
     first retry, doubled each attempt, at most 60), ``dlq_topic`` (default
     ``<topic>.dlq``), ``dlq_timeout``, ``dlq_breaker``, ``order_key``/``sequence``/
-    ``on_stale`` (the sequence guard), ``transactional`` (PostgreSQL). ``permanent``:
+    ``on_stale`` (the sequence guard), ``transactional`` (PostgreSQL). ``timeout``: seconds
+    a handler may run before it is cancelled with HandlerTimeout (a failed, retried
+    attempt; dead-lettered after ``max_attempts``). ``permanent``:
     exception types that fail a key for good (``idemctl.Permanent`` always does; so does
     pydantic's ValidationError, a payload the handler's signature refuses). ``retention``:
     seconds a completed key is remembered (the store's default if None). ``dlq_config``:
@@ -123,7 +125,9 @@ class IdempotencyMiddleware:
         sequence: str | None = None,
         on_stale: str = "skip",
         transactional: bool = False,
+        timeout: float | None = None,
     ) -> None:
+        self.timeout = timeout
         # The Kafka connection, topics and group are the subscriber's: FastStream's.
         self.options = ConsumeOptions(
             "",
@@ -237,6 +241,7 @@ class IdempotencyMiddleware:
                 retention=self.retention,
                 permanent=o.permanent_errors,
                 transactional=o.transactional,
+                timeout=self.timeout,
                 max_attempts=o.max_attempts,
                 order=item.order,
                 logger=log,

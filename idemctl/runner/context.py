@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from idemctl.errors import HandlerTimeout
 from idemctl.outbox.rows import NoOutbox
 
 if TYPE_CHECKING:
@@ -98,15 +99,34 @@ Handler = Callable[[Context], Any]
 """A handler: ``def handler(ctx) -> JSON``."""
 
 
-def call_handler(ctx: Context, handler: Handler) -> Any:
+def call_handler(ctx: Context, handler: Handler, timeout: float | None = None) -> Any:
     """Run the handler with ``current_context()`` set to ``ctx``, in a copy of this context
-    (``idemctl.aio.context.call_handler`` is its async counterpart)."""
+    (``idemctl.aio.context.call_handler`` is its async counterpart); past ``timeout``
+    seconds, HandlerTimeout is raised in it (``idemctl.runner.limits``)."""
 
     def call() -> Any:
         _current.set(ctx)
         return handler(ctx)
 
-    return contextvars.copy_context().run(call)
+    if timeout is None:
+        return contextvars.copy_context().run(call)
+    from idemctl.runner.limits import DEADLINES
+
+    armed = DEADLINES.arm(timeout)
+    try:
+        return contextvars.copy_context().run(call)
+    except HandlerTimeout:
+        if not armed.fired:
+            raise  # the handler's own
+        raise HandlerTimeout(timed_out(timeout)) from None
+    finally:
+        DEADLINES.disarm(armed)
+
+
+def timed_out(timeout: float) -> str:
+    from idemctl.durations import format_duration
+
+    return f"the handler ran past its timeout of {format_duration(timeout)}"
 
 
 @contextmanager

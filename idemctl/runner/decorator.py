@@ -31,6 +31,7 @@ def idempotent(
     permanent: tuple[type[BaseException], ...] = (),
     order_key: str | Callable[..., str] | None = None,
     sequence: str | Callable[..., Any] | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """Make a function run at most once to completion per idempotency key.
 
@@ -45,6 +46,10 @@ def idempotent(
     name of the argument holding it, or a function of the arguments) add the sequence
     guard: a call whose sequence is not above the entity's last applied one does not run
     and raises StaleEvent. Sequences are whole numbers or ISO 8601 timestamps.
+
+    ``timeout`` (seconds): past it, HandlerTimeout is raised inside the function (at its
+    next bytecode; a blocking C call sees it when it returns) and propagates from the call;
+    the key is failed as retriable, so the next call runs it again.
     """
     check_order(order_key, sequence)
 
@@ -70,6 +75,7 @@ def idempotent(
                 lease=lease,
                 retention=retention,
                 permanent=permanent,
+                timeout=timeout,
                 order=order,
             )
             value: T = answer(result, order)
