@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.acting import Acting
 from idemctl.consume.deadletter import DeadLetters, kafka_text
-from idemctl.consume.item import Item, about, while_done
+from idemctl.consume.item import Item, about
 from idemctl.consume.lanes import Lane, Partition, Round
 from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.consume.overdue import Overdue
-from idemctl.consume.policy import MAX_BACKOFF, Breaker, Keying, Refusals
+from idemctl.consume.pausing import Pausing
+from idemctl.consume.policy import Breaker, Keying, Refusals
 from idemctl.consume.rounds import Rounds
 from idemctl.consume.traced import Tracing
 from idemctl.consume.watch import Watch, kafka_log, log
@@ -66,7 +67,7 @@ HOLD_AFTER = 1.0
 it pauses the partitions in hand and polls only to stay in the group."""
 
 
-class Consumer(Rounds, Acting, Watch):
+class Consumer(Rounds, Acting, Pausing, Watch):
     """Runs ``handler`` for each message of ``options.topics``, effectively once per key."""
 
     def __init__(
@@ -509,86 +510,6 @@ class Consumer(Rounds, Acting, Watch):
             tp = (p.topic, p.partition)
             self._waiting.pop(tp, None)
             self._held.discard(tp)
-
-    # Pausing ------------------------------------------------------------------------------
-
-    def _pause(self, item: Item, seconds: float) -> None:
-        """Stop ``item``'s partition at it: seek back, pause, resume after ``seconds``."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        m = item.msg
-        tp = TopicPartition(m.topic(), m.partition(), m.offset())
-        try:
-            self._kafka.pause([tp])
-            self._kafka.seek(tp)
-        except KafkaException as exc:  # revoked meanwhile: its new owner starts from the commit
-            log.debug("hold %s[%d]: %s", m.topic(), m.partition(), kafka_text(exc))
-            return
-        self._held.discard(item.tp)
-        self._paused[item.tp] = time.monotonic() + min(seconds, MAX_BACKOFF)
-        self._resume_at[item.tp] = m.offset()
-
-    def _resume_due(self) -> None:
-        from confluent_kafka import KafkaException, TopicPartition
-
-        now = time.monotonic()
-        due = [tp for tp, at in self._paused.items() if at <= now]
-        if due:
-            for tp in due:
-                del self._paused[tp]
-            try:
-                self._kafka.resume([TopicPartition(*tp) for tp in due if tp not in self._held])
-            except KafkaException as exc:  # revoked meanwhile
-                log.debug("resume: %s", kafka_text(exc))
-
-    def _hold(self) -> None:
-        """Every lane busy for a while: pause the assigned partitions not paused yet, each
-        sought to where it stands, so the polls that keep the membership bring nothing."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        tps = [tp for tp in self._partitions if tp not in self._paused and tp not in self._held]
-        if not tps:
-            return
-        try:
-            positions = self._kafka.position([TopicPartition(t, p) for t, p in tps])
-            self._kafka.pause(positions)
-            for tp in positions:
-                if tp.offset >= 0:
-                    self._kafka.seek(tp)
-                    self._resume_at[(tp.topic, tp.partition)] = tp.offset
-        except KafkaException as exc:  # revoked meanwhile
-            log.debug("hold: %s", kafka_text(exc))
-        self._held.update(tps)
-
-    def _unhold(self) -> None:
-        from confluent_kafka import KafkaException, TopicPartition
-
-        if not self._held:
-            return
-        held, self._held = self._held, set()
-        try:
-            self._kafka.resume(
-                [TopicPartition(t, p) for t, p in held if (t, p) not in self._paused]
-            )
-        except KafkaException as exc:  # revoked meanwhile
-            log.debug("resume: %s", kafka_text(exc))
-
-    def _store_offsets(self, partitions: list[list[Item]]) -> None:
-        """For each partition, the offset after its last finished message before the
-        first unfinished one (which it was sought back to)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        offsets = []
-        for items in partitions:
-            finished = while_done(items)
-            if finished:
-                m = finished[-1].msg
-                offsets.append(TopicPartition(m.topic(), m.partition(), m.offset() + 1))
-        if offsets:
-            try:
-                self._kafka.store_offsets(offsets=offsets)
-            except KafkaException as exc:  # revoked meanwhile: the new owner goes on
-                log.debug("store offsets: %s", kafka_text(exc))
 
 
 def _first_unfinished(rnd: Round) -> Item:
