@@ -102,6 +102,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         self._refusals = Refusals(options.backoff)
         self._breaker = Breaker(options.dlq_breaker)
         self._storm_tripped: str | None = None
+        self._closing = False
         self._failure: BaseException | None = None
         """Raised by the loop at its next turn (found in a rebalance callback)."""
         self._finished: queue.SimpleQueue[tuple[Lane, Round]] = queue.SimpleQueue()
@@ -459,6 +460,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
                 extra={"idemctl": {"outcome": "drain_timeout", "keys": left}},
             )
         self._overdue.stop()
+        self._closing = True
         self._close()
         self._progress(force=True, state="stopped")
         return left
@@ -487,7 +489,8 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         """Finish the rounds of the revoked partitions (for at most --drain-timeout), then
         commit what is stored."""
         revoked = {(p.topic, p.partition) for p in partitions}
-        deadline = time.monotonic() + self.options.drain_timeout
+        # Closing (the drain is over): what still runs was named already; no second wait.
+        deadline = time.monotonic() + (0 if self._closing else self.options.drain_timeout)
         while any(tp in self._in_lane for tp in revoked) and time.monotonic() < deadline:
             self._wake.wait(0.05)
             self._wake.clear()
