@@ -244,6 +244,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
             if self._watch(started):
                 break
             self._resume_due()
+            self._dispatch()  # what waited for the rounds just taken back
             self._fetch()
             self._dispatch()
             self._progress()

@@ -28,6 +28,7 @@ from idemctl.errors import (
     Refused,
     StoreError,
     StoreUnavailable,
+    StuckHandlers,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
         (KafkaUnavailable("no partitions within 60s"), 7),
         (ConsumeStopped("20 messages in a row were dead-lettered"), 8),
         (ConsumeAborted("--on-missing-key stop"), 8),
+        (StuckHandlers("--drain-timeout 30s passed", ("k",)), 9),
         (KeyboardInterrupt(), 130),
         (LeaseLost("taken over"), 1),
         (StoreError("odd"), 1),
@@ -72,6 +74,7 @@ def test_exit_codes_match_the_documented_table() -> None:
         "REFUSED": 6,
         "KAFKA_UNREACHABLE": 7,
         "CONSUME_STOPPED": 8,
+        "HANDLERS_STUCK": 9,
         "INTERRUPTED": 130,
     }
 
