@@ -155,11 +155,6 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         """Partitions the watchdog finds stalled and handlers overdue now (``/readyz``)."""
         return list(self._stalls.stalled.values()) + list(self._overdue.overdue.values())
 
-    @property
-    def handlers_overdue(self) -> int:
-        """Handlers running past ``--stall-timeout`` now."""
-        return len(self._overdue.overdue)
-
     def _not_stalled(self) -> set[Partition]:
         """Partitions the stall watchdog leaves alone: paused or held by idemctl, or with
         messages in hand (a lane's handler that does not return is the other watchdog's)."""

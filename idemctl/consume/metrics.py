@@ -82,7 +82,7 @@ def register(consumer: Consumer, registry: CollectorRegistry) -> Ready:
 
 def _families(consumer: Consumer) -> Iterator[Any]:
     """The summary's counts and gauges, as they are at this scrape."""
-    s = consumer.summary
+    s = consumer.gauges()
     yield counter(
         "idemctl_messages",
         "Messages by what became of them.",
@@ -117,7 +117,7 @@ def _families(consumer: Consumer) -> Iterator[Any]:
         (
             "idemctl_handlers_overdue",
             "Handlers running past --stall-timeout now.",
-            consumer.handlers_overdue,
+            s.overdue,
         ),
         ("idemctl_lag_messages", "Messages behind the partitions' ends.", s.lag),
     )

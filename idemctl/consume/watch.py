@@ -175,12 +175,7 @@ class Watch:
         if self._on_progress is None or (not force and now - self._progressed < PROGRESS_EVERY):
             return
         self._progressed = now
-        summary = self.summary
-        summary.paused = len(self._paused)
-        summary.partitions = len(self._partitions)
-        summary.stalled = len({*self._stalls.stalled, *self._overdue.partitions})
-        summary.overdue = len(self._overdue.overdue)
-        summary.stalls = self._stalls.recovered
+        summary = self.gauges()
         if state is not None:
             summary.state = state
         elif self._down_since is not None and self._joined:
@@ -193,6 +188,17 @@ class Watch:
             summary.state = "consuming"
         summary.lag = self._lag()
         self._on_progress(summary)
+
+    def gauges(self) -> Summary:
+        """The summary, its gauges (partitions assigned, paused, stalled, handlers overdue,
+        stalls) as they are now: for a scrape, from any thread."""
+        summary = self.summary
+        summary.paused = len(self._paused)
+        summary.partitions = len(self._partitions)
+        summary.stalled = len({*self._stalls.stalled, *self._overdue.partitions})
+        summary.overdue = len(self._overdue.overdue)
+        summary.stalls = self._stalls.recovered
+        return summary
 
     def _lag(self) -> int | None:
         """Messages between the fetch position and the end of each assigned partition, from
