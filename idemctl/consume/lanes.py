@@ -39,9 +39,10 @@ class Round:
     error: BaseException | None = None
     """What the lane raised while running it (a store error, a bug): raised in the loop."""
 
-    @property
-    def items(self) -> list[Item]:
-        return [item for items in self.partitions.values() for item in items]
+    def first_unfinished(self, tp: Partition | None = None) -> Item | None:
+        """The first message not finished, of ``tp`` or of any partition."""
+        parts = self.partitions.values() if tp is None else [self.partitions[tp]]
+        return next((item for items in parts for item in items if not item.done), None)
 
     def usable(self, item: Item) -> bool:
         """Not behind the message its partition stopped at."""

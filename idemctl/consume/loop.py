@@ -345,11 +345,11 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         if rnd.error is not None:
             self._failure = self._failure or rnd.error
         self._store_offsets(list(rnd.partitions.values()))
-        for tp, items in rnd.partitions.items():
+        for tp in rnd.partitions:
             stop = rnd.blocked.get(tp)
             if stop is None and not self._stop.is_set():
-                left = [i for i in items if not i.done]
-                stop = (left[0], (0.0, "")) if left else None  # from there, at once
+                left = rnd.first_unfinished(tp)
+                stop = (left, (0.0, "")) if left is not None else None  # from there, at once
             if stop is not None:
                 item, (seconds, _) = stop
                 self._waiting.pop(tp, None)  # fetched past it: it comes again
@@ -444,8 +444,9 @@ class Consumer(Rounds, Acting, Pausing, Watch):
             if lane.round is None:
                 continue
             running = lane.running
-            held = running.item if running is not None else _first_unfinished(lane.round)
-            left.append(held.key or f"{held.tp[0]}[{held.tp[1]}]@{held.offset}")
+            held = running.item if running is not None else lane.round.first_unfinished()
+            if held is not None:
+                left.append(held.key or f"{held.tp[0]}[{held.tp[1]}]@{held.offset}")
             self._store_offsets(list(lane.round.partitions.values()))  # what finished
         if left:
             log.warning(
@@ -509,14 +510,6 @@ class Consumer(Rounds, Acting, Pausing, Watch):
             tp = (p.topic, p.partition)
             self._waiting.pop(tp, None)
             self._held.discard(tp)
-
-
-def _first_unfinished(rnd: Round) -> Item:
-    for items in rnd.partitions.values():
-        for item in items:
-            if not item.done:
-                return item
-    return rnd.items[0]
 
 
 def _keys(keys: list[str]) -> str:
