@@ -59,6 +59,12 @@ class NotProvisioned(StoreError):
     ``idemctl init`` provisions them."""
 
 
+class NotPowertools(NotProvisioned):
+    """A URL with ``layout=powertools`` names a table (or Redis database) that holds no
+    Powertools records: another application's, or Powertools' read with the wrong key or
+    attribute names. Nothing is read further, nothing written."""
+
+
 class KeyNotFound(StoreError, KeyError):
     """No record under that key (or it is past retention)."""
 

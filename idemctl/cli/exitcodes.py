@@ -47,7 +47,10 @@ MEANINGS: dict[ExitCode, str] = {
         "anything is written"
     ),
     ExitCode.STORE_UNREACHABLE: "store unreachable",
-    ExitCode.NOT_PROVISIONED: "store not provisioned: run 'idemctl init'",
+    ExitCode.NOT_PROVISIONED: (
+        "store not provisioned: run 'idemctl init'; with layout=powertools, a table or "
+        "database that holds no Powertools records (nothing written)"
+    ),
     ExitCode.KEY_NOT_FOUND: "key not found",
     ExitCode.REFUSED: (
         "refused: a live lease without --force, a conflicting state, a declined confirmation, "

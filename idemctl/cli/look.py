@@ -145,9 +145,12 @@ def list_(
     if powertools.wanted(ctx):
         powertools.refuse(ctx, released=released, older_than=older_than, entities=entities)
         states = powertools.states_of(status and status.value, stale, blocked)
+        skipped = 0
 
         def found(table: PowertoolsTable, size: int, after: str | None) -> Found[PowertoolsRecord]:
+            nonlocal skipped
             page = table.scan(states, prefix, size, after)
+            skipped = table.skipped
             return page.records, page.cursor
 
         at = render.now()
@@ -155,6 +158,10 @@ def list_(
             ctx, found, limit, cursor, powertools.records_table, "records", "list",
             opener=powertools.opened, as_json=lambda r: r.to_json(at),
         )  # fmt: skip
+        if skipped:
+            settings(ctx).err.print(
+                f"{skipped} other item(s) are no Powertools records: not listed", markup=False
+            )
         return
     if blocked:
         raise usage_error(ctx, "--blocked", "is for Powertools tables (layout=powertools)")

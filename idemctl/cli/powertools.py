@@ -82,6 +82,12 @@ def swept(ctx: typer.Context) -> AbstractContextManager[Store | PowertoolsTable]
     return opened(ctx) if wanted(ctx) else cli_store(ctx)
 
 
+def skipped(store: Store | PowertoolsTable) -> int | None:
+    """The items a Powertools table's last sweep passed over as none of Powertools'; None
+    for idemctl's own stores."""
+    return store.skipped if isinstance(store, PowertoolsTable) else None
+
+
 # Looking ---------------------------------------------------------------------------------
 
 

@@ -341,6 +341,7 @@ def action_json(
     keys: list[str] | None = None,
     record: Record | None = None,
     entity: Entity | None = None,
+    skipped: int | None = None,
 ) -> dict[str, Any]:
     """What an action did, or would do (``dry_run``): ``schemas/action.schema.json``."""
     return {
@@ -351,6 +352,7 @@ def action_json(
         "keys": keys,
         "record": None if record is None else record.to_json(),
         "entity": None if entity is None else entity.to_json(),
+        **({} if skipped is None else {"skipped": skipped}),
     }
 
 

@@ -91,14 +91,15 @@ def unlock(
     words = _words(ctx, "unlock")
     with powertools.swept(ctx) as store:
         found = store.unlock_stale(older, dry_run=True)
+        skipped = powertools.skipped(store)
         if dry_run or not found:
-            report(ctx, "unlock", store.url, found, dry_run=dry_run, words=words)
+            report(ctx, "unlock", store.url, found, dry_run=dry_run, words=words, skipped=skipped)
             return
         with changing(
             ctx, _ask(words, len(found), store.url), yes, "unlocking", len(found)
         ) as advance:
             freed = store.unlock_stale(older, progress=advance)
-        report(ctx, "unlock", store.url, freed, words=words)
+        report(ctx, "unlock", store.url, freed, words=words, skipped=skipped)
         skipped = len(set(found) - set(freed))
         if skipped and not current.json:
             current.err.print(f"{skipped} key(s) were claimed or freed meanwhile and left alone")
@@ -234,13 +235,23 @@ def purge(
     words = _words(ctx, "purge")
     with powertools.swept(ctx) as store:
         found = store.purge(older, dry_run=True)
+        skipped = powertools.skipped(store)
         if dry_run or not found:
-            report(ctx, "purge", store.url, None, count=found, dry_run=dry_run, words=words)
+            report(
+                ctx,
+                "purge",
+                store.url,
+                None,
+                count=found,
+                dry_run=dry_run,
+                words=words,
+                skipped=skipped,
+            )
             return
         with changing(ctx, _ask(words, found, store.url), yes, "purging", found) as advance:
             pace = advance if rate is None else paced(rate, advance)
             purged = store.purge(older, progress=pace)
-        report(ctx, "purge", store.url, None, count=purged, words=words)
+        report(ctx, "purge", store.url, None, count=purged, words=words, skipped=skipped)
 
 
 def _words(ctx: typer.Context, action: str) -> Words:
@@ -327,9 +338,11 @@ def report(
     dry_run: bool = False,
     record: Record | None = None,
     words: Words | None = None,
+    skipped: int | None = None,
 ) -> None:
     """What an action did (or would do): ``schemas/action.schema.json`` with --json.
-    ``words``: the verb and noun of the text, where not the action's own."""
+    ``words``: the verb and noun of the text, where not the action's own; ``skipped``: the
+    items a Powertools sweep passed over as none of Powertools'."""
     current = settings(ctx)
     if count is None:
         count = len(keys or [])
@@ -337,10 +350,20 @@ def report(
         where = store_fields(ctx, url)
         emit_json(
             render.action_json(
-                action, where, dry_run=dry_run, count=count, keys=keys, record=record
+                action,
+                where,
+                dry_run=dry_run,
+                count=count,
+                keys=keys,
+                record=record,
+                skipped=skipped,
             )
         )
         return
+    if skipped:
+        current.err.print(
+            f"{skipped} other item(s) are no Powertools records: left alone", markup=False
+        )
     verb, noun, _ = words or _DONE[action]
     if dry_run and record is not None:
         if action == "unlock":

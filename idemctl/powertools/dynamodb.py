@@ -92,28 +92,34 @@ class DynamoDBPowertoolsTable(PowertoolsTable):
             )
         return {lay.key_attr: {"S": partition}, lay.sort_key_attr: {"S": key}}
 
-    def _record(self, item: dict[str, Any], any_item: bool = False) -> PowertoolsRecord | None:
-        """The record of an item; None for an item that is no Powertools record, unless
-        ``any_item`` (then a record whose problems say what is missing)."""
+    def _record(self, item: dict[str, Any]) -> PowertoolsRecord:
+        """The record of an item: one whose ``problems`` say why where the item is no
+        Powertools record."""
         values = {k: _plain(self._plain.deserialize(v)) for k, v in item.items()}
         lay = self.layout
-        if lay.status_attr not in values and not any_item:
-            return None
         if lay.sort_key_attr is None:
-            return record_from(str(values.get(lay.key_attr)), values, lay)
+            return record_from(str(values.get(lay.key_attr)), values, lay, with_key=True)
         return record_from(
-            str(values.get(lay.sort_key_attr)), values, lay, str(values.get(lay.key_attr))
+            str(values.get(lay.sort_key_attr)),
+            values,
+            lay,
+            str(values.get(lay.key_attr)),
+            with_key=True,
         )
 
     # The backend's part --------------------------------------------------------------------
 
     def _read(self, key: str) -> PowertoolsRecord | None:
         item = self._call("get_item", Key=self._key(key), ConsistentRead=True).get("Item")
-        return self._record(item, any_item=True) if item else None
+        return self._record(item) if item else None
 
-    def _records(self, prefix: str | None) -> Iterator[list[PowertoolsRecord]]:
+    def _items(
+        self, prefix: str | None, limit: int | None = None
+    ) -> Iterator[list[PowertoolsRecord]]:
         lay = self.layout
         kwargs: dict[str, Any] = {"ConsistentRead": True}
+        if limit is not None:
+            kwargs["Limit"] = limit
         names: dict[str, str] = {}
         values: dict[str, Any] = {}
         by_query = lay.sort_key_attr is not None and lay.static_pk_value is not None
@@ -132,71 +138,80 @@ class DynamoDBPowertoolsTable(PowertoolsTable):
         if names:
             kwargs["ExpressionAttributeNames"] = names
             kwargs["ExpressionAttributeValues"] = values
-        self.skipped = 0
         start: dict[str, Any] | None = None
         while True:
             if start:
                 kwargs["ExclusiveStartKey"] = start
             response = self._call("query" if by_query else "scan", **kwargs)
-            batch = []
-            for item in response.get("Items", []):
-                record = self._record(item)
-                if record is None:
-                    self.skipped += 1
-                else:
-                    batch.append(record)
-            yield batch
+            yield [self._record(item) for item in response.get("Items", [])]
             start = response.get("LastEvaluatedKey")
-            if not start:
+            if not start or limit is not None:
                 return
+
+    def _shape(self) -> str | None:
+        try:
+            described = self._call("describe_table")["Table"]
+        except ConfigError:  # no DescribeTable allowed: the sample of items judges alone
+            return None
+        schema = self._schema(described)
+        want = self._wanted_schema()
+        if schema == want:
+            return None
+        return (
+            f"the table's key is {_shown(schema)}, not Powertools' {_shown(want)} as the URL's "
+            "layout says (key_attr, sort_key_attr): another application's table, or the URL "
+            "lacks the persistence layer's key names"
+        )
+
+    def _schema(self, described: dict[str, Any]) -> dict[str, str]:
+        return {k["KeyType"]: k["AttributeName"] for k in described["KeySchema"]}
+
+    def _wanted_schema(self) -> dict[str, str]:
+        lay = self.layout
+        return {"HASH": lay.key_attr, **({"RANGE": lay.sort_key_attr} if lay.sort_key_attr else {})}
 
     def _delete(self, d: Delete) -> tuple[bool, PowertoolsRecord | None]:
         lay = self.layout
-        names: dict[str, str] = {}
-        values: dict[str, Any] = {}
+        # Every rule deletes Powertools records only: a status it writes, a numeric expiry.
+        names: dict[str, str] = {"#st": lay.status_attr, "#exp": lay.expiry_attr}
+        values: dict[str, Any] = {
+            ":inprog": {"S": INPROGRESS},
+            ":done": {"S": COMPLETED},
+            ":num": {"S": "N"},
+        }
+        condition = "#st IN (:inprog, :done) AND attribute_type(#exp, :num)"
         if d.rule in (Rule.UNLOCK, Rule.UNLOCK_FORCE):
-            names["#st"], values[":inprog"] = lay.status_attr, {"S": INPROGRESS}
-            condition = "#st = :inprog"
+            condition += " AND #st = :inprog"
             if d.rule is Rule.UNLOCK:
-                names["#ipe"], names["#exp"] = lay.in_progress_expiry_attr, lay.expiry_attr
+                names["#ipe"] = lay.in_progress_expiry_attr
                 values[":cut"] = {"N": str(in_ms(d.cutoff))}
                 values[":now"] = {"N": str(int(d.now.timestamp()))}
                 condition += " AND ((attribute_exists(#ipe) AND #ipe < :cut) OR #exp < :now)"
         elif d.rule is Rule.FORGET:
-            names["#st"], names["#exp"] = lay.status_attr, lay.expiry_attr
-            values[":done"] = {"S": COMPLETED}
             values[":now"] = {"N": str(int(d.now.timestamp()))}
-            names["#k"] = lay.key_attr
-            condition = "attribute_exists(#k) AND (#st = :done OR #exp < :now)"
-        elif d.rule is Rule.FORGET_FORCE:
-            names["#k"] = lay.key_attr
-            condition = "attribute_exists(#k)"
-        else:
-            names["#exp"] = lay.expiry_attr
+            condition += " AND (#st = :done OR #exp < :now)"
+        elif d.rule is Rule.PURGE:
             values[":cut"] = {"N": str(int(d.cutoff.timestamp()))}
-            condition = "#exp < :cut"
-        kwargs: dict[str, Any] = {"ExpressionAttributeNames": names}
-        if values:
-            kwargs["ExpressionAttributeValues"] = values
+            condition += " AND #exp < :cut"
         try:
             response = self._call(
                 "delete_item",
                 Key=self._key(d.key, d.partition),
                 ConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
                 ReturnValues="ALL_OLD",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                **kwargs,
             )
         except ClientError as exc:
             item = exc.response.get("Item")
-            return False, self._record(item, any_item=True) if item else None
-        return True, self._record(response.get("Attributes") or {}, any_item=True)
+            return False, self._record(item) if item else None
+        return True, self._record(response.get("Attributes") or {})
 
     def check(self) -> list[Finding]:
         lay = self.layout
-        described = self._call("describe_table")["Table"]
-        schema = {k["KeyType"]: k["AttributeName"] for k in described["KeySchema"]}
-        want = {"HASH": lay.key_attr, **({"RANGE": lay.sort_key_attr} if lay.sort_key_attr else {})}
+        schema = self._schema(self._call("describe_table")["Table"])
+        want = self._wanted_schema()
         findings = [self._schema_finding(schema, want)]
         ttl = self._call("describe_time_to_live").get("TimeToLiveDescription", {})
         on = ttl.get("TimeToLiveStatus") in ("ENABLED", "ENABLING")
@@ -220,17 +235,19 @@ class DynamoDBPowertoolsTable(PowertoolsTable):
         return findings
 
     def _schema_finding(self, schema: dict[str, str], want: dict[str, str]) -> Finding:
-        shown = ", ".join(f"{t.lower()} {n!r}" for t, n in sorted(schema.items()))
         if schema == want:
-            return Finding("key schema", True, f"{shown}, as the URL says")
-        expected = ", ".join(f"{t.lower()} {n!r}" for t, n in sorted(want.items()))
+            return Finding("key schema", True, f"{_shown(schema)}, as the URL says")
         return Finding(
             "key schema",
             False,
-            f"the table's key is {shown}; the URL's layout expects {expected}",
+            f"the table's key is {_shown(schema)}; the URL's layout expects {_shown(want)}",
             "give the URL Powertools' key_attr and sort_key_attr (as its "
             "DynamoDBPersistenceLayer was built)",
         )
+
+
+def _shown(schema: dict[str, str]) -> str:
+    return ", ".join(f"{t.lower()} {n!r}" for t, n in sorted(schema.items()))
 
 
 def _plain(value: Any) -> Any:

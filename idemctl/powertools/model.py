@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -40,7 +41,9 @@ class State(StrEnum):
     EXPIRED = "expired"
     """Past ``expiration``: Powertools treats it as absent; TTL (or ``purge``) deletes it."""
     INVALID = "invalid"
-    """Powertools would refuse it: an unknown status, no or a non-numeric expiration."""
+    """No record Powertools wrote: an unknown status, no or a non-numeric expiration, an
+    attribute its persistence layer never writes. Only ``get`` returns one (``inspect``
+    says why); every other call passes such items over and counts them as skipped."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,19 @@ class Layout:
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
+    def written(self, with_key: bool) -> frozenset[str]:
+        """The attributes Powertools' persistence layer writes under this layout (with the
+        key attributes where the record holds them: DynamoDB's items, not Redis's values)."""
+        keys = (self.key_attr, self.sort_key_attr) if with_key else ()
+        values = (
+            self.expiry_attr,
+            self.in_progress_expiry_attr,
+            self.status_attr,
+            self.data_attr,
+            self.validation_key_attr,
+        )
+        return frozenset(n for n in (*keys, *values) if n is not None)
+
 
 @dataclass(frozen=True)
 class PowertoolsRecord:
@@ -77,6 +93,11 @@ class PowertoolsRecord:
     validation: str | None = None
     partition: str | None = None
     problems: tuple[str, ...] = field(default=())
+    """Why the item is no record Powertools wrote; empty for one it did."""
+
+    @property
+    def is_powertools(self) -> bool:
+        return not self.problems
 
     def state(self, now: datetime) -> State:
         """As Powertools judges it at ``now``: expiry first (``DataRecord.status``), then
@@ -132,23 +153,35 @@ class PowertoolsStats:
 
 
 def record_from(
-    key: str, values: Mapping[str, Any], layout: Layout, partition: str | None = None
+    key: str,
+    values: Mapping[str, Any],
+    layout: Layout,
+    partition: str | None = None,
+    *,
+    with_key: bool = False,
 ) -> PowertoolsRecord:
     """The record whose attributes are ``values`` (plain Python values: numbers as int,
-    float or Decimal), under ``layout``'s names."""
+    float or Decimal), under ``layout``'s names; ``with_key`` where ``values`` holds the key
+    attributes too. Its ``problems`` say why it is no record Powertools wrote: a status
+    other than INPROGRESS or COMPLETED, an expiry that is no number, an attribute
+    Powertools never writes (another application's item, read through the wrong URL)."""
     problems: list[str] = []
     status = values.get(layout.status_attr)
     if not isinstance(status, str):
         problems.append(f"no {layout.status_attr!r} string")
         status = None
     elif status not in (INPROGRESS, COMPLETED):
-        problems.append(f"unknown status {status!r}")
-    expiration = _moment(values.get(layout.expiry_attr), 1, layout.expiry_attr, problems)
+        problems.append(f"{layout.status_attr} {status!r} is neither {INPROGRESS} nor {COMPLETED}")
     if layout.expiry_attr not in values:
         problems.append(f"no {layout.expiry_attr!r}")
+    expiration = _moment(values.get(layout.expiry_attr), 1, layout.expiry_attr, problems)
     in_progress = _moment(
         values.get(layout.in_progress_expiry_attr), 1000, layout.in_progress_expiry_attr, problems
     )
+    others = sorted(set(values) - layout.written(with_key))
+    if others:
+        shown = ", ".join(map(repr, others[:3])) + (" ..." if len(others) > 3 else "")
+        problems.append(f"attributes Powertools never writes: {shown}")
     validation = values.get(layout.validation_key_attr)
     return PowertoolsRecord(
         key=key,
@@ -162,12 +195,20 @@ def record_from(
     )
 
 
+def not_a_record(key: str, what: str) -> PowertoolsRecord:
+    """An item that holds no attributes at all as Powertools writes them: ``what`` it is."""
+    return PowertoolsRecord(key, None, None, None, problems=(what,))
+
+
 def in_ms(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
 def _moment(raw: Any, per_second: int, name: str, problems: list[str]) -> datetime | None:
     if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float | Decimal):
+        problems.append(f"{name!r} is no number: {raw!r}")
         return None
     try:
         number = float(raw)

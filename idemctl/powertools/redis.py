@@ -17,7 +17,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from idemctl.errors import ConfigError
 from idemctl.model import Finding
-from idemctl.powertools.model import Layout, PowertoolsRecord, in_ms, record_from
+from idemctl.powertools.model import Layout, PowertoolsRecord, in_ms, not_a_record, record_from
 from idemctl.powertools.table import Delete, PowertoolsTable, Rule, records_findings
 from idemctl.stores.redis.connect import connect, target
 from idemctl.stores.redis.errors import translate
@@ -27,23 +27,34 @@ LOCK_SUFFIX = ":lock"
 SCAN_COUNT = 1000
 BATCH = 500
 
-# KEYS[1] the record; ARGV: rule, now (s), cutoff (ms for unlock, s for purge), and the
-# status, expiry and in-progress expiry attributes' names. Returns {deleted, the value}.
+# KEYS[1] the record; ARGV: rule, now (s), cutoff (ms for unlock, s for purge), the
+# status, expiry and in-progress expiry attributes' names, then the names of every other
+# attribute Powertools writes. Returns {deleted, the value}. Only a Powertools record is
+# ever deleted: a JSON object of Powertools' attributes, its status INPROGRESS or
+# COMPLETED, its expiries numbers.
 _DELETE = """
 local raw = redis.pcall('GET', KEYS[1])
 if type(raw) ~= 'string' then return {0, false} end
 local ok, rec = pcall(cjson.decode, raw)
 if not ok or type(rec) ~= 'table' then return {0, raw} end
+local known = {}
+for i = 4, #ARGV do known[ARGV[i]] = true end
+for name in pairs(rec) do
+  if not known[name] then return {0, raw} end
+end
 local rule, now, cut = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local st = rec[ARGV[4]]
-local exp, ipe = tonumber(rec[ARGV[5]]), tonumber(rec[ARGV[6]])
-local expired = exp ~= nil and exp < now
+local st, exp, ipe = rec[ARGV[4]], rec[ARGV[5]], rec[ARGV[6]]
+if st ~= 'INPROGRESS' and st ~= 'COMPLETED' then return {0, raw} end
+if type(exp) ~= 'number' then return {0, raw} end
+if ipe ~= nil and ipe ~= cjson.null and type(ipe) ~= 'number' then return {0, raw} end
+if type(ipe) ~= 'number' then ipe = nil end
+local expired = exp < now
 local go = false
 if rule == 'unlock' then go = st == 'INPROGRESS' and ((ipe ~= nil and ipe < cut) or expired)
 elseif rule == 'unlock_force' then go = st == 'INPROGRESS'
 elseif rule == 'forget' then go = st == 'COMPLETED' or expired
 elseif rule == 'forget_force' then go = true
-elseif rule == 'purge' then go = exp ~= nil and exp < cut
+elseif rule == 'purge' then go = exp < cut
 end
 if go then redis.call('DEL', KEYS[1]); return {1, raw} end
 return {0, raw}
@@ -76,21 +87,18 @@ class RedisPowertoolsTable(PowertoolsTable):
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.url) from exc
 
-    def _record(self, key: str, raw: Any, any_value: bool) -> PowertoolsRecord | None:
-        """The record ``raw`` holds; None for a value that is no Powertools record, unless
-        ``any_value`` (then a record whose problems say what it is)."""
+    def _record(self, key: str, raw: Any) -> PowertoolsRecord:
+        """The record ``raw`` holds: one whose ``problems`` say what it is where it is no
+        Powertools record."""
+        if isinstance(raw, Exception):
+            return not_a_record(key, "not a string value")
         try:
-            values = json.loads(raw) if isinstance(raw, str) else None
+            values = json.loads(raw)
         except ValueError:
-            values = None
-        if isinstance(values, dict) and self.layout.status_attr in values:
-            return record_from(key, values, self.layout)
-        if not any_value:
-            return None
-        what = "no JSON object" if not isinstance(values, dict) else "no status"
-        return PowertoolsRecord(
-            key, None, None, None, problems=(f"not a Powertools record ({what})",)
-        )
+            return not_a_record(key, "not JSON")
+        if not isinstance(values, dict):
+            return not_a_record(key, "not a JSON object")
+        return record_from(key, values, self.layout)
 
     # The backend's part --------------------------------------------------------------------
 
@@ -99,19 +107,23 @@ class RedisPowertoolsTable(PowertoolsTable):
             raw = self._do(self.client.get, key)
         except Exception as exc:  # a key of another type: no Powertools record
             if isinstance(exc.__cause__, ResponseError) and "WRONGTYPE" in str(exc.__cause__):
-                return None
+                return not_a_record(key, "not a string value")
             raise
-        return None if raw is None else self._record(key, raw, any_value=True)
+        return None if raw is None else self._record(key, raw)
 
-    def _records(self, prefix: str | None) -> Iterator[list[PowertoolsRecord]]:
-        self.skipped = 0
+    def _items(
+        self, prefix: str | None, limit: int | None = None
+    ) -> Iterator[list[PowertoolsRecord]]:
         pattern = _escaped(prefix or "") + "*"
         keys: list[str] = []
-        for key in self._do(self.client.scan_iter, match=pattern, count=SCAN_COUNT):
+        scanned = self._do(self.client.scan_iter, match=pattern, count=SCAN_COUNT)
+        for seen, key in enumerate(scanned, 1):
             keys.append(key)
-            if len(keys) >= BATCH:
+            if len(keys) >= BATCH or seen == limit:
                 yield self._batch(keys)
                 keys = []
+                if seen == limit:
+                    return
         if keys:
             yield self._batch(keys)
 
@@ -120,16 +132,12 @@ class RedisPowertoolsTable(PowertoolsTable):
         for key in keys:
             pipe.get(key)
         values = self._do(pipe.execute, raise_on_error=False)
-        found = []
-        for key, raw in zip(keys, values, strict=True):
-            if key.endswith(LOCK_SUFFIX) and raw == "True":
-                continue  # Powertools' helper: neither a record nor another application's
-            record = None if isinstance(raw, Exception) else self._record(key, raw, False)
-            if record is None:
-                self.skipped += 1
-            else:
-                found.append(record)
-        return found
+        return [
+            self._record(key, raw)
+            for key, raw in zip(keys, values, strict=True)
+            # Powertools' helper: neither a record nor another application's
+            if not (key.endswith(LOCK_SUFFIX) and raw == "True")
+        ]
 
     def _delete(self, d: Delete) -> tuple[bool, PowertoolsRecord | None]:
         lay = self.layout
@@ -141,11 +149,13 @@ class RedisPowertoolsTable(PowertoolsTable):
             lay.status_attr,
             lay.expiry_attr,
             lay.in_progress_expiry_attr,
+            lay.data_attr,
+            lay.validation_key_attr,
         ]
         deleted, raw = self._do(self._script, keys=[d.key], args=args)
         if raw is None:
             return False, None
-        return bool(deleted), self._record(d.key, raw, any_value=True)
+        return bool(deleted), self._record(d.key, raw)
 
     def check(self) -> list[Finding]:
         self._do(self.client.ping)

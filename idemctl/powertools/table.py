@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Self
 
-from idemctl.errors import KeyNotFound, Refused
+from idemctl.errors import KeyNotFound, NotPowertools, Refused
 from idemctl.model import Finding
 from idemctl.powertools.model import (
     COMPLETED,
@@ -35,6 +35,9 @@ BATCH = 100
 
 SHOWN = 5
 """Keys a doctor finding names."""
+
+SAMPLE = 100
+"""Items read to judge whether a table is Powertools' at all, before anything else."""
 
 
 class Rule(StrEnum):
@@ -80,17 +83,26 @@ class PowertoolsTable(ABC):
     def _read(self, key: str) -> PowertoolsRecord | None: ...
 
     @abstractmethod
-    def _records(self, prefix: str | None) -> Iterator[list[PowertoolsRecord]]:
-        """Every record whose key starts with ``prefix``, a batch at a time; items that are
-        no Powertools records are counted in ``skipped``."""
+    def _items(
+        self, prefix: str | None, limit: int | None = None
+    ) -> Iterator[list[PowertoolsRecord]]:
+        """Every item whose key starts with ``prefix`` (about ``limit`` of them at most), a
+        batch at a time, each read as a record: one with ``problems`` where the item is no
+        record Powertools wrote. Powertools' own helper keys are left out."""
 
     @abstractmethod
     def _delete(self, d: Delete) -> tuple[bool, PowertoolsRecord | None]:
-        """Delete ``d.key`` if ``d.rule`` holds in the store: (deleted, the record as it
-        was; the one that failed the condition, or None when there was none)."""
+        """Delete ``d.key`` if it is a Powertools record and ``d.rule`` holds in the store:
+        (deleted, the record as it was; the one that failed the condition, or None when
+        there was none)."""
 
     @abstractmethod
     def check(self) -> list[Finding]: ...
+
+    def _shape(self) -> str | None:
+        """What is wrong with the table's own shape for this layout (DynamoDB's key schema),
+        or None."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - a backend with nothing to close needs no override
         pass
@@ -98,10 +110,46 @@ class PowertoolsTable(ABC):
     skipped = 0
     """Items the last walk of ``_records`` passed over as no Powertools records."""
 
+    _vouched = False
+
+    def _records(self, prefix: str | None) -> Iterator[list[PowertoolsRecord]]:
+        """The Powertools records among ``_items``, counting the other items in
+        ``skipped``: nothing but a record Powertools wrote is ever listed, counted or
+        deleted."""
+        self.vouch()
+        self.skipped = 0
+        for batch in self._items(prefix):
+            records = [r for r in batch if r.is_powertools]
+            self.skipped += len(batch) - len(records)
+            yield records
+
+    def vouch(self) -> None:
+        """Refuse a table that is none of Powertools': a DynamoDB key schema other than the
+        layout's, or a sample of its first items none of which is a Powertools record
+        (another application's table, or the wrong attribute names in the URL). Checked once,
+        before anything is read further or written: ``NotPowertools``."""
+        if self._vouched:
+            return
+        wrong = self._shape()
+        if wrong is not None:
+            raise NotPowertools(f"{self.url}: {wrong}; nothing read or written")
+        sample = [r for batch in self._items(None, SAMPLE) for r in batch][:SAMPLE]
+        if sample and not any(r.is_powertools for r in sample):
+            first = sample[0]
+            raise NotPowertools(
+                f"{self.url}: none of the {len(sample)} item(s) read is a Powertools record "
+                f"({first.key!r}: {'; '.join(first.problems)}): another application's data, "
+                "or Powertools' under other names (key_attr, status_attr, expiry_attr, ... in "
+                "the URL); nothing written"
+            )
+        self._vouched = True
+
     # Looking -------------------------------------------------------------------------------
 
     def get(self, key: str) -> PowertoolsRecord | None:
-        """The record of ``key`` as stored, in any state (an expired one included)."""
+        """The record of ``key`` as stored, in any state (an expired one included; an item
+        that is no Powertools record with ``problems`` saying why)."""
+        self.vouch()
         return self._read(key)
 
     def scan(
@@ -143,7 +191,7 @@ class PowertoolsTable(ABC):
         """Delete ``key``'s in-progress record, as Powertools does when the function raises:
         its next call runs the function. One whose invocation may still run (its in-progress
         expiry ahead) or that has none (blocked) needs ``force``."""
-        at = now()
+        at = self._deletable(key, "unlock", force)
         done, old = self._delete(Delete(key, rule_of("unlock", force), at, at))
         if done and old is not None:
             return old
@@ -152,11 +200,22 @@ class PowertoolsTable(ABC):
     def forget(self, key: str, force: bool = False) -> PowertoolsRecord:
         """Delete ``key``'s completed (or expired) record: its next call runs the function
         again. An in-progress one needs ``force``."""
-        at = now()
+        at = self._deletable(key, "forget", force)
         done, old = self._delete(Delete(key, rule_of("forget", force), at, at))
         if done and old is not None:
             return old
         raise why_not(key, old, at, "forget", force)
+
+    def _deletable(self, key: str, action: str, force: bool) -> datetime:
+        """Refuse to delete ``key`` where it is no Powertools record, as read now (the
+        delete's own condition checks its status and expiry again in the store); the
+        moment of the delete."""
+        self.vouch()
+        old = self._read(key)
+        at = now()
+        if old is not None and not old.is_powertools:
+            raise why_not(key, old, at, action, force)
+        return at
 
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
@@ -249,9 +308,10 @@ def why_not(
     failed its condition."""
     if old is None:
         return KeyNotFound(key)
-    if old.status is None:  # no rule deletes it: not a record Powertools wrote
-        problems = "; ".join(old.problems) or "no status"
-        return Refused(f"{key!r} is not a Powertools record ({problems}): left alone")
+    if not old.is_powertools:  # no rule deletes it, --force included
+        return Refused(
+            f"{key!r} is not a Powertools record ({'; '.join(old.problems)}): left alone"
+        )
     state = old.state(at)
     if action == "forget":  # only an in-progress record fails forget's condition
         return Refused(
@@ -283,12 +343,29 @@ def records_findings(table: PowertoolsTable) -> list[Finding]:
     ones, and items Powertools would refuse."""
     at = now()
     keys: dict[State, list[str]] = {s: [] for s in State}
-    for batch in table._records(None):
+    skipped = 0
+    example = None
+    for batch in table._items(None):
         for r in batch:
-            keys[r.state(at)].append(r.key)
+            if r.is_powertools:
+                keys[r.state(at)].append(r.key)
+            else:
+                skipped += 1
+                example = example or r
     total = sum(map(len, keys.values()))
+    if example is not None and not total:
+        return [
+            Finding(
+                "records",
+                False,
+                f"none of the {skipped} item(s) is a Powertools record ({example.key!r}: "
+                f"{'; '.join(example.problems)}): every command but doctor refuses this table",
+                "check the table's name and the URL's attribute names (key_attr, status_attr, "
+                "expiry_attr, ...) against the persistence layer's arguments",
+            )
+        ]
     findings = [
-        Finding("records", True, f"{total} record(s) read; {table.skipped} other item(s) skipped")
+        Finding("records", True, f"{total} record(s) read; {skipped} other item(s) skipped")
     ]
     if keys[State.BLOCKED]:
         findings.append(
@@ -313,14 +390,15 @@ def records_findings(table: PowertoolsTable) -> list[Finding]:
                 warning=True,
             )
         )
-    if keys[State.INVALID]:
+    if example is not None:
         findings.append(
             Finding(
-                "invalid",
-                False,
-                f"{len(keys[State.INVALID])} record(s) Powertools would refuse "
-                f"({_named(keys[State.INVALID])})",
-                "idemctl inspect KEY says what is wrong; forget KEY --force deletes one",
+                "other items",
+                True,
+                f"{skipped} item(s) are no Powertools records ({example.key!r}: "
+                f"{'; '.join(example.problems)}): every command passes them over",
+                "idemctl inspect KEY says what one is; idemctl never deletes them",
+                warning=True,
             )
         )
     return findings
