@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 import typer.main
-from rich.markup import escape
 
 from idemctl import __version__
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
 from idemctl.cli.help import QuietCommand, QuietGroup
+from idemctl.cli.help import report_error as report_line
 from idemctl.cli.logs import CLI_LOGGER, configure_logging, log_line, print_line
 from idemctl.config import Config, find_config, load_config
 from idemctl.durations import parse_duration
@@ -334,7 +334,7 @@ def command(
 
 def report_error(exc: IdemctlError, err: Console) -> None:
     """One line on stderr; messages name stores by their redacted URLs."""
-    err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    report_line(str(exc), err)
 
 
 def note(
@@ -417,15 +417,18 @@ def usage_error(ctx: typer.Context, option: str, message: str) -> typer.BadParam
     return typer.BadParameter(message, ctx=ctx, param_hint=option)
 
 
-def duration(value: str | None, option: str) -> float:
+def duration(value: str | None, option: str, *, positive: bool = False) -> float:
     """A ``--older-than``-style option's seconds, or ConfigError naming the option (exit 2,
-    one line)."""
+    one line); ``positive``: 0 is refused too."""
     if value is None:
         return 0.0
     try:
-        return parse_duration(value)
+        seconds = parse_duration(value)
     except ValueError as exc:
         raise ConfigError(f"{option}: {exc}") from None
+    if positive and seconds == 0:
+        raise ConfigError(f"{option} {value}: must be more than 0")
+    return seconds
 
 
 def moment(text: str, option: str) -> datetime:

@@ -1,18 +1,62 @@
-"""How idemctl's commands read in ``--help``, the same on every typer version allowed.
+"""How idemctl's commands read in ``--help`` and in a usage error, the same on every typer
+version allowed.
 
 typer 0.28 and later print a type tag beside every option that has no metavar: ``<str>``,
 ``<int>``, and ``<bool>`` beside flags (typer's own ``--help`` included), which take no
 value at all. idemctl names what every value option takes (``--store URL``, ``--lease
 DUR``); the classes here give flags and counters an empty metavar, so nothing stands beside
 them, whichever typer renders the help.
+
+A bad value (out of its range, not a number, a check of idemctl's own) is one line,
+``error: --OPTION: what is wrong``, exit 2, as every other bad setting: click's usage box
+is kept for the errors it helps with (an unknown option, a missing one).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+USAGE = 2
+"""``ExitCode.USAGE`` (the table lives in ``exitcodes``, which this module does not need)."""
+
+
+def report_error(message: str, err: Console | None = None) -> None:
+    """One line on stderr: ``error: message`` (stores named by their redacted URLs)."""
+    if err is None:
+        from rich.console import Console
+
+        err = Console(stderr=True, highlight=False)
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+
+
+def bad_value(exc: typer.BadParameter) -> str:
+    """A bad value's one line: ``--option: message``."""
+    hint = exc.param_hint
+    if hint is None and exc.param is not None:
+        hint = exc.param.opts or [str(exc.param.name).upper()]
+    if not isinstance(hint, str) and hint is not None:
+        hint = " / ".join(hint)
+    message = exc.message.rstrip(".")
+    return message if hint is None else f"{hint}: {message}"
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    try:
+        yield
+    except typer.BadParameter as exc:  # click's own, or the one typer 0.29+ bundles
+        report_error(bad_value(exc))
+        raise typer.Exit(USAGE) from None
 
 
 def _quiet(params: list[Any]) -> list[Any]:
@@ -23,14 +67,28 @@ def _quiet(params: list[Any]) -> list[Any]:
 
 
 class QuietCommand(TyperCommand):
-    """A command whose flags and counters show no metavar."""
+    """A command whose flags and counters show no metavar, and whose bad values are one
+    line."""
 
     def get_params(self, ctx: typer.Context) -> list[Any]:  # type: ignore[override]
         return _quiet(super().get_params(ctx))
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with one_line_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with one_line_errors():
+            return super().invoke(ctx)
 
 
 class QuietGroup(TyperGroup):
-    """A command group (the root, ``outbox``) whose flags show no metavar."""
+    """A command group (the root, ``outbox``) whose flags show no metavar, and whose bad
+    values are one line."""
 
     def get_params(self, ctx: typer.Context) -> list[Any]:  # type: ignore[override]
         return _quiet(super().get_params(ctx))
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with one_line_errors():
+            return super().make_context(*args, **kwargs)

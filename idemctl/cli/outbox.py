@@ -131,7 +131,7 @@ def relay(
         batch_size=batch_size,
         poll_interval=duration(poll_interval, "--poll-interval"),
         backoff=duration(backoff, "--backoff"),
-        delivery_timeout=duration(delivery_timeout, "--delivery-timeout") or 30.0,
+        delivery_timeout=duration(delivery_timeout, "--delivery-timeout", positive=True),
         exit_when_idle=duration(exit_when_idle, "--exit-when-idle") if exit_when_idle else None,
         listen=listen,
         kafka_config=kafka,
@@ -240,6 +240,7 @@ def replay(
             ctx, "--id", "choose rows: --id, --since, --until, --aggregate-type or --aggregate-id"
         )
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
+    timeout = duration(delivery_timeout, "--delivery-timeout", positive=True)
     show_warnings(current, "idemctl.outbox")
     with cli_store(ctx) as store:
         chosen = Replay(
@@ -260,12 +261,7 @@ def replay(
         where = to_topic or f"their topics ({topic_template})"
         question = f"Publish {total} outbox row(s) again to {where}?"
         with changing(ctx, question, yes, "replaying", total, "row(s)") as advance:
-            report = chosen.send(
-                brokers,
-                kafka,
-                delivery_timeout=duration(delivery_timeout, "--delivery-timeout"),
-                progress=advance,
-            )
+            report = chosen.send(brokers, kafka, delivery_timeout=timeout, progress=advance)
     _replay_report(ctx, store.url, total, report.sent, report.failed, report.marked)
     if report.failed:
         raise typer.Exit(1)

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +104,19 @@ CASES: list[tuple[str, list[str], str]] = [
     ("postgres", ["--store", "{url:prefix=" + "p" * 63 + "}", "init"], "PostgreSQL cuts none"),
     ("postgres", ["--store", "{url:lock_timeout=0}", "init"], "lock_timeout 0ms is out of range"),
     ("postgres", ["--store", "{url:}", "outbox", "relay", "--metrics-port", "70000"], "1 to 65535"),
+    (
+        "postgres",
+        ["--store", "{url:}", "outbox", "relay", "--delivery-timeout", "0"],
+        "--delivery-timeout 0: must be more than 0",
+    ),
+    (
+        "postgres",
+        ["--store", "{url:}", "outbox", "replay", "--since", "1h", "--delivery-timeout", "0s"],
+        "--delivery-timeout 0s: must be more than 0",
+    ),
+    ("sqlite", ["--store", "{url:}", *CONSUME, "--concurrency", "0"], "--concurrency: "),
+    ("sqlite", ["--store", "{url:}", *CONSUME, "--kafka-config", "acks"], "is not KEY=VALUE"),
+    ("sqlite", ["--store", "{url:}", "list", "--stale", "--released"], "either stale or released"),
     ("dynamodb", ["--store", "{url:lease=0}", "init"], "lease 0ms is out of range"),
     ("dynamodb", ["--store", "{path:/../../other}", "init"], "nothing may follow the table name"),
     ("dynamodb", ["--store", "{url:read_timeout=0}", "init"], "read_timeout 0ms is out of range"),
@@ -182,3 +196,60 @@ def test_a_metrics_port_already_taken_is_one_line_exit_2(tmp_path: Path) -> None
     assert f"error: metrics: cannot listen on 127.0.0.1:{port}: Address already in use" in (
         done.stderr
     )
+
+
+def ranged_options() -> list[tuple[list[str], str, float | None, float | None]]:
+    """Every option of every command that has a range: (command path, option, min, max)."""
+    import typer.main
+
+    from idemctl.cli import app
+
+    found = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            walk(sub, [*path, name])
+        for param in command.params:
+            if getattr(param, "count", False):  # -v, -vv: a counter takes no value
+                continue
+            kind = getattr(param, "type", None)  # click's IntRange; typer 0.29+ keeps min/max
+            low = getattr(param, "min", getattr(kind, "min", None))
+            high = getattr(param, "max", getattr(kind, "max", None))
+            if low is not None or high is not None:
+                found.append((path, param.opts[0], low, high))
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+RANGED = ranged_options()
+
+
+def test_the_ranged_options_are_found() -> None:
+    named = {(" ".join(path), option) for path, option, _, _ in RANGED}
+    assert {("consume", "--concurrency"), ("consume", "--max-attempts"), ("audit", "--last")} <= (
+        named
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "option", "low", "high"), RANGED, ids=[f"{' '.join(p)} {o}" for p, o, _, _ in RANGED]
+)
+def test_every_option_out_of_its_range_is_one_line_exit_2(
+    path: list[str], option: str, low: float | None, high: float | None, tmp_path: Path
+) -> None:
+    from tests.cli.helpers import run
+
+    db = tmp_path / "keys.db"
+    step = 1 if all(isinstance(b, int) for b in (low, high) if b is not None) else 0.5
+    bounds = (None if low is None else low - step, None if high is None else high + step)
+    outside = [v for v in bounds if v is not None]
+    assert outside
+    for value in outside:
+        # The bad option first: click checks options in the order given, so it is judged
+        # before a required option the command also lacks.
+        result = run([*path, option, str(value), "--store", f"sqlite:///{db}"])
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.exit_code == 2, result.stderr
+        assert len(lines) == 1 and lines[0].startswith(f"error: {option}: "), result.stderr
+        assert not db.exists()
