@@ -14,6 +14,7 @@ from idemctl.audit.model import (
     LOST_SHOWN,
     AuditOptions,
     AuditReport,
+    Doubt,
     LostMessage,
     PartitionAudit,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "AuditOptions",
     "AuditProgress",
     "AuditReport",
+    "Doubt",
     "Judge",
     "LostMessage",
     "PartitionAudit",

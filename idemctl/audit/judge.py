@@ -38,6 +38,8 @@ class Seen(NamedTuple):
     order: Order | None = None
     unusable: str | None = None
     """Why it has no usable key (None when ``key`` is set)."""
+    detail: str | None = None
+    """What the key strategy said of it when it has no usable key."""
 
 
 class Verdict(NamedTuple):

@@ -66,7 +66,9 @@ class Kafka:
 
     def spans(self) -> list[Span]:
         """Each partition's range and the group's committed offset; the start of what is
-        audited (``last`` below the committed offset, or from ``since``)."""
+        audited (``last`` below the committed offset, or from ``since``). ConfigError when
+        the group has committed on none of the topic's partitions: there is nothing to judge,
+        and a misspelt group must not pass as one that lost nothing."""
         from confluent_kafka import KafkaException, TopicPartition
 
         o = self.options
@@ -84,6 +86,11 @@ class Kafka:
                 low, high = c.get_watermark_offsets(tp, timeout=o.timeout)
                 at = committed.get(tp.partition, -1)
                 spans.append(Span(tp.partition, low, high, at if at >= 0 else None))
+            if all(s.committed is None for s in spans):  # a misspelt group: nothing to judge
+                raise ConfigError(
+                    f"group {o.group} has committed nothing on {o.topic}: check the group's "
+                    f"name (kafka-consumer-groups --bootstrap-server {o.brokers} --list)"
+                )
             if o.since is not None:
                 ms = int(o.since.timestamp() * 1000)
                 asked = [TopicPartition(o.topic, s.partition, ms) for s in spans]

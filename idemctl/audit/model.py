@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from idemctl.errors import ConfigError
 from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy, order_strategy
@@ -17,6 +17,11 @@ FAIL_ON = ("lost", "in_flight", "beyond_retention", "dead_lettered", "stale", "p
 LOST_SHOWN = 100
 """Lost messages a report names; the count is always whole."""
 MAX_BATCH = 10_000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+"""Kafka's timestamps count milliseconds from here: a ``--since`` before it means nothing."""
+MOST_UNKEYED = 0.5
+"""A report is doubted when more than this share of its audited messages have no usable
+key under ``--key``: the template is then likelier wrong than the messages."""
 
 
 @dataclass
@@ -62,6 +67,17 @@ class AuditOptions:
             raise ConfigError("--rate must be above 0")
         if self.timeout <= 0:
             raise ConfigError("the Kafka timeout must be above 0")
+        if self.since is not None:
+            since = self.since if self.since.tzinfo else self.since.replace(tzinfo=UTC)
+            if since < EPOCH:
+                raise ConfigError(
+                    f"--since {since.isoformat()} is before 1970-01-01T00:00:00Z, where "
+                    "Kafka's timestamps start: give a time since then"
+                )
+            if since > datetime.now(UTC):
+                raise ConfigError(
+                    f"--since {since.isoformat()} is in the future: give a time before now"
+                )
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,16 @@ class PartitionAudit:
         return max(0, self.end - (self.start if self.committed is None else self.committed))
 
 
+@dataclass(frozen=True)
+class Doubt:
+    """Why a report cannot be trusted: the audit's setup, not the group, is likely wrong."""
+
+    cause: str
+    """``key``: most messages have no usable key under ``--key``; ``store``: none of the
+    audited keys has a record in the store."""
+    hint: str
+
+
 @dataclass
 class AuditReport:
     topic: str
@@ -104,6 +130,50 @@ class AuditReport:
     dlq_checked: str | None = None
     """The dead-letter topic the dead-lettered messages were found in, if one was given."""
     seconds: float = 0.0
+    key: str = DEFAULT_KEY_STRATEGY
+    """The ``--key`` template the messages were keyed by."""
+    unkeyed: int = 0
+    """Messages audited that have no usable key under ``key``."""
+    unkeyed_example: str | None = None
+    """The first of them: where it is and why it has no key."""
+    found: int = 0
+    """Messages audited whose key has a record in the store."""
+    absent: int = 0
+    """Messages audited whose key has no record while younger than the store's retention."""
+
+    @property
+    def uncommitted(self) -> list[int]:
+        """The partitions the group has no committed offset on (none of them audited)."""
+        return [p.partition for p in self.partitions if p.committed is None]
+
+    def doubts(self) -> list[Doubt]:
+        """What makes this report untrustworthy, each with its likely cause: more than
+        ``MOST_UNKEYED`` of the audited messages without a usable key (``--key`` is not the
+        consumer's), or keys audited younger than the retention none of which has a record
+        (another store or prefix, or ``--key``). Any doubt fails the audit."""
+        out = []
+        audited = self.audited
+        if audited and self.unkeyed > MOST_UNKEYED * audited:
+            example = f" (the first: {self.unkeyed_example})" if self.unkeyed_example else ""
+            out.append(
+                Doubt(
+                    "key",
+                    f"{self.unkeyed} of {audited} message(s) audited have no usable key under "
+                    f"--key {self.key!r}{example}: give the --key template the group's "
+                    "consumer runs with, else audit cannot judge them",
+                )
+            )
+        if self.absent and not self.found:
+            out.append(
+                Doubt(
+                    "store",
+                    f"none of the {audited - self.unkeyed} message(s) audited with a key has a "
+                    "record in this store: the store or its prefix is likely not the one the "
+                    f"group's consumers use (or --key {self.key!r} is not theirs), rather than "
+                    "all of them lost",
+                )
+            )
+        return out
 
     def totals(self) -> Counter[str]:
         out: Counter[str] = Counter({c: 0 for c in CLASSES})

@@ -32,8 +32,8 @@ def seen(keying: Keying, m: Any) -> Seen:
     kind, ms = m.timestamp()
     at = datetime.fromtimestamp(ms / 1000, UTC) if kind and ms >= 0 else None
     a = keying.admit(Message(m.topic(), m.partition(), m.offset(), m.value(), m.headers() or ()))
-    unusable = None if a.bad is None else a.bad[0]
-    return Seen(m.partition(), m.offset(), at, a.key, a.fingerprint, a.order, unusable)
+    unusable, detail = (None, None) if a.bad is None else a.bad
+    return Seen(m.partition(), m.offset(), at, a.key, a.fingerprint, a.order, unusable, detail)
 
 
 def audit(
@@ -51,6 +51,7 @@ def audit(
     judge = Judge(datetime.now(UTC), store.default_retention, options.on_missing_key, dead)
     parts = {s.partition: PartitionAudit(s.partition, s.committed, s.start, s.high) for s in spans}
     report = AuditReport(options.topic, options.group, store.url, list(parts.values()))
+    report.key = options.key
     report.dlq_checked = options.dlq_topic
     progress = AuditProgress(total=sum(s.wanted for s in spans))
     if on_progress is not None:
@@ -64,8 +65,10 @@ def audit(
             read = [s for s in read if s.timestamp is None or s.timestamp >= options.since]
         records = store.get_many([s.key for s in read if s.key is not None])
         for s in read:
-            verdict = judge(s, None if s.key is None else records.get(s.key))
+            record = None if s.key is None else records.get(s.key)
+            verdict = judge(s, record)
             parts[s.partition].counts[verdict.kind] += 1
+            _tally(report, s, record is not None, verdict.kind)
             if verdict.kind == "lost":
                 progress.lost += 1
                 lost.append(LostMessage(s.partition, s.offset, s.key, verdict.why or "lost"))
@@ -79,6 +82,21 @@ def audit(
     report.lost = _first(lost)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _tally(report: AuditReport, s: Seen, found: bool, kind: str) -> None:
+    """What the report's doubts are judged by: messages without a usable key, and keys
+    with and without a record (absent and young enough that it would be there)."""
+    if s.key is None:
+        report.unkeyed += 1
+        if report.unkeyed_example is None:
+            why = s.unusable or "no usable key"
+            detail = f" ({s.detail})" if s.detail else ""
+            report.unkeyed_example = f"{report.topic}[{s.partition}]@{s.offset}: {why}{detail}"
+    elif found:
+        report.found += 1
+    elif kind == "lost":
+        report.absent += 1
 
 
 def _first(lost: list[LostMessage]) -> list[LostMessage]:

@@ -103,7 +103,10 @@ def audit(
     assign: it never joins the group or commits) and looks up each key as consume derives
     it. A message whose key is in progress with an expired lease, released, or absent
     while younger than the store's retention is lost: the group will not read it again.
-    Exit 1 when anything is lost (or of a --fail-on class), 0 otherwise.
+    Exit 1 when anything is lost (or of a --fail-on class), or when the setup looks wrong:
+    more than half the messages without a usable key under --key, or none of the keys in
+    the store; 0 otherwise. A group that committed nothing on the topic, or a --since
+    before 1970 or after now, is exit 2.
     """
     from idemctl.audit import FAIL_ON, AuditOptions
     from idemctl.audit import audit as run_audit
@@ -135,13 +138,30 @@ def audit(
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails here
         report = run_audit(store, options, on_progress=on_progress)
     failing = report.failing(failing_on)
+    doubts = report.doubts()
     if current.json:
         emit_json(_json(report, store_fields(ctx, report.store), failing))
     else:
         current.out.print(_table(report))
         _print_lost(current.out, report)
         totals = report.totals()
-        if failing:
+        if report.uncommitted:
+            where = ", ".join(f"{report.topic}[{p}]" for p in report.uncommitted)
+            note(
+                current,
+                f"no commit on {where} by group {report.group}: not audited (counted pending)",
+                level="warning",
+                fields={"uncommitted": ",".join(map(str, report.uncommitted))},
+            )
+        for doubt in doubts:
+            note(
+                current,
+                f"FAILED: {doubt.hint}",
+                level="error",
+                markup=f"[bold red]FAILED:[/] {escape(doubt.hint)}",
+                fields={"doubt": doubt.cause, "audited": report.audited},
+            )
+        if failing and not any(d.cause == "store" for d in doubts):  # else: not the group's
             shown = ", ".join(f"{totals[c]} {HEADINGS.get(c, c)}" for c in failing)
             note(
                 current,
@@ -151,14 +171,14 @@ def audit(
                 "audited",
                 fields={"failing": ",".join(failing), "audited": report.audited},
             )
-        else:
+        elif not doubts:
             note(
                 current,
                 f"ok: nothing lost among {report.audited} message(s) audited",
                 markup=f"[green]ok:[/] nothing lost among {report.audited} message(s) audited",
                 fields={"audited": report.audited},
             )
-    if failing:
+    if failing or doubts:
         raise typer.Exit(1)
 
 
@@ -226,14 +246,18 @@ def _print_lost(out: Console, report: AuditReport) -> None:
 
 def _json(report: AuditReport, fields: dict[str, str], failing: list[str]) -> dict[str, Any]:
     totals = report.totals()
+    doubts = report.doubts()
     return {
         "topic": report.topic,
         "group": report.group,
         **fields,
-        "ok": not failing,
+        "ok": not failing and not doubts,
         "failing": failing,
+        "doubts": [{"cause": d.cause, "hint": d.hint} for d in doubts],
         "audited": report.audited,
         **{c: totals[c] for c in (*HEADINGS, "pending")},
+        "unkeyed": report.unkeyed,
+        "found": report.found,
         "partitions": [
             {
                 "partition": p.partition,

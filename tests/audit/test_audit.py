@@ -23,6 +23,7 @@ from idemctl import Acquired, Permanent, open_store
 from idemctl.audit import LOST_SHOWN, AuditOptions, AuditReport, audit
 from idemctl.consume import ConsumeOptions, Consumer, Event, adapt
 from idemctl.consume.options import Summary
+from idemctl.errors import ConfigError
 from tests.backends import QUICK_FAMILIES, unique_prefix, unique_schema
 from tests.consume.test_consume import committed, names
 from tests.servers import KafkaBroker
@@ -388,8 +389,10 @@ def test_since_audits_only_the_messages_from_that_time_on(
     assert counts(run_audit(kafka_broker, url, topic, group, since=since)) == {"done": 3}
     later = since + timedelta(milliseconds=1)  # after the second batch's first message
     assert counts(run_audit(kafka_broker, url, topic, group, since=later)) == {"done": 2}
-    after = since + timedelta(hours=1)
+    after = since + timedelta(seconds=30)  # after the last message, before now
     assert counts(run_audit(kafka_broker, url, topic, group, since=after)) == {}
+    with pytest.raises(ConfigError, match=r"--since .* is in the future"):
+        run_audit(kafka_broker, url, topic, group, since=since + timedelta(hours=1))
 
 
 def test_on_missing_key_keys_messages_as_consume_did(
