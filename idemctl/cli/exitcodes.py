@@ -39,12 +39,13 @@ MEANINGS: dict[ExitCode, str] = {
         "unexpected error; for doctor, a problem found; for outbox relay and replay, events "
         "not delivered; for verify, a guarantee broken (a key lost, duplicate effects beyond "
         "the guarantee, a poison message not dead-lettered); for audit, messages lost (or of a "
-        "--fail-on class)"
+        "--fail-on class), or a setup it cannot judge (most messages without a key under "
+        "--key, none of the keys in the store)"
     ),
     ExitCode.USAGE: (
         "usage error or bad configuration (URL, scheme, missing driver, config file, a "
-        "setting out of its range, credentials or database the server refused), before "
-        "anything is written"
+        "setting out of its range, credentials or database the server refused, an audited "
+        "group that committed nothing on the topic), before anything is written"
     ),
     ExitCode.STORE_UNREACHABLE: "store unreachable",
     ExitCode.NOT_PROVISIONED: (
