@@ -20,7 +20,9 @@ def cli_reference() -> str:
     from typer.cli import get_docs_for_click
 
     from idemctl.cli import app
+    from idemctl.cli.lazy import load_all
 
+    load_all()
     command = typer.main.get_command(app)
     with typer.Context(command, info_name="idemctl") as ctx:
         text = get_docs_for_click(obj=command, ctx=ctx, name="idemctl", title="idemctl")

@@ -1,7 +1,7 @@
 """The ``idemctl`` command: a thin typer layer over the library's calls.
 
-One module per command group (provision, look, repair, consume, outbox); what they share
-is in ``common``.
+One module per command group (provision, look, repair, consume, outbox, ...), each imported
+only when one of its commands runs (``lazy``); what they share is in ``common``.
 """
 
 from __future__ import annotations
@@ -12,16 +12,6 @@ import sys
 import typer
 
 from idemctl import __version__
-from idemctl.cli import (  # noqa: F401 - registers the commands
-    audit,
-    consume,
-    look,
-    outbox,
-    provision,
-    render,
-    repair,
-    verify,
-)
 from idemctl.cli.common import (
     app,
     command,
@@ -39,7 +29,7 @@ __all__ = ["app", "main"]
 def version(ctx: typer.Context) -> None:
     """Print idemctl's version."""
     if settings(ctx).json:
-        emit_json(render.version_json(__version__))
+        emit_json({"version": __version__})
     else:
         typer.echo(__version__)
 

@@ -22,23 +22,22 @@ import typer.main
 
 from idemctl import __version__
 from idemctl.cli.exitcodes import ExitCode, exit_code_for, exit_code_table
-from idemctl.cli.help import QuietCommand, QuietGroup
+from idemctl.cli.help import QuietCommand
 from idemctl.cli.help import report_error as report_line
+from idemctl.cli.lazy import LazyGroup
 from idemctl.cli.logs import CLI_LOGGER, configure_logging, log_line, print_line
-from idemctl.config import Config, find_config, load_config
 from idemctl.durations import parse_duration
 from idemctl.errors import ConfigError, IdemctlError, Refused
-from idemctl.stores import DEFAULT_URL, open_store
-from idemctl.stores.base import SelfProvisioning
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from idemctl.config import Config
     from idemctl.stores.base import Store
 
 app = typer.Typer(
     name="idemctl",
-    cls=QuietGroup,
+    cls=LazyGroup,
     help="Effectively-once processing for Kafka consumers, and the tools to operate its stores.",
     epilog="**Exit codes**\n\n" + exit_code_table(markdown=True),
     no_args_is_help=True,
@@ -96,6 +95,8 @@ class Settings:
     def loaded_config(self) -> Config:
         """The config file the options name (or ./idemctl.yaml), read and checked once."""
         if self._config is None:
+            from idemctl.config import find_config, load_config
+
             self._config = load_config(find_config(self.config))
         return self._config
 
@@ -118,6 +119,8 @@ class Settings:
         )
         if url is not None:
             return url, source
+        from idemctl.stores import DEFAULT_URL
+
         return DEFAULT_URL, "the default"
 
     def console(self, stderr: bool = False) -> Console:
@@ -366,6 +369,9 @@ def cli_store(ctx: typer.Context, *, auto_provision: bool = False) -> Iterator[S
     """The chosen store, opened for a command and closed after it. The CLI never creates a
     SQLite database as a side effect of looking at it: only ``init`` provisions, and
     ``consume`` (with ``auto_provision``), which uses the store as the library does."""
+    from idemctl.stores import open_store
+    from idemctl.stores.base import SelfProvisioning
+
     current = settings(ctx)
     url, source = current.store_url()
     store = open_store(url)

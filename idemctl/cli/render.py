@@ -356,10 +356,6 @@ def action_json(
     }
 
 
-def version_json(version: str) -> dict[str, Any]:
-    return {"version": version}
-
-
 # Kafka: consume, demo, the outbox ------------------------------------------------------
 
 

@@ -203,7 +203,9 @@ def ranged_options() -> list[tuple[list[str], str, float | None, float | None]]:
     import typer.main
 
     from idemctl.cli import app
+    from idemctl.cli.lazy import load_all
 
+    load_all()
     found = []
 
     def walk(command: Any, path: list[str]) -> None:

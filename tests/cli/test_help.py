@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import typer.main
 
 from idemctl.cli import app
+from idemctl.cli.lazy import load_all
 from tests.cli.helpers import run
 
 NOISE = re.compile(
@@ -25,6 +26,7 @@ def command_paths(command: object, path: tuple[str, ...] = ()) -> Iterator[tuple
         yield from command_paths(sub, (*path, name))
 
 
+load_all()
 PATHS = list(command_paths(typer.main.get_command(app)))
 
 

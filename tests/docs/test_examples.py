@@ -121,7 +121,9 @@ def test_exit_code_table_is_the_code_table() -> None:
 
 def test_manual_shows_every_command_and_global_option() -> None:
     from idemctl.cli import app
+    from idemctl.cli.lazy import load_all
 
+    load_all()
     text = manual()
     commands = {c.name or c.callback.__name__ for c in app.registered_commands}  # type: ignore[union-attr]
     assert commands >= {"init", "inspect", "list", "stats", "doctor", "unlock", "forget", "purge"}
