@@ -39,9 +39,9 @@ app = typer.Typer(
     name="idemctl",
     cls=LazyGroup,
     help="Effectively-once processing for Kafka consumers, and the tools to operate its stores.",
-    epilog="**Exit codes**\n\n" + exit_code_table(markdown=True),
+    epilog="Exit codes:\n\n\b\n" + exit_code_table(width=76),
     no_args_is_help=True,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
     # Locals in a traceback could hold a store URL with its password.
     pretty_exceptions_show_locals=False,

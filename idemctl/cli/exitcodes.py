@@ -95,7 +95,21 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     return ExitCode.UNEXPECTED
 
 
-def exit_code_table(markdown: bool = False) -> str:
+def exit_code_table(markdown: bool = False, width: int | None = None) -> str:
+    """The table as a markdown list, or as lines (each wrapped to ``width`` if given)."""
     if markdown:
         return "\n".join(f"- **{int(code)}** {MEANINGS[code]}" for code in ExitCode)
-    return "\n".join(f"{int(code):>3}  {MEANINGS[code]}" for code in ExitCode)
+    if width is None:
+        return "\n".join(f"{int(code):>3}  {MEANINGS[code]}" for code in ExitCode)
+    from textwrap import fill
+
+    return "\n".join(
+        fill(
+            MEANINGS[code],
+            width,
+            initial_indent=f"{int(code):>3}  ",
+            subsequent_indent=" " * 5,
+            break_on_hyphens=False,
+        )
+        for code in ExitCode
+    )

@@ -45,7 +45,7 @@ outbox_app = typer.Typer(
     cls=QuietGroup,
     help="The transactional outbox: publish its rows to Kafka, replay them, look, purge.",
     no_args_is_help=True,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
 )
 app.add_typer(outbox_app, name="outbox")
 

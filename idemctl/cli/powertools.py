@@ -270,7 +270,7 @@ powertools_app = typer.Typer(
     help="Powertools for AWS Lambda: the key of a payload (operate its tables with "
     "--store URL?layout=powertools).",
     no_args_is_help=True,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
 )
 app.add_typer(powertools_app, name="powertools")
 
