@@ -5,13 +5,17 @@ suites is drawn (``backends(where)``)."""
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from idemctl.aio import AsyncStore
+from idemctl.model import Entity, Record
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
 
@@ -260,3 +264,145 @@ FAMILIES = backends(lambda k: k.by_url and k.first_of_family)
 """One store of each family: sqlite, redis, postgres, dynamodb."""
 QUICK_FAMILIES = backends(lambda k: k.by_url and k.first_of_family and not k.slow)
 """One store of each family whose server answers quickly: what the consume suites run on."""
+
+
+# The store's clock, set by the test -----------------------------------------------------------
+# A test that needs a lease run out, or a record older than X, writes those times into the
+# store (every backend, directly: SQL, a Lua script, UpdateItem, the dict) rather than
+# sleeping and hoping that the next step is quick: a loaded machine then changes nothing.
+
+_RECORD_TIMES = {
+    "sqlite": ("created_at", "updated_at", "completed_at", "lease_expires_at"),
+    "redis": ("created", "updated", "completed", "lease"),
+    "dynamodb": ("created_at", "updated_at", "completed_at", "lease_expires_at"),
+}
+_ENTITY_TIMES = {
+    "sqlite": ("applied_at", "updated_at", "lock_expires_at"),
+    "redis": ("applied", "updated", "lock"),
+    "dynamodb": ("applied_at", "updated_at", "lock_expires_at"),
+}
+
+# KEYS[1] a record or an entity, KEYS[2] the index's LIVE set of its slot; ARGV[1] ms to take
+# off, then the fields to move. LIVE scores an in-progress record by its lease: moved with it
+# (XX: only a key LIVE holds already).
+_SHIFT_LUA = """
+local text = redis.call('GET', KEYS[1])
+if not text then return 0 end
+local rec = cjson.decode(text)
+local by = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local v = rec[ARGV[i]]
+  if v ~= nil and v ~= '' then rec[ARGV[i]] = string.format('%d', tonumber(v) - by) end
+end
+redis.call('SET', KEYS[1], cjson.encode(rec), 'KEEPTTL')
+if rec.status == 'in_progress' and rec.lease ~= nil and rec.lease ~= '' then
+  redis.call('ZADD', KEYS[2], 'XX', tonumber(rec.lease), KEYS[1])
+end
+return 1
+"""
+
+
+def _sync(store: Any) -> Store:
+    """The sync store under ``store``: itself, or the one an async store (tests/contract/
+    api.py's Blocking, ``idemctl.aio``) runs on."""
+    inner = getattr(store, "store", store)  # Blocking -> its AsyncStore
+    return getattr(inner, "sync", inner)  # type: ignore[no-any-return]
+
+
+def _shift(store: Any, name: str, seconds: float, *, entity: bool) -> None:
+    """Move the times of record (or entity) ``name`` ``seconds`` into the past: created,
+    updated, completed (applied) and the lease's (hold's) end. The end of retention stays
+    where it is, so stores that expire by TTL (Redis, DynamoDB) and count by it keep their
+    counts right: the record reads as made earlier, with a longer retention."""
+    from idemctl.stores.dynamodb import DynamoDBStore
+    from idemctl.stores.memory import MemoryStore
+    from idemctl.stores.postgres import PostgresStore
+    from idemctl.stores.redis import RedisStore
+    from idemctl.stores.sqlite import SQLiteStore
+
+    target = _sync(store)
+    ms = round(seconds * 1000)
+    delta = timedelta(milliseconds=ms)
+    times = _ENTITY_TIMES if entity else _RECORD_TIMES
+    if isinstance(target, MemoryStore):
+        with target._lock:
+            if entity:
+                ent = target._entities[name]
+                target._entities[name] = replace(
+                    ent, **{f: getattr(ent, f) - delta for f in times["sqlite"] if getattr(ent, f)}
+                )
+            else:
+                rec, result = target._rows[name]
+                moved = {f: getattr(rec, f) - delta for f in times["sqlite"] if getattr(rec, f)}
+                target._rows[name] = (replace(rec, **moved), result)
+    elif isinstance(target, SQLiteStore):
+        table, column = ("idem_entities", "entity") if entity else ("idem_keys", "key")
+        sets = ", ".join(f"{f} = {f} - :ms" for f in times["sqlite"])
+        with sqlite3.connect(target.path) as conn:
+            changed = conn.execute(
+                f"UPDATE {table} SET {sets} WHERE {column} = :name", {"ms": ms, "name": name}
+            ).rowcount
+        assert changed == 1, name
+    elif isinstance(target, PostgresStore):
+        table = target.names.entities_table if entity else target.keys_table
+        column = "entity" if entity else "key"
+        sets = ", ".join(f"{f} = {f} - %(by)s" for f in times["sqlite"])
+        with target.connection() as conn:
+            changed = conn.execute(
+                f"UPDATE {table} SET {sets} WHERE {column} = %(name)s", {"by": delta, "name": name}
+            ).rowcount
+        assert changed == 1, name
+    elif isinstance(target, RedisStore):
+        rkey = target.ops.ekey(name) if entity else target.ops.rkey(name)
+        live = target._index_keys(rkey)[0]
+        client: Any = target._client
+        assert client.eval(_SHIFT_LUA, 2, rkey, live, ms, *times["redis"]) == 1, name
+    elif isinstance(target, DynamoDBStore):
+        from idemctl.stores.dynamodb.items import ENTITY_PREFIX
+
+        item_key = {"key": {"S": (ENTITY_PREFIX + name) if entity else name}}
+        item = target.client.get_item(TableName=target.table, Key=item_key)["Item"]
+        present = [f for f in times["dynamodb"] if f in item]
+        target.client.update_item(
+            TableName=target.table,
+            Key=item_key,
+            UpdateExpression="SET " + ", ".join(f"#{i} = :{i}" for i in range(len(present))),
+            ExpressionAttributeNames={f"#{i}": f for i, f in enumerate(present)},
+            ExpressionAttributeValues={
+                f":{i}": {"N": str(int(item[f]["N"]) - ms)} for i, f in enumerate(present)
+            },
+        )
+    else:
+        raise TypeError(f"no way to set the clock of {type(target).__name__}")
+
+
+def backdate(store: Any, key: str, seconds: float) -> Record:
+    """``key``'s record as if claimed (and finished) ``seconds`` earlier: its created,
+    updated and completed times and its lease's end moved back (not its retention's end);
+    the record as the store now holds it."""
+    _shift(store, key, seconds, entity=False)
+    record = store.get(key)
+    assert record is not None, key
+    return record  # type: ignore[no-any-return]
+
+
+def expire_lease(store: Any, key: str, ago: float = 60.0) -> Record:
+    """``key``'s lease as ended ``ago`` seconds back (by this machine's clock, which every
+    test store shares): the whole record moved back by as much (``backdate``), so its times
+    stay in order. A test that needs a lease run out claims with a long one and calls this."""
+    record = store.get(key)
+    assert record is not None and record.lease_expires_at is not None, key
+    left = (record.lease_expires_at - datetime.now(UTC)).total_seconds()
+    return backdate(store, key, left + ago)
+
+
+def expire_hold(store: Any, entity: str, ago: float = 60.0) -> Entity:
+    """``entity``'s hold as ended ``ago`` seconds back: its times moved back by as much, as
+    ``expire_lease`` does for a key (the holder's key keeps its own lease)."""
+    found = store.get_entity(entity)
+    assert found is not None and found.lock_expires_at is not None, entity
+    left = (found.lock_expires_at - datetime.now(UTC)).total_seconds()
+    _shift(store, entity, left + ago, entity=True)
+    moved = store.get_entity(entity)
+    assert moved is not None, entity
+    return moved  # type: ignore[no-any-return]

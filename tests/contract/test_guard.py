@@ -13,6 +13,7 @@ from idemctl import Acquired, InvalidKey
 from idemctl.errors import EntityNotFound, Refused
 from idemctl.model import Guard, Settle, Verdict
 from idemctl.stores.base import Store
+from tests.backends import expire_hold, expire_lease
 from tests.contract.api import counts
 from tests.contract.test_protocol import LONG, SHORT, WAIT, acquire
 
@@ -74,9 +75,9 @@ def test_one_attempt_holds_an_entity_at_a_time(store: Store) -> None:
 
 def test_an_expired_hold_is_taken_and_its_old_holder_is_fenced(store: Store) -> None:
     a, b = acquire(store, "a"), acquire(store, "b")
-    assert guard(store, "acct:1", 5, a, lease=SHORT) is Verdict.GO
+    assert guard(store, "acct:1", 5, a) is Verdict.GO
     assert guard(store, "acct:1", 6, b) is Verdict.BUSY
-    time.sleep(WAIT)
+    expire_hold(store, "acct:1")
     assert guard(store, "acct:1", 6, b) is Verdict.GO
     assert not settle(store, "acct:1", 5, a), "a holder whose hold was taken cannot settle"
     assert not settle(store, "acct:1", 5, a, applied=False)
@@ -88,17 +89,17 @@ def test_an_expired_hold_is_taken_and_its_old_holder_is_fenced(store: Store) -> 
 
 def test_an_expired_hold_nobody_took_may_still_settle(store: Store) -> None:
     a = acquire(store, "a")
-    assert guard(store, "acct:1", 3, a, lease=SHORT) is Verdict.GO
-    time.sleep(WAIT)
+    assert guard(store, "acct:1", 3, a) is Verdict.GO
+    expire_hold(store, "acct:1")
     assert settle(store, "acct:1", 3, a)
     entity = store.get_entity("acct:1")
     assert entity is not None and entity.sequence == 3
 
 
 def test_a_takeover_of_the_key_takes_the_entity_and_fences_the_old_attempt(store: Store) -> None:
-    old = acquire(store, "k", lease=SHORT)
+    old = acquire(store, "k")
     assert guard(store, "acct:1", 7, old) is Verdict.GO
-    time.sleep(WAIT)
+    expire_lease(store, "k")  # the key's lease, not the entity's hold
     new = acquire(store, "k")
     assert new.fencing_token > old.fencing_token
     # Same key, later token: the key's fencing decides, so the live hold passes over.
@@ -195,8 +196,8 @@ def test_finish_advances_entities_and_completes_their_keys(store: Store) -> None
 
     a, b, c = (acquire(store, k) for k in ("a", "b", "c"))
     assert guard(store, "acct:1", 4, a) is Verdict.GO
-    assert guard(store, "acct:2", 9, c, lease=SHORT) is Verdict.GO
-    time.sleep(WAIT)
+    assert guard(store, "acct:2", 9, c) is Verdict.GO
+    expire_hold(store, "acct:2")
     other = acquire(store, "other")
     assert guard(store, "acct:2", 10, other) is Verdict.GO  # c's hold ended and was taken
     done = store.finish_many(

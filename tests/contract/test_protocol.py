@@ -1,7 +1,12 @@
 """The claim/complete protocol: one suite, run on every store in tests/backends.py.
 
-Leases and retentions here are short real durations: stores judge time by their own clock
-(Redis TIME, Postgres now()), so a fake clock cannot be injected everywhere.
+Stores judge time by their own clock (Redis TIME, Postgres now()), so a fake clock cannot
+be injected everywhere; the test sets the store's times instead. A lease the test needs live
+is long (LONG: an hour, however loaded the machine); one it needs run out is made so
+(tests/backends.py's ``expire_lease``, ``expire_hold``), and a record that must be older
+than X gets past times written (``backdate``). Retentions that must end are short real
+durations waited out (SHORT, WAIT): waiting longer only helps, and no lease here needs to
+stay live meanwhile but a LONG one.
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ from idemctl import (
 )
 from idemctl.runner import Outcome
 from idemctl.stores.base import Store
-from tests.backends import Backend
+from tests.backends import Backend, backdate, expire_lease
 from tests.contract.api import counts, run
 
-SHORT = 0.4  # a lease or retention that the test waits out
+SHORT = 0.4  # a retention that the test waits out
 WAIT = 0.7  # long enough for SHORT to pass on any store's clock
-LONG = 60.0
+LONG = 3600.0  # a lease or retention that stays live for the whole test
+AGO = 600.0  # how far back a test sets a record's clock (backdate)
 CLOCK_SLACK_US = 1_000_000  # how far a store's clock may be from this machine's, in µs
 
 
@@ -116,8 +122,8 @@ def test_live_lease_is_busy(store: Store) -> None:
 
 
 def test_expired_lease_is_taken_over_and_old_owner_is_fenced(store: Store) -> None:
-    old = acquire(store, "order-1", lease=SHORT)
-    time.sleep(WAIT)
+    old = acquire(store, "order-1")
+    expire_lease(store, "order-1")
     new = acquire(store, "order-1")
     assert new.takeover is True
     assert new.fencing_token == old.fencing_token + 1
@@ -151,9 +157,9 @@ def test_takeover_between_two_workers(backend: Backend) -> None:
     try:
         # B connected first: its first call (a cluster's discovery) must not eat A's lease.
         assert worker_b.get("payment-1") is None
-        a = acquire(worker_a, "payment-1", fingerprint({"amount": 5}), lease=SHORT)
+        a = acquire(worker_a, "payment-1", fingerprint({"amount": 5}))
         assert isinstance(worker_b.claim("payment-1", fingerprint({"amount": 5})), Busy)
-        time.sleep(WAIT)  # A stalls past its lease
+        expire_lease(worker_a, "payment-1")  # A stalls past its lease
         b = acquire(worker_b, "payment-1", fingerprint({"amount": 5}))
         assert b.takeover is True and b.fencing_token == a.fencing_token + 1 and b.attempt == 2
 
@@ -183,21 +189,21 @@ def test_takeover_between_two_workers(backend: Backend) -> None:
 
 
 def test_owner_may_finish_an_expired_lease_nobody_took(store: Store) -> None:
-    a = acquire(store, "order-1", lease=SHORT)
-    time.sleep(WAIT)
+    a = acquire(store, "order-1")
+    expire_lease(store, "order-1")
     store.complete("order-1", a.owner, a.fencing_token, "late but alone")
     record = store.get("order-1")
     assert record is not None and record.result == "late but alone"
 
 
 def test_extend_keeps_the_lease_live(store: Store) -> None:
-    a = acquire(store, "order-1", lease=SHORT)
+    a = acquire(store, "order-1", lease=60)
     expires = store.extend("order-1", a.owner, a.fencing_token, LONG)
-    time.sleep(WAIT)
+    # Claimed ten minutes ago: the first lease is over, the extended one is not.
+    record = backdate(store, "order-1", AGO)
     assert isinstance(store.claim("order-1"), Busy)
-    record = store.get("order-1")
-    assert record is not None and record.lease_expires_at is not None
-    assert abs((record.lease_expires_at - expires).total_seconds()) < 0.01
+    assert record.lease_expires_at is not None
+    assert abs((record.lease_expires_at - expires).total_seconds() + AGO) < 0.01
 
 
 def test_release_keeps_fencing_and_attempts(store: Store) -> None:
@@ -263,8 +269,8 @@ def test_permanent_failure_is_never_run_again(store: Store) -> None:
 
 
 def test_attempts_survive_release_takeover_and_retry(store: Store) -> None:
-    a1 = acquire(store, "k", lease=SHORT)
-    time.sleep(WAIT)
+    a1 = acquire(store, "k")
+    expire_lease(store, "k")
     a2 = acquire(store, "k")  # takeover
     store.release("k", a2.owner, a2.fencing_token)
     a3 = acquire(store, "k")  # after release
@@ -351,8 +357,8 @@ def _fill(store: Store) -> None:
     a = acquire(store, "tenant-a/4")
     store.fail("tenant-a/4", a.owner, a.fencing_token, "nope", retriable=False)
     acquire(store, "tenant-b/1")
-    acquire(store, "tenant-b/2", lease=SHORT)
-    time.sleep(WAIT)
+    acquire(store, "tenant-b/2")
+    expire_lease(store, "tenant-b/2")
 
 
 def _scan_all(store: Store, **filters: object) -> list[str]:
@@ -453,10 +459,10 @@ def test_unlock(store: Store) -> None:
 
 def test_scan_older_than_and_exact_pages(store: Store) -> None:
     acquire(store, "early")
-    time.sleep(WAIT)
+    backdate(store, "early", AGO)  # claimed ten minutes ago
     acquire(store, "late")
-    assert _scan_all(store, older_than=SHORT) == ["early"]
-    assert _scan_all(store, older_than=LONG) == []
+    assert _scan_all(store, older_than=AGO / 2) == ["early"]
+    assert _scan_all(store, older_than=AGO * 2) == []
     keys = [f"many/{i:03d}" for i in range(120)]
     store.claim_many([ClaimRequest(k) for k in keys])
     seen: list[str] = []
@@ -475,7 +481,7 @@ def test_unlock_stale(store: Store) -> None:
     _fill(store)
     held = store.get("tenant-b/2")
     assert held is not None
-    assert store.unlock_stale(older_than=LONG) == []  # expired well under a minute ago
+    assert store.unlock_stale(older_than=LONG) == []  # expired a minute ago
     assert store.unlock_stale(dry_run=True) == ["tenant-b/2"]
     assert store.unlock_stale(dry_run=True) == ["tenant-b/2"]  # the dry run freed nothing
     handled: list[int] = []
