@@ -22,11 +22,18 @@ from typer.testing import CliRunner, Result
 from idemctl.model import Acquired, Record
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
-from tests.backends import BACKENDS, BY_URL, KINDS, backends
+from tests.backends import BACKENDS, BY_URL, KINDS, backdate, backends, expire_hold
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
 SCHEMA_BASE = "https://idemctl.dev/schemas/"
+
+LEASE = 600.0
+"""The lease (and hold) of what a test claims: live for the whole test, however loaded the
+machine (a 30 s lease ran out under CI's load, and a "live" key showed as stale)."""
+AGO = 1200.0
+"""How far back ``Target.backdate`` and ``Target.stale`` set a record's clock by default:
+claimed 20 minutes ago, a LEASE then ended 10 minutes ago."""
 
 STORES = BY_URL
 COUNTED_BY = {name: KINDS[name].counted_by for name in STORES}
@@ -249,12 +256,27 @@ class Target:
 
     # Building state with the library -----------------------------------------------
 
-    def claim(self, key: str, lease: float = 600.0, fingerprint: str | None = None) -> Acquired:
-        """``key`` acquired; by default live for the whole test, however loaded the machine
-        (a 30 s lease ran out under CI's load, and a "live" key showed as stale)."""
+    def claim(self, key: str, lease: float = LEASE, fingerprint: str | None = None) -> Acquired:
+        """``key`` acquired; by default live for the whole test (LEASE)."""
         outcome = self.store.claim(key, fingerprint=fingerprint, lease=lease)
         assert isinstance(outcome, Acquired), outcome
         return outcome
+
+    def stale(self, key: str, fingerprint: str | None = None) -> Acquired:
+        """``key`` acquired AGO (20 minutes) back, its LEASE ended 10 minutes ago and nobody
+        freed it: stale, with no sleep and whatever the machine's speed."""
+        got = self.claim(key, fingerprint=fingerprint)
+        self.backdate(key)
+        return got
+
+    def backdate(self, key: str, seconds: float = AGO) -> Record:
+        """``key``'s record as if made ``seconds`` earlier (tests/backends.py's ``backdate``:
+        created, updated, completed and the lease's end move back; retention's end stays)."""
+        return backdate(self.store, key, seconds)
+
+    def expire_hold(self, entity: str) -> None:
+        """``entity``'s hold as ended a minute ago (tests/backends.py's ``expire_hold``)."""
+        expire_hold(self.store, entity)
 
     def completed(
         self, key: str, result: Any = None, retention: float | None = None, **claim: Any

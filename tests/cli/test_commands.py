@@ -1,11 +1,14 @@
 """Every idemctl command on every real store, in-process through CliRunner.
 
-State is built with the library (claim / complete / fail / release; a lease of 0.3 s and a
-sleep of 0.6 s make a stale key, a retention of 0.3 s and the same sleep a record past
-retention), then the CLI's text, its JSON (checked against schemas/) and its exit codes are
-compared with what the store holds. Stores: sqlite, redis, redis-cluster, postgres and
-dynamodb (moto), each test on a store of its own (tests/cli/helpers.py); memory:// only
-where a store that starts empty makes sense.
+State is built with the library (claim / complete / fail / release), with the store's clock
+set by the test, not by sleeps: a key claimed with a 10-minute lease and its times moved 20
+minutes back (``Target.stale``) is stale, one claimed now is live for the whole test, a record
+moved back (``Target.backdate``) is older than what the test lists, however loaded the
+machine. A record past retention is one completed with a retention of 0.3 s and a sleep of
+0.6 s (waiting longer only helps). Then the CLI's text, its JSON (checked against schemas/)
+and its exit codes are compared with what the store holds. Stores: sqlite, redis,
+redis-cluster, postgres and dynamodb (moto), each test on a store of its own
+(tests/cli/helpers.py); memory:// only where a store that starts empty makes sense.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ from tests.cli.helpers import (  # noqa: F401 - fixtures
 
 SERVED = backends(lambda k: k.unreachable is not None)
 """The stores behind a server of their own: each can be unreachable."""
-STALE_LEASE = 0.3
+SHORT_RETENTION = 0.3
 PAST = 0.6
-"""Seconds to sleep for a STALE_LEASE (or a retention that long) to be over."""
+"""Seconds to sleep for a SHORT_RETENTION to be over."""
 
 FINGERPRINT = "ab" * 32
 
@@ -296,20 +299,20 @@ def test_inspect_missing_key_is_exit_5(target: Target) -> None:
 
 
 def test_list_filters(target: Target) -> None:
-    # Made before the sleep: at least 5 s old when listed.
+    # Made 20 minutes ago (their clock set back), the stale key too.
     for n in (1, 2, 3):
         target.completed(f"a:{n}", result=n)
-    stale = target.claim("b:stale", lease=STALE_LEASE)
+        target.backdate(f"a:{n}")
+    stale = target.stale("b:stale")
     target.failed("c:fail", error="nope")
-    time.sleep(5.0)
-    # Made after it, and listed at once: younger than 3 s, also when the tests run in
-    # parallel on a loaded machine and the three listings below take their time.
+    target.backdate("c:fail")
+    # Made now: younger than 10 minutes however long the listings below take.
     target.completed("a:new")
     live = target.claim("b:live")
     old = ["a:1", "a:2", "a:3", "b:stale", "c:fail"]
-    assert listed(target.url, "--older-than", "3s") == old
-    assert listed(target.url, "--older-than", "3s", "--prefix", "a:") == ["a:1", "a:2", "a:3"]
-    assert listed(target.url, "--older-than", "3s", "--status", "in_progress") == ["b:stale"]
+    assert listed(target.url, "--older-than", "10m") == old
+    assert listed(target.url, "--older-than", "10m", "--prefix", "a:") == ["a:1", "a:2", "a:3"]
+    assert listed(target.url, "--older-than", "10m", "--status", "in_progress") == ["b:stale"]
 
     everything = sorted([*old, "a:new", "b:live"])
     assert listed(target.url) == everything
@@ -494,8 +497,8 @@ def test_odd_keys_are_shown_and_matched_literally(target: Target) -> None:
 
 
 def test_stats_counts_what_was_made(target: Target) -> None:
-    target.claim("s:stale-1", lease=STALE_LEASE)  # the oldest in progress
-    target.claim("s:stale-2", lease=STALE_LEASE)
+    target.stale("s:stale-1")  # the oldest in progress
+    target.stale("s:stale-2")
     released = target.claim("s:released")
     target.store.release("s:released", released.owner, released.fencing_token)
     for n in range(3):
@@ -503,8 +506,8 @@ def test_stats_counts_what_was_made(target: Target) -> None:
     target.failed("s:failed-1")
     target.failed("s:failed-2", retriable=True)
     target.claim("s:live")
-    target.completed("s:gone-1", retention=STALE_LEASE)
-    target.completed("s:gone-2", retention=STALE_LEASE)
+    target.completed("s:gone-1", retention=SHORT_RETENTION)
+    target.completed("s:gone-2", retention=SHORT_RETENTION)
     time.sleep(PAST)
     # Redis and DynamoDB tell their TTL to drop a record past retention (Redis does at
     # once; moto never does); SQLite and PostgreSQL keep it until purged.
@@ -803,12 +806,11 @@ def test_commands_on_an_unprovisioned_store_exit_4(unprovisioned: Target, args: 
 
 def test_unlock_key(target: Target) -> None:
     live = target.claim("u:live")
-    held = target.claim("u:stale", lease=STALE_LEASE)
-    target.claim("u:stale-2", lease=STALE_LEASE)
-    target.claim("u:stale-3", lease=STALE_LEASE)
+    held = target.stale("u:stale")
+    target.stale("u:stale-2")
+    target.stale("u:stale-3")
     target.completed("u:done")
     target.failed("u:failed")
-    time.sleep(PAST)
 
     refused = on(target.url, "unlock", "u:live")
     assert refused.exit_code == ExitCode.REFUSED
@@ -891,8 +893,7 @@ def test_unlock_and_forget_one_key_dry_run_change_nothing(target: Target) -> Non
     shows what would change, and writes nothing."""
     live = target.claim("d:live")
     done = target.completed("d:done", result=1)
-    target.claim("d:stale", lease=STALE_LEASE)
-    time.sleep(PAST)
+    target.stale("d:stale")
     keys = ("d:live", "d:done", "d:stale")
     before = {k: target.get(k) for k in keys}
 
@@ -952,12 +953,11 @@ def test_unlock_and_forget_one_key_dry_run_change_nothing(target: Target) -> Non
 
 def test_unlock_stale(target: Target) -> None:
     stale = ["s:1", "s:2", "s:3"]
-    first = {key: target.claim(key, lease=STALE_LEASE) for key in stale}
+    first = {key: target.stale(key) for key in stale}  # leases that ended 10 minutes ago
     live = target.claim("l:1")
     target.completed("c:1")
     released = target.claim("r:1")
     target.store.release("r:1", released.owner, released.fencing_token)
-    time.sleep(PAST)
 
     def owners() -> dict[str, str | None]:
         out = {}
@@ -983,8 +983,8 @@ def test_unlock_stale(target: Target) -> None:
     }  # fmt: skip
     assert owners() == held
 
-    # --older-than: leases that ended at least that long ago (these ended 300ms ago).
-    recent = on(target.url, "unlock", "--stale", "--older-than", "100ms", "--dry-run")
+    # --older-than: leases that ended at least that long ago (these ended 10 minutes ago).
+    recent = on(target.url, "unlock", "--stale", "--older-than", "5m", "--dry-run")
     assert recent.stdout.splitlines() == stale
     none_yet = on(target.url, "unlock", "--stale", "--older-than", "1h", "--yes", "--json")
     assert none_yet.exit_code == 0
@@ -1072,10 +1072,10 @@ def test_forget(target: Target) -> None:
 
 
 def test_purge(target: Target) -> None:
-    done = [target.completed(f"x:{n}", retention=STALE_LEASE) for n in range(3)]
+    done = [target.completed(f"x:{n}", retention=SHORT_RETENTION) for n in range(3)]
     target.completed("k:kept")
     target.claim("k:busy")
-    target.failed("x:failed", retention=STALE_LEASE)
+    target.failed("x:failed", retention=SHORT_RETENTION)
     time.sleep(PAST)
     # SQLite and PostgreSQL keep records past retention until purged. Redis drops them by
     # TTL at once. DynamoDB's TTL deletes them some time later (moto's never does), so
@@ -1265,8 +1265,7 @@ def test_every_command_names_its_store(target: Target) -> None:
     """On stderr always (stdout stays the command's own output); in every JSON document
     that has a "store", with where it came from."""
     target.completed("n:done")
-    target.claim("n:stale", lease=STALE_LEASE)
-    time.sleep(PAST)
+    target.stale("n:stale")
     line = store_line(target.store.url)
     documents = {
         ("init",): "init.schema.json",

@@ -3,8 +3,10 @@
 --dry-run`` provisions for the guard, in-process through CliRunner.
 
 State is built with the library (claim a key, ``guard_many`` for its entity, then
-``settle_many``); a hold of 0.3 s and a sleep of 0.6 s make an expired hold, a retention of
-0.3 s and the same sleep an entity past retention.
+``settle_many``). A hold the test needs live lasts 10 minutes (LEASE), however loaded the
+machine; one it needs run out is made so, its end written a minute back into the store
+(``Target.expire_hold``), not slept out. A retention of 0.3 s and a sleep of 0.6 s make an
+entity past retention (waiting longer only helps).
 
 The stores: every real store (tests/cli/helpers.py's STORES), each test on a store of its
 own; all of them pass tests/contract/test_guard.py. What only SQLite can show (a database
@@ -28,6 +30,7 @@ from tests.cli.helpers import (  # noqa: F401 - fixtures
     COUNTED_BY,
     ENTITY_COLUMNS,
     ENTITY_ROWS,
+    LEASE,
     STORES,
     Target,
     approximate_agrees,
@@ -49,8 +52,9 @@ GUARDED = STORES
 """The real stores whose sequence guard passes the contract suite (all of them)."""
 
 SHORT = 0.3
+"""A retention the test waits out."""
 PAST = 0.6
-"""Seconds to sleep for a SHORT hold (or a retention that long) to be over."""
+"""Seconds to sleep for a SHORT retention to be over."""
 
 
 @pytest.fixture(name="target", params=GUARDED)
@@ -74,7 +78,7 @@ def apply(
     return entity_of(target, entity)
 
 
-def hold(target: Target, entity: str, sequence: int, key: str, lease: float = 30.0) -> Acquired:
+def hold(target: Target, entity: str, sequence: int, key: str, lease: float = LEASE) -> Acquired:
     """``key``'s attempt holds ``entity`` (its guard said go), for ``lease`` seconds."""
     got = target.claim(key, lease=lease)
     (reply,) = target.store.guard_many([Guard(entity, sequence, key, got.fencing_token)], lease)
@@ -107,8 +111,8 @@ def entities_listed(url: str, *args: str) -> list[str]:
 def test_inspect_entity_shows_every_field(target: Target) -> None:
     applied = apply(target, "acct:1", 10, "e10")
     held = hold(target, "acct:1", 11, "e11")  # applied 10, and 11 in hand
-    expired = hold(target, "acct:2", 5, "e5", lease=SHORT)  # its first event, hold run out
-    time.sleep(PAST)
+    expired = hold(target, "acct:2", 5, "e5")  # its first event, hold run out
+    target.expire_hold("acct:2")
 
     shown = {}
     for name in ("acct:1", "acct:2"):
@@ -197,7 +201,8 @@ def test_list_entities(target: Target) -> None:
     a1 = apply(target, "acct:1", 10, "e10")
     a2 = apply(target, "acct:2", 3, "x3")
     held = hold(target, "acct:2", 4, "x4")
-    hold(target, "acct:3", 1, "y1", lease=SHORT)
+    hold(target, "acct:3", 1, "y1")
+    target.expire_hold("acct:3")
     apply(target, "other", 1, "o1")
     apply(target, "acct:gone", 1, "g1", retention=SHORT)
     time.sleep(PAST)
@@ -450,8 +455,8 @@ def test_forget_held_entity_is_refused_without_force(target: Target) -> None:
     assert target.store.settle_many([Settle("acct:1", 11, "e11", held.fencing_token)]) == [False]
 
     # A hold that ran out needs no --force.
-    hold(target, "acct:2", 1, "x1", lease=SHORT)
-    time.sleep(PAST)
+    hold(target, "acct:2", 1, "x1")
+    target.expire_hold("acct:2")
     expired = on(target.url, "forget", "--entity", "acct:2")
     assert expired.exit_code == 0, expired.stdout + expired.stderr
     assert expired.stdout == (
