@@ -39,7 +39,7 @@ from idemctl.runner import Outcome, run
 from idemctl.stores import open_store
 from idemctl.stores.dynamodb import DynamoDBStore
 from idemctl.stores.dynamodb.items import ENTITY_PREFIX
-from tests.backends import unique_table
+from tests.backends import expire_hold, expire_lease, unique_table
 from tests.servers import HOST, MotoServer, free_port, http_answers, pid_alive
 
 T = TypeVar("T")
@@ -707,15 +707,16 @@ def test_entities_are_items_of_the_table_that_keys_never_see(
     (reply,) = store.guard_many([Guard("order-1", 5, "order-1", a.fencing_token)], LONG)
     assert reply.verdict is Verdict.GO
     assert store.settle_many([Settle("order-1", 5, "order-1", a.fencing_token)], 3600) == [True]
-    held = acquire(store, "order-2", lease=0.3)  # holds an entity past its lock, unsettled
-    (busy,) = store.guard_many([Guard("acct:9", 1, "order-2", held.fencing_token)], 0.3)
+    held = acquire(store, "order-2")  # holds an entity past its lock, unsettled
+    (busy,) = store.guard_many([Guard("acct:9", 1, "order-2", held.fencing_token)], LONG)
     assert busy.verdict is Verdict.GO
+    expire_lease(store, "order-2")
+    expire_hold(store, "acct:9")
     kept = entity_item(raw, table, "order-1")
     assert kept is not None and kept["entity"]["S"] == "order-1"
     assert number(kept, "sequence") == 5 and kept["applied_key"]["S"] == "order-1"
     assert abs(number(kept, "ttl") - number(kept, "expires_at") / 1000) < 1
     assert number(kept, "ttl") >= time.time() + 3600 - 5
-    time.sleep(0.6)
 
     assert sorted(r.key for r in store.scan().records) == ["order-1", "order-2"]
     assert [r.key for r in store.scan(stale_only=True).records] == ["order-2"]

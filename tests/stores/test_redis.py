@@ -35,7 +35,7 @@ from idemctl.errors import ConfigError, EntityNotFound, IdemctlError, StoreError
 from idemctl.model import MAX_SEQUENCE, Guard, Settle, Verdict
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
-from tests.backends import unique_prefix
+from tests.backends import expire_lease, unique_prefix
 from tests.killing import claims_across_a_kill
 from tests.servers import RedisCluster, RedisServer, free_port
 
@@ -270,9 +270,10 @@ def test_cluster_batch_lands_on_every_primary_and_every_operation_works(
         old = outcomes[150:156]
         steps = [a.fencing_token - o.fencing_token for a, o in zip(again, old, strict=True)]
         assert steps == [1] * 6
-        short = store.claim_many([ClaimRequest(f"stale-{i}") for i in range(12)], lease=0.2)
+        short = store.claim_many([ClaimRequest(f"stale-{i}") for i in range(12)], lease=LONG)
         assert all(isinstance(s, Acquired) for s in short)
-        time.sleep(0.5)
+        for i in range(12):
+            expire_lease(store, f"stale-{i}")
         assert store.unlock_stale() == sorted(f"stale-{i}" for i in range(12))
         store.unlock(outcomes[160].key, force=True)
         assert store.forget(keys[0]).status is Status.COMPLETED
@@ -343,10 +344,10 @@ def test_fencing_counter_never_goes_backwards(store: Store, raw: Any, prefix: st
     token_now()
     store.release("k", a.owner, a.fencing_token)
     token_now()
-    b = acquire(store, "k", lease=0.2)
+    b = acquire(store, "k")
     tokens.append(b.fencing_token)
     token_now()
-    time.sleep(0.4)
+    expire_lease(store, "k")
     c = acquire(store, "k")  # takeover of b's expired lease
     assert c.takeover is True
     tokens.append(c.fencing_token)
