@@ -74,18 +74,24 @@ def gauge(name: str, text: str, value: float) -> Any:
     return GaugeMetricFamily(name, text, value=value)
 
 
-def merged(texts: Iterable[str]) -> list[Any]:
+def merged(texts: Iterable[str], ended: Iterable[str] = ()) -> list[Any]:
     """The metric families of several processes' expositions as one: samples with the same
     name and labels summed (counters, histograms, and gauges of partitions, leases and lag,
     which add up across processes), ``idemctl_build_info`` once, ``_created`` times left
-    out."""
+    out. ``ended``: the last expositions of processes that ended, whose counters and
+    histograms still count (so a sum never goes down when a process is replaced) and whose
+    gauges and info do not (as prometheus_client's multiprocess mode keeps dead processes'
+    counters)."""
     from prometheus_client.core import Metric
     from prometheus_client.parser import text_string_to_metric_families
 
     families: dict[str, Any] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for text in texts:
+    sources = [(text, True) for text in texts] + [(text, False) for text in ended]
+    for text, alive in sources:
         for family in text_string_to_metric_families(text):
+            if not alive and family.type not in ("counter", "histogram", "summary"):
+                continue
             if family.name not in families:
                 families[family.name] = Metric(family.name, family.documentation, family.type)
                 values[family.name] = {}

@@ -280,10 +280,14 @@ def consume(
     """
     # asyncio, and http.server with ssl: loaded for a consume run, not at every start-up
     from idemctl.consume import ConsumeOptions, Consumer, load_handler
+    from idemctl.consume.loop import check_kafka
     from idemctl.consume.metrics import register as consume_metrics
 
     current = use_log_format(ctx, log_format, metrics_port)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
+    if worker_index is not None and "group.instance.id" in kafka:
+        # Static membership: each worker slot a member of its own, the same across restarts.
+        kafka["group.instance.id"] += f"-w{worker_index}"
     workers = processes_wanted(processes)
     if workers > 1 and max_messages is not None:
         raise ConfigError(
@@ -328,6 +332,8 @@ def consume(
     sys.path.insert(0, ".")  # handlers next to where idemctl runs, as `python -m` finds them
     show_warnings(current, "idemctl.consume")
     run = load_handler(handler)
+    if workers > 1:  # every setting checked before the store or any worker is touched
+        check_kafka(options)
     if worker_index is not None:
         set_name(f"idemctl-w{worker_index}")
     with cli_store(ctx, auto_provision=True) as store:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
+import threading
 import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,13 +96,38 @@ def worker_setup(
     env |= {"IDEMCTL_STORE": store_url, "PYTHONUNBUFFERED": "1"}
     env |= {f"IDEMCTL_WORKER_KAFKA_{i}": v for i, v in enumerate(kafka.values())}
     config = {"kafka": {k: f"${{IDEMCTL_WORKER_KAFKA_{i}}}" for i, k in enumerate(kafka)}}
-    with tempfile.TemporaryDirectory(prefix="idemctl-workers-") as folder:
+    remove_orphans()
+    with tempfile.TemporaryDirectory(prefix=WORKERS_DIR) as folder:
+        (Path(folder) / OWNER).write_text(str(os.getpid()))
         path = Path(folder) / "idemctl.yaml"
         path.write_text(json.dumps(config))  # JSON is YAML
         command = [sys.executable, "-m", "idemctl", "--config", str(path)]
         command += [f"-{'v' * current.verbose}"] if current.verbose else []
         command += ["consume", "--brokers", brokers, "--log-format", "json", "--json"]
         yield command, env
+
+
+WORKERS_DIR = "idemctl-workers-"
+OWNER = "supervisor.pid"
+
+
+def remove_orphans(root: str | None = None) -> list[Path]:
+    """Remove the temporary directories of supervisors that died without removing their own
+    (SIGKILL): each names its supervisor's PID; one whose PID runs, or that names none, is
+    left alone. The directories removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(WORKERS_DIR + "*"):
+        try:
+            owner = int((folder / OWNER).read_text())
+            if folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except (OSError, ValueError):  # no PID written, not ours, or it runs
+            continue
+    return removed
 
 
 def totals(workers: list[Worker]) -> Summary:
@@ -217,10 +244,12 @@ def supervise(
         supervisor.on_tick = lambda: status.update(totals(supervisor.workers))
 
         def register(registry: CollectorRegistry) -> Any:
-            return _aggregate(registry, ports, supervisor)
+            return _aggregate(registry, figures)
 
+        figures = Figures(ports, supervisor)
         with (
             serving(register, metrics_host, metrics_port),
+            figures.refreshed() if ports else nullcontext(),
             stop_on_signals(current, supervisor.stop, supervisor.kill),
             status,
         ):
@@ -274,24 +303,71 @@ def _free_port() -> int:
         return port
 
 
-def _aggregate(registry: CollectorRegistry, ports: list[int], supervisor: Supervisor) -> Any:
+class Figures:
+    """The workers' metrics as one: each running process's exposition, scraped now, and
+    the last exposition of each process that ended, whose counters still count. Refreshed
+    every ``EVERY`` seconds between scrapes, so an ended process's last figures are at most
+    that old (a worker that exits on its own, idle, loses nothing; one killed, its last
+    second)."""
+
+    EVERY = 1.0
+
+    def __init__(self, ports: list[int], supervisor: Supervisor) -> None:
+        self.ports, self.supervisor = ports, supervisor
+        self._last: dict[int, str] = {}
+        """PID -> its last exposition."""
+        self._ended: list[str] = []
+        self._lock = threading.Lock()
+
+    def texts(self) -> tuple[list[str], list[str]]:
+        """(the running processes' expositions, the ended ones' last)."""
+        running: dict[int, str] = {}
+        for port, worker in zip(self.ports, self.supervisor.workers, strict=True):
+            pid = worker.pid
+            if pid is not None:
+                answer = _get(port, "/metrics")
+                if answer is not None and answer[0] == 200:
+                    running[pid] = answer[1]
+        with self._lock:
+            self._last.update(running)
+            alive = {w.pid for w in self.supervisor.workers if w.pid is not None}
+            for pid in [p for p in self._last if p not in alive]:
+                self._ended.append(self._last.pop(pid))
+            return [self._last[p] for p in alive if p in self._last], list(self._ended)
+
+    def families(self) -> list[Any]:
+        from idemctl.metrics import merged
+
+        running, ended = self.texts()
+        return merged(running, ended)
+
+    @contextmanager
+    def refreshed(self) -> Iterator[None]:
+        """Refresh the figures every ``EVERY`` seconds inside the block."""
+        done = threading.Event()
+
+        def refresh() -> None:
+            while not done.wait(self.EVERY):
+                self.texts()
+
+        thread = threading.Thread(target=refresh, name="idemctl-figures", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=5)
+
+
+def _aggregate(registry: CollectorRegistry, figures: Figures) -> Any:
     """The workers' metrics, summed, in ``registry``; ready while every running worker is."""
-    from idemctl.metrics import Scraped, merged
+    from idemctl.metrics import Scraped
 
-    def scrape() -> list[str]:
-        texts = []
-        for port, worker in zip(ports, supervisor.workers, strict=True):
-            if worker.proc is not None:
-                body = _get(port, "/metrics")
-                if body is not None:
-                    texts.append(body[1])
-        return texts
-
-    registry.register(Scraped(lambda: merged(scrape())))
+    registry.register(Scraped(figures.families))
 
     def ready() -> str | None:
         why = []
-        for port, worker in zip(ports, supervisor.workers, strict=True):
+        for port, worker in zip(figures.ports, figures.supervisor.workers, strict=True):
             if worker.done:
                 continue
             answer = _get(port, "/readyz") if worker.proc is not None else None

@@ -172,31 +172,8 @@ class Consumer(Rounds, Acting, Pausing, Watch):
     def open(self) -> None:
         """Build the Kafka clients from the options: a setting librdkafka refuses is a
         ConfigError naming it, before anything is claimed. ``run`` opens them if needed."""
-        require("confluent_kafka", "kafka", "consuming Kafka")
-        from confluent_kafka import Consumer as KafkaConsumer
-        from confluent_kafka import KafkaException
-
-        if self._kafka is not None:
-            return
-        o = self.options
-        config = {
-            "bootstrap.servers": o.brokers,
-            "group.id": o.group,
-            "enable.auto.offset.store": False,  # an offset is stored only once finished
-            "enable.auto.commit": True,
-            "auto.offset.reset": "earliest",
-            **o.kafka_config,
-        }
-        try:
-            kafka = KafkaConsumer({**config, "error_cb": self._on_kafka_error}, logger=kafka_log)
-        except KafkaException as exc:
-            raise ConfigError(f"Kafka client settings: {kafka_text(exc)}") from None
-        try:
-            self._dlq = DeadLetters(o, config)
-        except ConfigError:
-            kafka.close()
-            raise
-        self._kafka = kafka
+        if self._kafka is None:
+            self._kafka, self._dlq = kafka_clients(self.options, self._on_kafka_error)
 
     def run(self) -> Summary:
         """Consume until stopped, done (``max_messages``, ``exit_when_idle``) or failed;
@@ -515,3 +492,37 @@ class Consumer(Rounds, Acting, Pausing, Watch):
 def _keys(keys: list[str]) -> str:
     shown = ", ".join(repr(k) for k in keys[:5])
     return shown + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+def kafka_clients(o: ConsumeOptions, on_error: Callable[[Any], None] | None = None) -> Any:
+    """The Kafka consumer and the dead-letter producer the options make (the consumer joins
+    no group until it subscribes): a setting librdkafka refuses is a ConfigError naming it.
+    ``check_kafka`` makes and drops them, for a supervisor that starts workers with them."""
+    require("confluent_kafka", "kafka", "consuming Kafka")
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import KafkaException
+
+    config = {
+        "bootstrap.servers": o.brokers,
+        "group.id": o.group,
+        "enable.auto.offset.store": False,  # an offset is stored only once finished
+        "enable.auto.commit": True,
+        "auto.offset.reset": "earliest",
+        **o.kafka_config,
+    }
+    callbacks = {} if on_error is None else {"error_cb": on_error}
+    try:
+        kafka = KafkaConsumer({**config, **callbacks}, logger=kafka_log)
+    except KafkaException as exc:
+        raise ConfigError(f"Kafka client settings: {kafka_text(exc)}") from None
+    try:
+        return kafka, DeadLetters(o, config)
+    except ConfigError:
+        kafka.close()
+        raise
+
+
+def check_kafka(o: ConsumeOptions) -> None:
+    """ConfigError where librdkafka refuses a setting of ``o``; nothing is joined or sent."""
+    kafka, _ = kafka_clients(o)
+    kafka.close()
