@@ -406,3 +406,78 @@ def expire_hold(store: Any, entity: str, ago: float = 60.0) -> Entity:
     moved = store.get_entity(entity)
     assert moved is not None, entity
     return moved  # type: ignore[no-any-return]
+
+
+# KEYS[1] a record or an entity, then the index's four keys of its slot; ARGV[1] the end of
+# retention, ms. Out of the index as it was, in again as it is now (lua/_lib.lua's uncount,
+# count), and gone by the TTL at that end (at once when it is past) as Redis drops it.
+_RETENTION_LUA = """
+indexed()
+local rec = get_record(KEYS[1])
+if rec == nil then return 0 end
+uncount(KEYS[1], rec)
+rec.expires = ARGV[1]
+local left = tonumber(ARGV[1]) - now_ms()
+if left < 1 then left = 1 end
+redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', left)
+count(KEYS[1], rec)
+return 1
+"""
+
+
+def expire_retention(store: Any, name: str, ago: float = 60.0, *, entity: bool = False) -> None:
+    """The retention of finished record (or entity) ``name`` as ended ``ago`` seconds back:
+    past it the store treats it as never seen (Redis drops it by its TTL, as it would; the
+    others keep it until purged). A test that needs a record present and then past retention
+    finishes it with a long retention and calls this between the two checks."""
+    from idemctl.stores.dynamodb import DynamoDBStore
+    from idemctl.stores.memory import MemoryStore
+    from idemctl.stores.postgres import PostgresStore
+    from idemctl.stores.redis import RedisStore
+    from idemctl.stores.sqlite import SQLiteStore
+
+    target = _sync(store)
+    ended = datetime.now(UTC) - timedelta(seconds=ago)
+    ms = round(ended.timestamp() * 1000)
+    if isinstance(target, MemoryStore):
+        with target._lock:
+            if entity:
+                target._entities[name] = replace(target._entities[name], expires_at=ended)
+            else:
+                rec, result = target._rows[name]
+                target._rows[name] = (replace(rec, expires_at=ended), result)
+    elif isinstance(target, SQLiteStore):
+        table, column = ("idem_entities", "entity") if entity else ("idem_keys", "key")
+        with sqlite3.connect(target.path) as conn:
+            changed = conn.execute(
+                f"UPDATE {table} SET expires_at = ? WHERE {column} = ?", (ms, name)
+            ).rowcount
+        assert changed == 1, name
+    elif isinstance(target, PostgresStore):
+        table = target.names.entities_table if entity else target.keys_table
+        column = "entity" if entity else "key"
+        with target.connection() as conn:
+            changed = conn.execute(
+                f"UPDATE {table} SET expires_at = %s WHERE {column} = %s", (ended, name)
+            ).rowcount
+        assert changed == 1, name
+    elif isinstance(target, RedisStore):
+        from idemctl.stores.redis.scripts import LIB
+
+        rkey = target.ops.ekey(name) if entity else target.ops.rkey(name)
+        client: Any = target._client
+        keys = (rkey, *target._index_keys(rkey))
+        assert client.eval(LIB + "\n" + _RETENTION_LUA, len(keys), *keys, ms) == 1, name
+    elif isinstance(target, DynamoDBStore):
+        from idemctl.stores.dynamodb.items import ENTITY_PREFIX
+
+        target.client.update_item(
+            TableName=target.table,
+            Key={"key": {"S": (ENTITY_PREFIX + name) if entity else name}},
+            UpdateExpression="SET expires_at = :ms, #ttl = :s",
+            ConditionExpression="attribute_exists(expires_at)",
+            ExpressionAttributeNames={"#ttl": "ttl"},
+            ExpressionAttributeValues={":ms": {"N": str(ms)}, ":s": {"N": str(ms // 1000)}},
+        )
+    else:
+        raise TypeError(f"no way to set the clock of {type(target).__name__}")

@@ -22,7 +22,15 @@ from typer.testing import CliRunner, Result
 from idemctl.model import Acquired, Record
 from idemctl.stores import open_store
 from idemctl.stores.base import Store
-from tests.backends import BACKENDS, BY_URL, KINDS, backdate, backends, expire_hold
+from tests.backends import (
+    BACKENDS,
+    BY_URL,
+    KINDS,
+    backdate,
+    backends,
+    expire_hold,
+    expire_retention,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
@@ -277,6 +285,11 @@ class Target:
     def expire_hold(self, entity: str) -> None:
         """``entity``'s hold as ended a minute ago (tests/backends.py's ``expire_hold``)."""
         expire_hold(self.store, entity)
+
+    def expire_retention(self, name: str, *, entity: bool = False) -> None:
+        """The retention of record (or entity) ``name`` as ended a minute ago
+        (tests/backends.py's ``expire_retention``)."""
+        expire_retention(self.store, name, entity=entity)
 
     def completed(
         self, key: str, result: Any = None, retention: float | None = None, **claim: Any

@@ -298,6 +298,7 @@ def test_inspect_missing_key_is_exit_5(target: Target) -> None:
 # list ------------------------------------------------------------------------------------
 
 
+@pytest.mark.clock
 def test_list_filters(target: Target) -> None:
     # Made 20 minutes ago (their clock set back), the stale key too.
     for n in (1, 2, 3):
@@ -496,6 +497,7 @@ def test_odd_keys_are_shown_and_matched_literally(target: Target) -> None:
 # stats -----------------------------------------------------------------------------------
 
 
+@pytest.mark.clock
 def test_stats_counts_what_was_made(target: Target) -> None:
     target.stale("s:stale-1")  # the oldest in progress
     target.stale("s:stale-2")
@@ -804,6 +806,7 @@ def test_commands_on_an_unprovisioned_store_exit_4(unprovisioned: Target, args: 
 # unlock KEY ------------------------------------------------------------------------------
 
 
+@pytest.mark.clock
 def test_unlock_key(target: Target) -> None:
     live = target.claim("u:live")
     held = target.stale("u:stale")
@@ -888,6 +891,7 @@ def test_unlock_json_record_is_the_stored_record(request: pytest.FixtureRequest,
     assert json_doc(result, "action.schema.json")["record"] == stored.to_json()
 
 
+@pytest.mark.clock
 def test_unlock_and_forget_one_key_dry_run_change_nothing(target: Target) -> None:
     """The dry run makes the checks the real command makes (and refuses what it refuses),
     shows what would change, and writes nothing."""
@@ -951,6 +955,7 @@ def test_unlock_and_forget_one_key_dry_run_change_nothing(target: Target) -> Non
 # unlock --stale --------------------------------------------------------------------------
 
 
+@pytest.mark.clock
 def test_unlock_stale(target: Target) -> None:
     stale = ["s:1", "s:2", "s:3"]
     first = {key: target.stale(key) for key in stale}  # leases that ended 10 minutes ago
@@ -1261,6 +1266,7 @@ def test_flags_beat_the_environment(tmp_path: Path) -> None:
         assert shown.stderr.startswith(store_line(url, source)), args  # for humans too
 
 
+@pytest.mark.clock
 def test_every_command_names_its_store(target: Target) -> None:
     """On stderr always (stdout stays the command's own output); in every JSON document
     that has a "store", with where it came from."""

@@ -4,9 +4,9 @@
 
 State is built with the library (claim a key, ``guard_many`` for its entity, then
 ``settle_many``). A hold the test needs live lasts 10 minutes (LEASE), however loaded the
-machine; one it needs run out is made so, its end written a minute back into the store
-(``Target.expire_hold``), not slept out. A retention of 0.3 s and a sleep of 0.6 s make an
-entity past retention (waiting longer only helps).
+machine; one it needs run out, or an entity it needs past retention, is made so, its end
+written a minute back into the store (``Target.expire_hold``, ``Target.expire_retention``),
+not slept out.
 
 The stores: every real store (tests/cli/helpers.py's STORES), each test on a store of its
 own; all of them pass tests/contract/test_guard.py. What only SQLite can show (a database
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -25,7 +24,6 @@ import pytest
 
 from idemctl.cli.exitcodes import ExitCode
 from idemctl.model import Acquired, Entity, Guard, Settle, Verdict
-from tests.backends import KINDS
 from tests.cli.helpers import (  # noqa: F401 - fixtures
     COUNTED_BY,
     ENTITY_COLUMNS,
@@ -50,11 +48,6 @@ from tests.cli.helpers import (  # noqa: F401 - fixtures
 
 GUARDED = STORES
 """The real stores whose sequence guard passes the contract suite (all of them)."""
-
-SHORT = 0.3
-"""A retention the test waits out."""
-PAST = 0.6
-"""Seconds to sleep for a SHORT retention to be over."""
 
 
 @pytest.fixture(name="target", params=GUARDED)
@@ -108,6 +101,7 @@ def entities_listed(url: str, *args: str) -> list[str]:
 # inspect --entity ----------------------------------------------------------------------------
 
 
+@pytest.mark.clock
 def test_inspect_entity_shows_every_field(target: Target) -> None:
     applied = apply(target, "acct:1", 10, "e10")
     held = hold(target, "acct:1", 11, "e11")  # applied 10, and 11 in hand
@@ -178,10 +172,11 @@ def test_inspect_entity_json_is_the_entity(target: Target) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.clock
 def test_inspect_missing_entity_is_exit_5_like_a_missing_key(target: Target) -> None:
     apply(target, "there", 1, "k")
-    apply(target, "gone", 1, "g", retention=SHORT)
-    time.sleep(PAST)
+    apply(target, "gone", 1, "g")
+    target.expire_retention("gone", entity=True)
     for name in ("not-there", "gone", "k"):  # none, past retention, a key but no entity
         for extra in ([], ["--json"]):
             result = on(target.url, "inspect", "--entity", name, *extra)
@@ -197,6 +192,7 @@ def test_inspect_missing_entity_is_exit_5_like_a_missing_key(target: Target) -> 
 # list --entities -----------------------------------------------------------------------------
 
 
+@pytest.mark.clock
 def test_list_entities(target: Target) -> None:
     a1 = apply(target, "acct:1", 10, "e10")
     a2 = apply(target, "acct:2", 3, "x3")
@@ -204,8 +200,8 @@ def test_list_entities(target: Target) -> None:
     hold(target, "acct:3", 1, "y1")
     target.expire_hold("acct:3")
     apply(target, "other", 1, "o1")
-    apply(target, "acct:gone", 1, "g1", retention=SHORT)
-    time.sleep(PAST)
+    apply(target, "acct:gone", 1, "g1")
+    target.expire_retention("acct:gone", entity=True)
 
     everything = ["acct:1", "acct:2", "acct:3", "other"]  # past retention left out
     assert entities_listed(target.url) == everything  # in name order
@@ -323,6 +319,7 @@ def test_list_entities_prefix_is_literal(target: Target) -> None:
 # stats -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.clock
 def test_stats_counts_entities(target: Target) -> None:
     empty = on(target.url, *stats_args(target))
     assert empty.exit_code == 0, empty.stderr
@@ -333,10 +330,8 @@ def test_stats_counts_entities(target: Target) -> None:
     apply(target, "acct:1", 1, "a1")
     apply(target, "acct:2", 1, "a2")
     hold(target, "acct:3", 1, "a3")
-    apply(target, "acct:gone", 1, "g", retention=SHORT)
-    time.sleep(PAST)
-    if KINDS[target.name].counts_by_second:  # its index counts a record until its second is over
-        time.sleep(1.0)
+    apply(target, "acct:gone", 1, "g")
+    target.expire_retention("acct:gone", entity=True)  # a minute ago: its second is over
 
     result = on(target.url, *stats_args(target))
     assert result.exit_code == 0, result.stderr
@@ -431,6 +426,7 @@ def test_forget_entity(target: Target) -> None:
     assert messages(missing) == "error: no entity 'acct:1'\n"
 
 
+@pytest.mark.clock
 def test_forget_held_entity_is_refused_without_force(target: Target) -> None:
     apply(target, "acct:1", 10, "e10")
     held = hold(target, "acct:1", 11, "e11")

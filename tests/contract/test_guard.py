@@ -5,17 +5,15 @@ answer as they do."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from idemctl import Acquired, InvalidKey
 from idemctl.errors import EntityNotFound, Refused
 from idemctl.model import Guard, Settle, Verdict
 from idemctl.stores.base import Store
-from tests.backends import expire_hold, expire_lease
+from tests.backends import expire_hold, expire_lease, expire_retention
 from tests.contract.api import counts
-from tests.contract.test_protocol import LONG, SHORT, WAIT, acquire
+from tests.contract.test_protocol import LONG, acquire
 
 
 def guard(store: Store, entity: str, sequence: int, a: Acquired, lease: float = LONG) -> Verdict:
@@ -73,6 +71,7 @@ def test_one_attempt_holds_an_entity_at_a_time(store: Store) -> None:
     assert guard(store, "acct:1", 5, a) is Verdict.STALE
 
 
+@pytest.mark.clock
 def test_an_expired_hold_is_taken_and_its_old_holder_is_fenced(store: Store) -> None:
     a, b = acquire(store, "a"), acquire(store, "b")
     assert guard(store, "acct:1", 5, a) is Verdict.GO
@@ -87,6 +86,7 @@ def test_an_expired_hold_is_taken_and_its_old_holder_is_fenced(store: Store) -> 
     assert not settle(store, "acct:1", 6, b), "settled once: the hold is gone"
 
 
+@pytest.mark.clock
 def test_an_expired_hold_nobody_took_may_still_settle(store: Store) -> None:
     a = acquire(store, "a")
     assert guard(store, "acct:1", 3, a) is Verdict.GO
@@ -96,6 +96,7 @@ def test_an_expired_hold_nobody_took_may_still_settle(store: Store) -> None:
     assert entity is not None and entity.sequence == 3
 
 
+@pytest.mark.clock
 def test_a_takeover_of_the_key_takes_the_entity_and_fences_the_old_attempt(store: Store) -> None:
     old = acquire(store, "k")
     assert guard(store, "acct:1", 7, old) is Verdict.GO
@@ -112,12 +113,13 @@ def test_a_takeover_of_the_key_takes_the_entity_and_fences_the_old_attempt(store
     assert entity is not None and (entity.sequence, entity.key) == (7, "k")
 
 
+@pytest.mark.clock
 def test_entities_keep_to_their_own_retention(store: Store) -> None:
     a, b = acquire(store, "a"), acquire(store, "b")
     assert guard(store, "acct:1", 9, a) is Verdict.GO
-    assert store.settle_many([Settle("acct:1", 9, "a", a.fencing_token)], retention=SHORT) == [True]
+    assert store.settle_many([Settle("acct:1", 9, "a", a.fencing_token)], retention=LONG) == [True]
     assert store.get_entity("acct:1") is not None
-    time.sleep(WAIT)
+    expire_retention(store, "acct:1", entity=True)
     # Past retention the entity is as if never seen, like a key.
     assert store.get_entity("acct:1") is None
     assert guard(store, "acct:1", 2, b) is Verdict.GO
@@ -191,6 +193,7 @@ def test_sequences_must_be_whole_numbers_in_range(store: Store) -> None:
     assert guard(store, "acct:1", 2**53 - 2, acquire(store, "b")) is Verdict.STALE
 
 
+@pytest.mark.clock
 def test_finish_advances_entities_and_completes_their_keys(store: Store) -> None:
     from idemctl.model import Completion, Status
 

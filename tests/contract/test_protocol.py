@@ -4,9 +4,10 @@ Stores judge time by their own clock (Redis TIME, Postgres now()), so a fake clo
 be injected everywhere; the test sets the store's times instead. A lease the test needs live
 is long (LONG: an hour, however loaded the machine); one it needs run out is made so
 (tests/backends.py's ``expire_lease``, ``expire_hold``), and a record that must be older
-than X gets past times written (``backdate``). Retentions that must end are short real
-durations waited out (SHORT, WAIT): waiting longer only helps, and no lease here needs to
-stay live meanwhile but a LONG one.
+than X gets past times written (``backdate``). A retention the test needs over
+while it reads the record first is made so too (``expire_retention``); one it only needs
+over is a short real duration waited out (SHORT, WAIT): waiting longer only helps, and no
+lease here needs to stay live meanwhile but a LONG one.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from idemctl import (
 )
 from idemctl.runner import Outcome
 from idemctl.stores.base import Store
-from tests.backends import Backend, backdate, expire_lease
+from tests.backends import Backend, backdate, expire_lease, expire_retention
 from tests.contract.api import counts, run
 
 SHORT = 0.4  # a retention that the test waits out
@@ -121,6 +122,7 @@ def test_live_lease_is_busy(store: Store) -> None:
     assert outcome.record.fencing_token == a.fencing_token
 
 
+@pytest.mark.clock
 def test_expired_lease_is_taken_over_and_old_owner_is_fenced(store: Store) -> None:
     old = acquire(store, "order-1")
     expire_lease(store, "order-1")
@@ -150,6 +152,7 @@ def test_expired_lease_is_taken_over_and_old_owner_is_fenced(store: Store) -> No
     assert record.fencing_token == new.fencing_token
 
 
+@pytest.mark.clock
 def test_takeover_between_two_workers(backend: Backend) -> None:
     """Two workers, each with its own connection to one store: A stalls past its lease, B
     takes the key over and finishes it, and A is fenced out before B finishes and after."""
@@ -188,6 +191,7 @@ def test_takeover_between_two_workers(backend: Backend) -> None:
         worker_b.close()
 
 
+@pytest.mark.clock
 def test_owner_may_finish_an_expired_lease_nobody_took(store: Store) -> None:
     a = acquire(store, "order-1")
     expire_lease(store, "order-1")
@@ -196,6 +200,7 @@ def test_owner_may_finish_an_expired_lease_nobody_took(store: Store) -> None:
     assert record is not None and record.result == "late but alone"
 
 
+@pytest.mark.clock
 def test_extend_keeps_the_lease_live(store: Store) -> None:
     a = acquire(store, "order-1", lease=60)
     expires = store.extend("order-1", a.owner, a.fencing_token, LONG)
@@ -268,6 +273,7 @@ def test_permanent_failure_is_never_run_again(store: Store) -> None:
     assert outcome.record.retriable is False
 
 
+@pytest.mark.clock
 def test_attempts_survive_release_takeover_and_retry(store: Store) -> None:
     a1 = acquire(store, "k")
     expire_lease(store, "k")
@@ -280,11 +286,12 @@ def test_attempts_survive_release_takeover_and_retry(store: Store) -> None:
     assert [a.fencing_token - a1.fencing_token for a in (a1, a2, a3, a4)] == [0, 1, 2, 3]
 
 
+@pytest.mark.clock
 def test_retention_expiry_makes_a_key_new_again(store: Store) -> None:
     a = acquire(store, "order-1", fingerprint({"v": 1}))
-    store.complete("order-1", a.owner, a.fencing_token, "first life", retention=SHORT)
+    store.complete("order-1", a.owner, a.fencing_token, "first life", retention=LONG)
     assert isinstance(store.claim("order-1", fingerprint({"v": 1})), Completed)
-    time.sleep(WAIT)
+    expire_retention(store, "order-1")
     assert store.get("order-1") is None
     # Past retention even another payload is welcome: the key is as if never seen.
     again = acquire(store, "order-1", fingerprint({"v": 2}))
@@ -374,6 +381,7 @@ def _scan_all(store: Store, **filters: object) -> list[str]:
     raise AssertionError("scan never ended")
 
 
+@pytest.mark.clock
 def test_scan_filters_and_pages(store: Store) -> None:
     _fill(store)
     assert _scan_all(store) == [
@@ -391,6 +399,7 @@ def test_scan_filters_and_pages(store: Store) -> None:
     assert _scan_all(store, prefix="tenant-a/", status=Status.IN_PROGRESS) == []
 
 
+@pytest.mark.clock
 def test_stats(store: Store) -> None:
     _fill(store)
     stats = counts(store)
@@ -402,6 +411,7 @@ def test_stats(store: Store) -> None:
     assert stats.oldest_in_progress <= b1.created_at
 
 
+@pytest.mark.clock
 def test_stale_and_released_keys_are_told_apart(store: Store) -> None:
     """Stale: in progress, its owner's lease expired and nobody freed it (unlock_stale frees
     it). Released: in progress with no owner, freed by release or an unlock, waiting for the
@@ -437,6 +447,7 @@ def test_stale_and_released_keys_are_told_apart(store: Store) -> None:
     assert _scan_all(store, stale_only=True) == []
 
 
+@pytest.mark.clock
 def test_unlock(store: Store) -> None:
     _fill(store)
     with pytest.raises(KeyNotFound):
@@ -457,6 +468,7 @@ def test_unlock(store: Store) -> None:
     assert again.fencing_token == live.fencing_token + 1
 
 
+@pytest.mark.clock
 def test_scan_older_than_and_exact_pages(store: Store) -> None:
     acquire(store, "early")
     backdate(store, "early", AGO)  # claimed ten minutes ago
@@ -477,6 +489,7 @@ def test_scan_older_than_and_exact_pages(store: Store) -> None:
     assert sorted(seen) == keys  # every key once: none lost between pages, none twice
 
 
+@pytest.mark.clock
 def test_unlock_stale(store: Store) -> None:
     _fill(store)
     held = store.get("tenant-b/2")
@@ -533,6 +546,7 @@ def test_unlock_stale_and_purge_work_in_batches(
     assert sum(handled) == purged and (purged == 0 or len(handled) > 1)
 
 
+@pytest.mark.clock
 def test_forget(store: Store) -> None:
     _fill(store)
     with pytest.raises(KeyNotFound):

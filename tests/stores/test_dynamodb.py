@@ -39,7 +39,7 @@ from idemctl.runner import Outcome, run
 from idemctl.stores import open_store
 from idemctl.stores.dynamodb import DynamoDBStore
 from idemctl.stores.dynamodb.items import ENTITY_PREFIX
-from tests.backends import expire_hold, expire_lease, unique_table
+from tests.backends import expire_hold, expire_lease, expire_retention, unique_table
 from tests.servers import HOST, MotoServer, free_port, http_answers, pid_alive
 
 T = TypeVar("T")
@@ -422,13 +422,14 @@ def test_provision_turns_on_ttl_for_a_table_made_without_it(url: str, table: str
 # Expiry and TTL ---------------------------------------------------------------------------------
 
 
+@pytest.mark.clock
 def test_an_item_past_expires_at_is_absent_though_still_in_the_table(
     store: DynamoDBStore, table: str, raw: Any
 ) -> None:
     a = acquire(store, "order-1", fp=fingerprint({"v": 1}))
-    store.complete("order-1", a.owner, a.fencing_token, "first life", retention=0.3)
+    store.complete("order-1", a.owner, a.fencing_token, "first life", retention=LONG)
     assert isinstance(store.claim("order-1", fingerprint({"v": 1})), Completed)
-    time.sleep(0.6)
+    expire_retention(store, "order-1")
 
     assert store.get("order-1") is None
     kept = item(raw, table, "order-1")  # DynamoDB's TTL deletes late; moto's never does
@@ -698,6 +699,7 @@ def entity_item(raw: Any, table: str, entity: str) -> dict[str, Any] | None:
     return item(raw, table, ENTITY_PREFIX + entity)
 
 
+@pytest.mark.clock
 def test_entities_are_items_of_the_table_that_keys_never_see(
     store: DynamoDBStore, table: str, raw: Any
 ) -> None:

@@ -203,6 +203,7 @@ def test_scan_prefix_is_literal_not_a_glob(store: Store) -> None:
     assert scan_all(store, prefix="a") == ["a*1", "a?2", "a[x]3", "a\\4", "ab1"]
 
 
+@pytest.mark.clock
 def test_cluster_batch_lands_on_every_primary_and_every_operation_works(
     redis_cluster: RedisCluster, prefix: str
 ) -> None:
@@ -325,6 +326,7 @@ def test_a_retried_complete_returns_the_first_stored_record(store: Store) -> Non
     assert again.result == {"charge": 1} and again.fingerprint == "fp-1"
 
 
+@pytest.mark.clock
 def test_fencing_counter_never_goes_backwards(store: Store, raw: Any, prefix: str) -> None:
     rkey = f"{prefix}{{k}}"
     seen: list[int] = []
