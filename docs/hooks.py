@@ -20,12 +20,15 @@ def cli_reference() -> str:
     from typer.cli import get_docs_for_click
 
     from idemctl.cli import app
+    from idemctl.cli.exitcodes import exit_code_table
     from idemctl.cli.lazy import load_all
 
     load_all()
     command = typer.main.get_command(app)
     with typer.Context(command, info_name="idemctl") as ctx:
         text = get_docs_for_click(obj=command, ctx=ctx, name="idemctl", title="idemctl")
+    # --help's plain table of exit codes, as a list on the page
+    text = text.replace(command.epilog, "**Exit codes**\n\n" + exit_code_table(markdown=True))
     # One page, its own title above: typer's headings go one level down.
     return "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines())
 
