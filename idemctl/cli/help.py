@@ -95,41 +95,37 @@ def _quiet(params: list[Any]) -> list[Any]:
     return params
 
 
-class QuietCommand(TyperCommand):
-    """A command whose flags and counters show no metavar, and whose bad values are one
-    line."""
+class _Quiet:
+    """What idemctl's commands and groups share: flags and counters show no metavar, a bad
+    value is one line, the help is click's layout in sections, styled."""
 
-    def get_params(self, ctx: typer.Context) -> list[Any]:  # type: ignore[override]
-        return _quiet(super().get_params(ctx))
+    def get_params(self, ctx: Any) -> Any:
+        return _quiet(super().get_params(ctx))  # type: ignore[misc]
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         with one_line_errors():
-            return super().make_context(*args, **kwargs)
-
-    def invoke(self, ctx: Any) -> Any:
-        with one_line_errors():
-            return super().invoke(ctx)
+            return super().make_context(*args, **kwargs)  # type: ignore[misc]
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         option_sections(self, ctx, formatter)
 
     def get_help(self, ctx: Any) -> str:
-        return styled(super().get_help(ctx))
+        return styled(super().get_help(ctx))  # type: ignore[misc]
 
 
-class QuietGroup(TyperGroup):
-    """A command group (the root, ``outbox``) whose flags show no metavar, and whose bad
-    values are one line."""
+class QuietCommand(_Quiet, TyperCommand):
+    """A command: its bad values are one line at parsing and in its callback too."""
 
-    def get_params(self, ctx: typer.Context) -> list[Any]:  # type: ignore[override]
-        return _quiet(super().get_params(ctx))
-
-    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         with one_line_errors():
-            return super().make_context(*args, **kwargs)
+            return super().invoke(ctx)
+
+
+class QuietGroup(_Quiet, TyperGroup):
+    """A command group (the root, ``outbox``): its commands listed after its options."""
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
-        option_sections(self, ctx, formatter)
+        super().format_options(ctx, formatter)
         self.format_commands(ctx, formatter)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
@@ -142,6 +138,3 @@ class QuietGroup(TyperGroup):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
-
-    def get_help(self, ctx: Any) -> str:
-        return styled(super().get_help(ctx))

@@ -494,7 +494,9 @@ def _keys(keys: list[str]) -> str:
     return shown + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
 
 
-def kafka_clients(o: ConsumeOptions, on_error: Callable[[Any], None] | None = None) -> Any:
+def kafka_clients(
+    o: ConsumeOptions, on_error: Callable[[Any], None] | None = None
+) -> tuple[Any, DeadLetters]:
     """The Kafka consumer and the dead-letter producer the options make (the consumer joins
     no group until it subscribes): a setting librdkafka refuses is a ConfigError naming it.
     ``check_kafka`` makes and drops them, for a supervisor that starts workers with them."""
