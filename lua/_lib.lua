@@ -174,8 +174,22 @@ local function uncount(key, rec)
   end
 end
 
--- Put rec (as just written, with n = '1') in the index.
+-- Tell the processes waiting for key (wait=) that nobody holds it now: a message on the
+-- index's channel (one per server, on a cluster one per hash slot), the key's name in it.
+-- SPUBLISH, sharded, where the server has it (7.0 on), else PUBLISH. A hint only: a waiter
+-- claims again, and polls where no message comes.
+local function wake(key)
+  local channel = LIVE .. ':wake'
+  local sent = redis.pcall('SPUBLISH', channel, key)
+  if type(sent) == 'table' and sent.err then redis.call('PUBLISH', channel, key) end
+end
+
+-- Put rec (as just written, with n = '1') in the index; a record nobody holds wakes its
+-- waiters.
 local function count(key, rec)
+  if rec.status ~= nil and rec.status ~= '' and (rec.status ~= 'in_progress' or rec.owner == '') then
+    wake(key)
+  end
   local class, second = counted(rec)
   if class == 'i' then
     redis.call('ZADD', LIVE, tonumber(rec.lease), key)

@@ -61,6 +61,7 @@ NAMES = {
     "AsyncUnit": "Unit",
     "asynccontextmanager": "contextmanager",
     "drive_async": "drive",
+    "wait_async": "wait",
 }
 """Whole words renamed, in code, comments and docstrings alike."""
 
@@ -68,6 +69,7 @@ SYNTAX: list[tuple[re.Pattern[str], str]] = [
     # A give-back shielded from a second cancellation is, in a thread, a plain call.
     (re.compile(r"await asyncio\.shield\((.*)\)$", re.M), r"\1"),
     (re.compile(r"\bawait "), ""),
+    (re.compile(r"\bAwaitable\[(\w+)\]"), r"\1"),
     (re.compile(r"\basync (def|with|for) "), r"\1 "),
 ]
 WORDS = {**MODULES, **NAMES}

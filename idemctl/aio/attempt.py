@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from idemctl.aio.context import Handler, call_handler
@@ -45,6 +46,7 @@ from idemctl.runner.outcome import (
     result_lost,
     stored_form,
 )
+from idemctl.runner.waiting import MAX_WAIT, STATS
 
 if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
@@ -67,6 +69,7 @@ async def run(
     order: Order | None = None,
     logger: logging.Logger = log,
     timeout: float | None = None,
+    wait: float | None = None,
 ) -> RunResult:
     """Run ``handler`` at most once to completion for ``key``.
 
@@ -90,8 +93,89 @@ async def run(
     ``timeout`` (seconds) is the handler's soft time limit: past it HandlerTimeout is
     raised in it (a coroutine is cancelled; a thread gets it at its next bytecode, a
     blocking C call when it returns), and the attempt fails as retriable.
+
+    ``wait`` (seconds): a key in flight elsewhere is waited for, up to ``wait``, instead
+    of answered BUSY at once: its result when it completes (REPLAYED), or this call claims
+    and runs it when the holder fails, lets go or loses its lease; BUSY if it is still in
+    flight at the deadline. The store wakes the waiter (see ``idemctl.runner.waiting``).
     """
     validate_key(key)  # InvalidKey before anything is claimed, the same on every store
+    if wait is not None and not 0 < wait <= MAX_WAIT:
+        raise ConfigError(f"wait must be above 0 and at most {MAX_WAIT:g} seconds, not {wait!r}")
+    result = await _run_once(
+        store,
+        key,
+        handler,
+        fingerprint,
+        lease,
+        retention,
+        permanent,
+        heartbeat,
+        transactional,
+        max_attempts,
+        order,
+        logger,
+        timeout,
+    )
+    if wait is None or result.outcome is not Outcome.BUSY:
+        return result
+    return await _waited(
+        store,
+        key,
+        wait,
+        lambda: _run_once(
+            store,
+            key,
+            handler,
+            fingerprint,
+            lease,
+            retention,
+            permanent,
+            heartbeat,
+            transactional,
+            max_attempts,
+            order,
+            logger,
+            timeout,
+        ),
+    )
+
+
+async def _waited(
+    store: AsyncStore, key: str, wait: float, again: Callable[[], Awaitable[RunResult]]
+) -> RunResult:
+    """Run ``again`` (a claim, and the handler if the key is won) at every wake-up about
+    ``key`` until it is no longer BUSY or ``wait`` seconds are over. Registered before the
+    first claim again, so a completion meanwhile is not missed."""
+    started = time.monotonic()
+    STATS.started()
+    with store.watch().watching(key) as watching:
+        while True:
+            result = await again()
+            left = started + wait - time.monotonic()
+            if result.outcome is not Outcome.BUSY or left <= 0:
+                break
+            await watching.wait_async(result.record, left)
+    STATS.ended(time.monotonic() - started, result.outcome is not Outcome.BUSY)
+    return result
+
+
+async def _run_once(
+    store: AsyncStore,
+    key: str,
+    handler: Handler,
+    fingerprint: str | None,
+    lease: float | None,
+    retention: float | None,
+    permanent: tuple[type[BaseException], ...],
+    heartbeat: bool,
+    transactional: bool,
+    max_attempts: int | None,
+    order: Order | None,
+    logger: logging.Logger,
+    timeout: float | None,
+) -> RunResult:
+    """``run`` without waiting: one claim, and the handler if the key is won."""
     if transactional:
         return await _run_transactional(
             store,

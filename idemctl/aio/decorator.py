@@ -28,6 +28,7 @@ def idempotent(
     order_key: str | Callable[..., str] | None = None,
     sequence: str | Callable[..., Any] | None = None,
     timeout: float | None = None,
+    wait: float | None = None,
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
     """``idemctl.idempotent`` for ``async def`` functions: the same arguments, results and
     errors; ``store`` is an ``AsyncStore`` or a URL opened on first call."""
@@ -59,6 +60,7 @@ def idempotent(
                 permanent=permanent,
                 timeout=timeout,
                 order=order,
+                wait=wait,
             )
             value: T = answer(result, order)
             return value

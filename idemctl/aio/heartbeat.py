@@ -1,4 +1,7 @@
-"""``idemctl.runner.heartbeat`` as a task: one heartbeat for the key an async attempt holds."""
+"""``idemctl.runner.heartbeat`` on an event loop: the loop's own timer heap is the
+scheduler, one per loop. An attempt's heartbeat is a timer (``call_later``); a task is made
+only when a beat falls due, so a handler that ends within ``lease/3`` costs a timer pushed
+and cancelled, no task."""
 
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ log = logging.getLogger("idemctl.runner")
 
 
 class Heartbeat:
-    """Every ``lease/3`` seconds, a task extends the leases of ``held`` (and the entity holds
-    ``guards`` name) until stopped: the thread of ``idemctl.runner.Heartbeat``, as a task."""
+    """Every ``lease/3`` seconds, extends the leases of ``held`` (and the entity holds
+    ``guards`` name) until stopped."""
 
     def __init__(
         self,
@@ -29,35 +32,52 @@ class Heartbeat:
         *,
         name: str = "idemctl-heartbeat",
     ) -> None:
-        self.store, self.lease = store, lease
+        self.store, self.lease, self.name = store, lease, name
         self._held = list(held)
         self._guards = list(guards)
-        self._task = asyncio.create_task(self._beat(), name=name)
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(lease / 3, self._due)
+        self._task: asyncio.Task[None] | None = None
+
+    def _due(self) -> None:
+        self._timer = None
+        self._task = self._loop.create_task(self._beat_then_next(), name=self.name)
+
+    async def _beat_then_next(self) -> None:
+        await self._beat()
+        self._task = None
+        self._timer = self._loop.call_later(self.lease / 3, self._due)
 
     async def stop(self) -> None:
-        """Cancel the beats and wait for them to end. The caller's own cancellation still
-        reaches it (awaiting the cancelled task under ``suppress`` would swallow it)."""
-        self._task.cancel()
-        await asyncio.wait([self._task])
-        if not self._task.cancelled() and self._task.exception() is not None:
-            log.warning("heartbeat stopped: %r", self._task.exception())
+        """No more beats; a beat under way is cancelled and waited for. The caller's own
+        cancellation still reaches it (awaiting the cancelled task under ``suppress``
+        would swallow it)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("heartbeat stopped: %r", task.exception())
 
     async def _beat(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease / 3)
-            unanswered: StoreError | None = None
-            if self._guards:  # asking again extends the hold; a lost one shows when it settles
-                try:
-                    await self.store.guard_many(self._guards, self.lease)
-                except StoreError as exc:
-                    unanswered = exc
-            for a in list(self._held):
-                try:
-                    await self.store.extend(a.key, a.owner, a.fencing_token, self.lease)
-                except LeaseLost as exc:  # completed meanwhile, or taken: completion says
-                    log.debug("heartbeat: %s", exc)
-                    self._held.remove(a)
-                except StoreError as exc:
-                    unanswered = exc
-            if unanswered is not None:
-                log.warning("heartbeat could not extend the leases it holds: %s", unanswered)
+        """One beat: every lease extended (a lost one dropped), every hold asked again."""
+        unanswered: StoreError | None = None
+        if self._guards:  # asking again extends the hold; a lost one shows when it settles
+            try:
+                await self.store.guard_many(self._guards, self.lease)
+            except StoreError as exc:
+                unanswered = exc
+        for a in list(self._held):
+            try:
+                await self.store.extend(a.key, a.owner, a.fencing_token, self.lease)
+            except LeaseLost as exc:  # completed meanwhile, or taken: completion says
+                log.debug("heartbeat: %s", exc)
+                self._held.remove(a)
+            except StoreError as exc:
+                unanswered = exc
+        if unanswered is not None:
+            log.warning("heartbeat could not extend the leases it holds: %s", unanswered)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
 
 from idemctl.model import (
     JSON,
@@ -39,6 +39,9 @@ from idemctl.model import (
     Status,
 )
 from idemctl.stores.base import Progress, Store, check_claims, check_guards, checked
+
+if TYPE_CHECKING:
+    from idemctl.runner.waiting import Watch
 
 T = TypeVar("T")
 
@@ -252,6 +255,10 @@ class AsyncStore:
 
     async def check(self) -> list[Finding]:
         return await self._thread(self.sync.check)
+
+    def watch(self) -> Watch:
+        """The sync store's waiters (``wait=``): one watch for both APIs in a process."""
+        return self.sync.watch()
 
     # Lifetime -------------------------------------------------------------------------------------
 

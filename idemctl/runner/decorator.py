@@ -32,6 +32,7 @@ def idempotent(
     order_key: str | Callable[..., str] | None = None,
     sequence: str | Callable[..., Any] | None = None,
     timeout: float | None = None,
+    wait: float | None = None,
 ) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """Make a function run at most once to completion per idempotency key.
 
@@ -50,6 +51,10 @@ def idempotent(
     ``timeout`` (seconds): past it, HandlerTimeout is raised inside the function (at its
     next bytecode; a blocking C call sees it when it returns) and propagates from the call;
     the key is failed as retriable, so the next call runs it again.
+
+    ``wait`` (seconds): a call that finds its key in flight waits up to ``wait`` for the
+    holder instead of raising KeyBusy at once: it returns the holder's result, or runs the
+    function itself if the holder failed, let go or lost its lease; KeyBusy at the deadline.
     """
     check_order(order_key, sequence)
 
@@ -77,6 +82,7 @@ def idempotent(
                 permanent=permanent,
                 timeout=timeout,
                 order=order,
+                wait=wait,
             )
             value: T = answer(result, order)
             return value

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Protocol, Self, TypeAlias, runtime_checkable
+from threading import Lock
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeAlias, runtime_checkable
 
 from idemctl.durations import MAX_DURATION, check_duration
 from idemctl.errors import ConfigError, LeaseLost
@@ -59,6 +60,13 @@ Progress: TypeAlias = Callable[[int], None]
 
 BATCH = 500
 """Keys one admin batch (one transaction, script call or statement) handles at most."""
+
+
+if TYPE_CHECKING:
+    from idemctl.runner.waiting import Watch
+
+_WATCHES = Lock()
+"""Makes each store's watch once."""
 
 
 @runtime_checkable
@@ -202,6 +210,10 @@ class Store(Protocol):
 
     def provision(self, dry_run: bool = False) -> Provisioning: ...
     def check(self) -> list[Finding]: ...
+    def watch(self) -> Watch:
+        """This process's waiters on the store's keys in flight (``wait=``)."""
+        ...
+
     def close(self) -> None: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *exc: object) -> None: ...
@@ -296,6 +308,13 @@ class BaseStore(ABC):
 
     scheme: ClassVar[str]
     claim_chunk: ClassVar[int | None] = 128
+    wait_poll: ClassVar[tuple[float, float]] = (0.05, 0.5)
+    """A waiter's poller (``wait=``): the first interval between reads of the keys waited
+    for, and the longest it backs off to while none moves (seconds)."""
+    hinted_poll: ClassVar[tuple[float, float]] = (0.5, 2.0)
+    """``wait_poll`` where the store's own notifications (``_listen``) wake waiters: the
+    poll is only for a hint that is lost, and for leases that run out."""
+    _watch: Watch | None = None
 
     def __init__(
         self, url: str, *, lease: float = DEFAULT_LEASE, retention: float = DEFAULT_RETENTION
@@ -440,6 +459,35 @@ class BaseStore(ABC):
             if record is not None:
                 found[key] = record
         return found
+
+    def watch(self) -> Watch:
+        """This process's waiters on the store (``wait=``): made at the first wait, with the
+        store's own notifications (``_listen``) started before it is returned."""
+        if self._watch is None:
+            from idemctl.runner.waiting import Watch
+
+            with _WATCHES:
+                if self._watch is None:
+                    watch = Watch(self, *self.wait_poll)  # type: ignore[arg-type]
+                    watch.listening = self._listen(watch)
+                    if watch.listening is not None:
+                        watch.poll, watch.max_poll = self.hinted_poll
+                    self._watch = watch
+        return self._watch
+
+    def _listen(self, watch: Watch) -> Callable[[], None] | None:
+        """Send the store's notifications of keys that moved on to ``watch.notify``, from
+        now on; returns what stops them. None: no notifications but this process's own."""
+        return None
+
+    def _moved(self, keys: Iterable[str]) -> None:
+        """Keys completed, failed or let go of in this process: its waiters claim again."""
+        if self._watch is not None:
+            self._watch.notify(keys)
+
+    def _close_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
 
     def close(self) -> None:  # noqa: B027 - most stores hold something to close, not all
         pass

@@ -111,6 +111,7 @@ class RowStore(BaseStore):
                 self.retention_for(retention),
             )
             tx.put(record)
+        self._moved((key,))
         return record
 
     def complete_many(
@@ -130,6 +131,7 @@ class RowStore(BaseStore):
                 self.retention_for(retention),
             )
             tx.put(record)
+        self._moved((key,))
         return record
 
     def extend(
@@ -150,6 +152,7 @@ class RowStore(BaseStore):
             held = check_holder(tx.get(key), key, owner, fencing_token, now)
             record = released(held, now, handler_ran)
             tx.put(record)
+        self._moved((key,))
         return record
 
     # The sequence guard -------------------------------------------------------------------
@@ -206,6 +209,7 @@ class RowStore(BaseStore):
                     tx.put_entity(entity)
                 tx.put(completed(held, now, c.result, keep))
                 done.append(True)
+        self._moved(c.key for c, ok in zip(completions, done, strict=True) if ok)
         return done
 
     def get_entity(self, entity: str) -> Entity | None:
@@ -277,6 +281,7 @@ class RowStore(BaseStore):
                 raise KeyNotFound(key)
             record = unlocked(record, now, force)
             tx.put(record)
+        self._moved((key,))
         return record
 
     def unlock_stale(
@@ -311,6 +316,7 @@ class RowStore(BaseStore):
                 raise KeyNotFound(key)
             check_forgettable(record, force)
             tx.put(forgotten(record, now))
+        self._moved((key,))
         return record
 
     def purge(

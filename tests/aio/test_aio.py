@@ -99,17 +99,17 @@ def test_the_heartbeat_task_keeps_a_slow_handler_s_key(url: str) -> None:
 
 
 async def cancelled_then_claimed(
-    store: aio.AsyncStore, key: str, handler: Any, cancel_when: Any
+    store: aio.AsyncStore, key: str, handler: Any, cancel_when: Any, lease: float = 60
 ) -> None:
     """``aio.run`` of ``handler`` (lease 60 s), cancelled once ``cancel_when`` is set: the
     run ends cancelled and the key is given back at once, a takeover (attempt 2: the
     handler had started, and may have done part of its work)."""
-    task = asyncio.create_task(aio.run(store, key, handler, lease=60))
+    task = asyncio.create_task(aio.run(store, key, handler, lease=lease))
     await asyncio.wait_for(cancel_when.wait(), 30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    # The lease was 60 s: only a release lets the next claim in now.
+    # With a 60 s lease, only a release lets the next claim in now.
     again, record = await store.claim(key), await store.get(key)
     assert isinstance(again, Acquired) and again.attempt == 2 and again.takeover
     assert record is not None and record.status is Status.IN_PROGRESS
@@ -132,13 +132,14 @@ def test_a_cancelled_handler_gives_its_key_back_at_once(url: str) -> None:
 def test_a_cancellation_while_the_heartbeat_stops_is_not_swallowed(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The task is cancelled just as the handler returns, while run waits for its heartbeat
-    task to end: run ends cancelled (the key given back), not as if nothing had happened."""
+    """The task is cancelled just as the handler returns, while run waits for a beat under
+    way to end: run ends cancelled (the key given back), not as if nothing had happened."""
     from idemctl.aio import heartbeat
 
-    stopping = asyncio.Event()
+    beating, stopping = asyncio.Event(), asyncio.Event()
 
     async def slow_to_stop(self: heartbeat.Heartbeat) -> None:
+        beating.set()
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
@@ -149,14 +150,35 @@ def test_a_cancellation_while_the_heartbeat_stops_is_not_swallowed(
     monkeypatch.setattr(heartbeat.Heartbeat, "_beat", slow_to_stop)
 
     async def quick(ctx: Context) -> str:
-        await asyncio.sleep(0.05)  # the heartbeat task has started meanwhile
+        await beating.wait()  # a beat is under way (lease 0.3 s: due at 0.1 s)
         return "done"
 
     async def main() -> None:
         async with aio.open_store(url) as store:
-            await cancelled_then_claimed(store, "cancel-2", quick, stopping)
+            await cancelled_then_claimed(store, "cancel-2", quick, stopping, lease=0.3)
 
     asyncio.run(main())
+
+
+def test_a_quick_handler_makes_no_heartbeat_task(url: str) -> None:
+    """A handler that ends before its first beat costs a timer, no task: the loop sees no
+    task but run's own while it runs, and none is left after."""
+
+    async def main() -> tuple[set[str], int]:
+        names: set[str] = set()
+        async with aio.open_store(url) as store:
+
+            async def quick(ctx: Context) -> str:
+                names.update(t.get_name() for t in asyncio.all_tasks())
+                return "done"
+
+            for i in range(20):
+                await aio.run(store, f"quick-{i}", quick, lease=30)
+            return names, len(asyncio.all_tasks())
+
+    names, left = asyncio.run(main())
+    assert not any(n.startswith("idemctl-heartbeat") for n in names), names
+    assert left == 1  # main itself
 
 
 def test_idempotent_on_async_def(url: str) -> None:

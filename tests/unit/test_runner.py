@@ -526,3 +526,18 @@ def test_decorator_keeps_the_function_s_name_and_doc(store: MemoryStore) -> None
 
     assert documented.__name__ == "documented"
     assert documented.__doc__ == "Doubles n."
+
+
+def test_quick_runs_start_no_thread_and_leave_no_heap_behind() -> None:
+    """One heartbeat scheduler per process: 200 handlers that end before their first beat
+    start no thread of their own (the scheduler's, at most, once for the process), and the
+    heap drops their stopped entries."""
+    from idemctl.runner.heartbeat import scheduler
+
+    store = MemoryStore()
+    before = {t.ident for t in threading.enumerate()}
+    for i in range(200):
+        assert run(store, f"quick:{i}", lambda ctx: "ok", lease=30).outcome is Outcome.EXECUTED
+    new = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert new in ([], ["idemctl-heartbeat"])
+    assert scheduler().pending < 100

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from functools import cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
@@ -21,6 +21,9 @@ from idemctl.stores.redis.errors import guard
 from idemctl.stores.redis.ops import Op, Ops, ms
 from idemctl.stores.redis.records import server_time
 from idemctl.stores.redis.scripts import ScriptRunner
+
+if TYPE_CHECKING:
+    from idemctl.runner.waiting import Watch
 
 T = TypeVar("T")
 
@@ -167,7 +170,13 @@ class RedisCore(BaseStore):
     ) -> Any:
         return self._call(name, shared, [(key, args)], durable)[0]
 
+    def _listen(self, watch: Watch) -> Callable[[], None] | None:
+        from idemctl.stores.redis.wake import listen
+
+        return listen(self, watch)
+
     def close(self) -> None:
+        self._close_watch()
         self.script_runner.close()
         self._client.close()
 
