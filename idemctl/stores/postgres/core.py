@@ -3,9 +3,10 @@ and a flow run on a pooled connection."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import psycopg
 
@@ -23,6 +24,9 @@ from idemctl.stores.postgres.sql import (
     names,
     protocol_statements,
 )
+
+if TYPE_CHECKING:
+    from idemctl.runner.waiting import Watch
 
 ADMIN_LOCK_WAIT = 3.0
 """Seconds unlock and forget (of a key or an entity) wait for a row that another
@@ -112,7 +116,13 @@ class PostgresCore(BaseStore):
             )
         return None
 
+    def _listen(self, watch: Watch) -> Callable[[], None] | None:
+        from idemctl.stores.postgres.wake import listen
+
+        return listen(self, watch)
+
     def close(self) -> None:
+        self._close_watch()
         self._pool.close()
 
 

@@ -6,6 +6,7 @@ the outbox both take theirs from it."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -187,13 +188,22 @@ def prefixed(columns: str, alias: str) -> str:
     return ", ".join(alias + c.strip() for c in columns.split(","))
 
 
+def keys_channel(names: Names) -> str:
+    """The channel complete, fail and release notify with the key (waiters LISTEN on it,
+    ``wait=``): at most 45 bytes, within PostgreSQL's 63 whatever the names."""
+    return "idemctl_keys_" + hashlib.md5(names.keys_table.encode()).hexdigest()  # noqa: S324 - a name, not a secret
+
+
 def protocol_statements(names: Names) -> dict[str, str]:
-    """The protocol's statements on the keys table (and the entities table's), by name."""
+    """The protocol's statements on the keys table (and the entities table's), by name.
+    complete, fail and release tell the key's waiters from the same statement: a
+    ``pg_notify`` per row they return, delivered when the transaction commits."""
     # complete, fail, extend and release match the owner, not the status: an owner is set
     # only while in progress (a CHECK constraint), and a status condition would let the
     # planner prefer the partial lease index, whose dead entries grow with every completion.
     t = names.keys_table
     live = "(k.expires_at IS NULL OR k.expires_at > now())"
+    wake = f"pg_notify('{keys_channel(names)}', k.key)"
     complete = f"""
 WITH req AS (
     SELECT * FROM unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[],
@@ -251,15 +261,15 @@ SELECT req.key, c.fencing_token, c.attempts, c.lease_expires_at,
        o.lease_expires_at, o.created_at, o.updated_at, o.completed_at, o.expires_at,
        o.result, o.error, o.retriable, now()
 FROM req LEFT JOIN claimed c USING (key) LEFT JOIN old o USING (key)""",
-        "complete": f"{complete}\nRETURNING {prefixed(COLUMNS, 'k.')}",
-        "complete_keys": f"{complete}\nRETURNING k.key",
+        "complete": f"{complete}\nRETURNING {prefixed(COLUMNS, 'k.')}, {wake}",
+        "complete_keys": f"{complete}\nRETURNING k.key, {wake}",
         "fail": f"""
 UPDATE {t} k SET status = 'failed', owner = NULL, lease_expires_at = NULL, updated_at = now(),
     expires_at = now() + %(retention)s * interval '1 second', error = %(error)s,
     retriable = %(retriable)s
 WHERE k.key = %(key)s AND k.owner = %(owner)s
   AND k.fencing_token = %(token)s
-RETURNING {prefixed(COLUMNS, "k.")}""",
+RETURNING {prefixed(COLUMNS, "k.")}, {wake}""",
         "extend": f"""
 UPDATE {t} k SET lease_expires_at = now() + %(lease)s * interval '1 second', updated_at = now()
 WHERE k.key = %(key)s AND k.owner = %(owner)s
@@ -270,7 +280,7 @@ UPDATE {t} k SET owner = NULL, lease_expires_at = now(), updated_at = now(),
     attempts = greatest(k.attempts - %(unrun)s, 0)
 WHERE k.key = %(key)s AND k.owner = %(owner)s
   AND k.fencing_token = %(token)s
-RETURNING {prefixed(COLUMNS, "k.")}""",
+RETURNING {prefixed(COLUMNS, "k.")}, {wake}""",
         "get": f"SELECT {prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = %(key)s AND {live}",
         "get_many": (
             f"SELECT {prefixed(COLUMNS, 'k.')} FROM {t} k WHERE k.key = ANY(%(keys)s) AND {live}"
