@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,15 +127,23 @@ def test_verify_passes_with_kills_every_2s_and_leaves_nothing(
     t = target(name, request, tmp_path)
     if t.neighbour is not None:
         t.neighbour.plant()
-    run = uuid.uuid4().hex[:8]
-    rc, doc, err = verify(
-        kafka_broker, t.url, "--messages", str(t.messages), "--kill-every", "2s",
-        "--run-id", run, *t.options,
-    )  # fmt: skip
     # What verify judged, for a failure to be read: its problems and counts, then its log.
     shown = ("problems", "lost", "duplicate_effects", "duplicates_allowed", "kills",
              "kills_mid_handler", "poison_missing", "lag_left")  # fmt: skip
-    judged = {k: doc.get(k) for k in shown}
+    for tries_left in (1, 0) if name == "redis-rebalance" else (0,):
+        run = uuid.uuid4().hex[:8]
+        rc, doc, err = verify(
+            kafka_broker, t.url, "--messages", str(t.messages), "--kill-every", "2s",
+            "--run-id", run, *t.options,
+        )  # fmt: skip
+        judged = {k: doc.get(k) for k in shown}
+        if rc == 0 or not (tries_left and stalled(doc)):
+            break
+        # tansu's group, with a member joining and leaving besides the kills, on a loaded
+        # machine: now and then a member stays with no partitions and the others join for
+        # minutes (1 run in 4 beside 4 busy processes). Nothing duplicated, nothing
+        # committed unfinished: the broker did not hand the messages out. Once more.
+        warnings.warn(f"verify stalled on the broker, run again: {judged}", stacklevel=1)
     assert rc == 0, f"{judged}\n{err[-3000:]}"
     validate("verify.schema.json", doc)
     assert doc["ok"] is True and doc["problems"] == []
@@ -155,6 +164,19 @@ def test_verify_passes_with_kills_every_2s_and_leaves_nothing(
     if t.neighbour is not None:
         assert t.neighbour.intact()
     assert list(tmp_path.glob("idemctl-verify-*")) == []
+
+
+def stalled(doc: dict[str, Any]) -> bool:
+    """verify timed out with messages never handed out, and nothing it judged went wrong
+    besides: no duplicate past the guarantee's allowance, every problem from the lag."""
+    return (
+        doc.get("lag_left", 0) > 0
+        and doc.get("duplicate_effects", 0) <= doc.get("duplicates_allowed", 0)
+        and all(
+            p.startswith("not drained in time") or p.endswith(("key(s) lost", "not dead-lettered"))
+            for p in doc.get("problems", [])
+        )
+    )
 
 
 def expected_messages(run: str, sabotage: str, messages: int = 1000) -> _Messages:
