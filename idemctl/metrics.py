@@ -74,6 +74,45 @@ def gauge(name: str, text: str, value: float) -> Any:
     return GaugeMetricFamily(name, text, value=value)
 
 
+def wait_families() -> list[Any]:
+    """``wait=``'s figures in this process, every store's (``idemctl.runner.waiting.STATS``):
+    waits begun, how they ended (woken: the key settled by another, its result or the key
+    to run; timed_out: still in flight at the deadline), and how long they took."""
+    from prometheus_client.core import HistogramMetricFamily
+
+    from idemctl.runner.waiting import SECONDS as WAIT_SECONDS
+    from idemctl.runner.waiting import STATS
+
+    with STATS._lock:
+        begun, woken, timed_out = STATS.begun, STATS.woken, STATS.timed_out
+        buckets, total = list(STATS.buckets), STATS.seconds
+    cumulative, running = [], 0
+    for le, n in zip([*map(str, WAIT_SECONDS), "+Inf"], buckets, strict=True):
+        running += n
+        cumulative.append((le, running))
+    return [
+        counter("idemctl_waits_begun", "Calls that found their key in flight and waited.", begun),
+        counter(
+            "idemctl_waits_ended",
+            "Waits ended: woken (the key settled by another) or timed_out (still in flight).",
+            {"woken": woken, "timed_out": timed_out},
+            "how",
+        ),
+        HistogramMetricFamily(
+            "idemctl_wait_seconds",
+            "Seconds a call waited for a key in flight.",
+            buckets=cumulative,
+            sum_value=total,
+        ),
+    ]
+
+
+def register_waits(registry: CollectorRegistry) -> None:
+    """``wait_families`` in an application's registry, read at each scrape:
+    ``idemctl.metrics.register_waits(prometheus_client.REGISTRY)``."""
+    registry.register(Scraped(wait_families))
+
+
 def merged(texts: Iterable[str], ended: Iterable[str] = ()) -> list[Any]:
     """The metric families of several processes' expositions as one: samples with the same
     name and labels summed (counters, histograms, and gauges of partitions, leases and lag,

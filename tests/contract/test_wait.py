@@ -115,3 +115,25 @@ def test_wait_out_of_range_is_refused_before_any_claim(store: Store, wait: float
     with pytest.raises(ConfigError, match="wait"):
         run(store, "w-range", lambda ctx: "x", wait=wait)
     assert store.get("w-range") is None
+
+
+def test_the_waits_show_in_prometheus(store: Store) -> None:
+    """``register_waits``: the process's waits in an application's registry, as scraped."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from idemctl.metrics import register_waits
+
+    registry = CollectorRegistry()
+    register_waits(registry)
+    held(store, "w-metrics")
+    assert run(store, "w-metrics", lambda ctx: "x", wait=0.05).outcome is Outcome.BUSY
+    text = generate_latest(registry).decode()
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert values["idemctl_waits_begun_total"] >= 1
+    assert values['idemctl_waits_ended_total{how="timed_out"}'] >= 1
+    assert values['idemctl_wait_seconds_bucket{le="+Inf"}'] == values["idemctl_wait_seconds_count"]
+    assert values["idemctl_wait_seconds_count"] >= 1
