@@ -149,7 +149,8 @@ async def _waited(
     first claim again, so a completion meanwhile is not missed."""
     started = time.monotonic()
     STATS.started()
-    with store.watch().watching(key) as watching:
+    watch = await store.watch()
+    with watch.watching(key) as watching:
         while True:
             result = await again()
             left = started + wait - time.monotonic()

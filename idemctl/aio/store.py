@@ -256,9 +256,10 @@ class AsyncStore:
     async def check(self) -> list[Finding]:
         return await self._thread(self.sync.check)
 
-    def watch(self) -> Watch:
-        """The sync store's waiters (``wait=``): one watch for both APIs in a process."""
-        return self.sync.watch()
+    async def watch(self) -> Watch:
+        """The sync store's waiters (``wait=``): one watch for both APIs in a process, made
+        in a thread (the first time, Redis subscribes and PostgreSQL connects to LISTEN)."""
+        return await self._thread(self.sync.watch)
 
     # Lifetime -------------------------------------------------------------------------------------
 

@@ -147,7 +147,8 @@ def _waited(store: Store, key: str, wait: float, again: Callable[[], RunResult])
     first claim again, so a completion meanwhile is not missed."""
     started = time.monotonic()
     STATS.started()
-    with store.watch().watching(key) as watching:
+    watch = store.watch()
+    with watch.watching(key) as watching:
         while True:
             result = again()
             left = started + wait - time.monotonic()

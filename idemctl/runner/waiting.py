@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -123,7 +124,8 @@ class Watch:
                 waited.generation += 1
                 woke = True
                 for loop, future in waited.futures:
-                    loop.call_soon_threadsafe(_resolve, future)
+                    with suppress(RuntimeError):  # its loop is closed: nobody waits there
+                        loop.call_soon_threadsafe(_resolve, future)
             if woke:
                 self._cond.notify_all()
 

@@ -62,7 +62,7 @@ def test_twenty_callers_in_two_processes_run_the_key_once(url: str, tmp_path: Pa
     assert len(ledger_lines(ledger)) == 1, ledger_lines(ledger)
     outcomes = sorted(r["outcome"] for r in found)
     assert outcomes == ["executed"] + ["replayed"] * 19
-    assert len({json.dumps(r["result"], sort_keys=True) for r in found}) == 1  # every call: the one result
+    assert len({json.dumps(r["result"], sort_keys=True) for r in found}) == 1  # one result
 
 
 def test_a_waiter_takes_over_from_a_killed_holder_and_runs_once(url: str, tmp_path: Path) -> None:
