@@ -209,6 +209,9 @@ def _where(q: Query) -> tuple[str, list[Any]]:
 
 class SQLiteStore(RowStore):
     scheme = "sqlite"
+    wait_poll = (0.02, 0.1)
+    """Waiters in other processes see a key let go only by reading the file: a read of a
+    local file costs little, so it is read often."""
 
     def __init__(
         self,

@@ -1,0 +1,295 @@
+"""Benchmark: the library's own path, ``@idempotent`` / ``idemctl.run``, one call at a time.
+
+    .venv/bin/python benchmarks/library_path.py [--keys 2000] [--rounds 5]
+        [--only powertools,floor,wake] [--wake-rounds 5] [--hold 1.0]
+
+- ``powertools``: ``@idempotent`` against Powertools' ``@idempotent_function`` over
+  ``RedisCachePersistenceLayer`` on the same redis-server, in this process, rounds
+  alternating: ``--keys`` fresh keys (first runs), then the same keys again (replays);
+  calls a second and the ratio per round, and the median of the ratios.
+- ``floor``: ``idemctl.run`` first runs against two raw round trips a call, same run: Redis
+  ``SET NX PX`` then ``SET PX``; PostgreSQL ``INSERT ... ON CONFLICT DO NOTHING`` then
+  ``UPDATE`` (autocommit), on the same servers.
+- ``wake``: 2 processes of 10 threads call one key with ``wait=10`` while a holder (this
+  process) runs its handler ``--hold`` seconds: the time from the holder's completion to
+  each waiter's return, p50/p99/max per store, over ``--wake-rounds`` keys.
+
+Servers are started on free loopback ports (tests/servers.py) and stopped by PID. Ratios
+only: the machine's speed cancels out within a run; nothing is asserted on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from idemctl import idempotent, open_store  # noqa: E402
+from idemctl.runner import run  # noqa: E402
+from tests.servers import MotoServer, PostgresServer, RedisServer, fake_aws_env  # noqa: E402
+
+WAITER = """
+import json, sys, threading, time
+from idemctl import open_store
+from idemctl.runner import run
+store = open_store(sys.argv[1])
+key, threads = sys.argv[2], int(sys.argv[3])
+store.watch()  # subscribed before the holder is told we are ready
+out = []
+def call():
+    r = run(store, key, lambda ctx: {"ran": "waiter"}, wait=10)
+    out.append((r.outcome.value, time.time()))
+ts = [threading.Thread(target=call) for _ in range(threads)]
+[t.start() for t in ts]
+while len(store.watch().waited) < 1: time.sleep(0.001)
+print("ready", flush=True)
+[t.join() for t in ts]
+print(json.dumps(out), flush=True)
+"""
+
+
+def rate(calls: int, seconds: float) -> float:
+    return calls / seconds if seconds > 0 else float("inf")
+
+
+def timed(fn: Any, keys: list[str]) -> float:
+    started = time.perf_counter()
+    for key in keys:
+        fn(key)
+    return rate(len(keys), time.perf_counter() - started)
+
+
+# powertools ---------------------------------------------------------------------------------
+
+
+def powertools_fn(url: str, prefix: str) -> Any:
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+    from aws_lambda_powertools.utilities.idempotency.persistence.redis import (
+        RedisCachePersistenceLayer,
+    )
+    from redis import Redis
+
+    client = Redis.from_url(url, decode_responses=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        layer = RedisCachePersistenceLayer(client=client)  # type: ignore[arg-type]
+
+    class Context:
+        function_name = "bench"
+        memory_limit_in_mb = 128
+        invoked_function_arn = "arn:aws:lambda:eu-west-1:000000000000:function:bench"
+        aws_request_id = "0"
+
+        def get_remaining_time_in_millis(self) -> int:
+            return 60_000
+
+    config = IdempotencyConfig(expires_after_seconds=3600)
+    config.register_lambda_context(Context())  # type: ignore[arg-type]
+
+    @idempotent_function(  # type: ignore[untyped-decorator]
+        data_keyword_argument="order", persistence_store=layer, config=config, key_prefix=prefix
+    )
+    def charge(order: dict[str, str]) -> dict[str, str]:
+        return {"charged": order["id"]}
+
+    return lambda key: charge(order={"id": key})
+
+
+def section_powertools(redis_url: str, keys: int, rounds: int) -> None:
+    print(f"\n== @idempotent vs Powertools @idempotent_function, Redis, {keys} keys a round")
+    print("(floor: SET NX then SET, redis-py, the two round trips both make, same rounds)")
+    ratios: dict[str, list[float]] = {"first runs": [], "replays": [], "floor/Powertools": []}
+    for r in range(rounds):
+        tag = uuid.uuid4().hex[:6]
+        store = open_store(f"{redis_url}?prefix=lp{tag}:")
+
+        @idempotent(store, key="charge:{order_id}")
+        def charge(order_id: str) -> dict[str, str]:
+            return {"charged": order_id}
+
+        theirs = powertools_fn(redis_url, f"pt{tag}")
+        floor = redis_floor(redis_url)
+        names = [f"o-{i}" for i in range(keys)]
+        figures: dict[str, tuple[float, float]] = {}
+        for phase in ("first runs", "replays"):
+            ours = timed(charge, names)
+            peer = timed(theirs, names)
+            figures[phase] = (ours, peer)
+            ratios[phase].append(ours / peer)
+        bare = timed(floor, [f"{tag}-{n}" for n in names])
+        ratios["floor/Powertools"].append(bare / figures["first runs"][1])
+        store.close()
+        print(
+            f"round {r + 1}: "
+            + "; ".join(
+                f"{phase} idemctl {o:,.0f}/s, Powertools {p:,.0f}/s = {o / p:.2f}x"
+                for phase, (o, p) in figures.items()
+            )
+            + f"; floor {bare:,.0f}/s = {bare / figures['first runs'][1]:.2f}x Powertools"
+        )
+    for phase, values in ratios.items():
+        each = ", ".join(f"{v:.2f}" for v in values)
+        print(f"median {phase}: {statistics.median(values):.2f}x ({each})")
+
+
+# floor ---------------------------------------------------------------------------------------
+
+
+def redis_floor(url: str) -> Any:
+    from redis import Redis
+
+    client = Redis.from_url(url)
+
+    def call(key: str) -> None:
+        if not client.set(f"floor:{key}", "in_progress", nx=True, px=60_000):
+            raise RuntimeError(key)
+        client.set(f"floor:{key}", '{"ok":true}', px=3_600_000)
+
+    return call
+
+
+def postgres_floor(url: str) -> Any:
+    import psycopg
+
+    conn = psycopg.connect(url.split("?", maxsplit=1)[0], autocommit=True)
+    conn.execute("CREATE TABLE IF NOT EXISTS floor_keys (key text PRIMARY KEY, v jsonb)")
+
+    def call(key: str) -> None:
+        conn.execute(
+            "INSERT INTO floor_keys (key, v) VALUES (%s, NULL) ON CONFLICT DO NOTHING", (key,)
+        )
+        conn.execute("UPDATE floor_keys SET v = '{\"ok\": true}' WHERE key = %s", (key,))
+
+    return call
+
+
+def section_floor(urls: dict[str, str], keys: int, rounds: int) -> None:
+    print(f"\n== idemctl.run first runs vs two raw round trips, {keys} keys a round")
+    floors = {"redis": redis_floor, "postgres": postgres_floor}
+    for name, url in urls.items():
+        values = []
+        for _ in range(rounds):
+            tag = uuid.uuid4().hex[:6]
+            store = open_store(url if name == "postgres" else f"{url}?prefix=fl{tag}:")
+            store.provision()
+            floor = floors[name](url)
+            names = [f"{tag}-{i}" for i in range(keys)]
+            ours = timed(lambda k, s=store: run(s, k, lambda ctx: {"ok": True}), names)
+            theirs = timed(floor, [f"{n}-f" for n in names])
+            values.append(ours / theirs)
+            store.close()
+            print(f"{name}: idemctl {ours:,.0f}/s, floor {theirs:,.0f}/s = {ours / theirs:.2f}x")
+        print(f"{name} median: {statistics.median(values):.2f}x")
+
+
+# wake ----------------------------------------------------------------------------------------
+
+
+def one_wake(url: str, hold: float) -> tuple[list[float], list[str]]:
+    key = f"wake-{uuid.uuid4().hex[:8]}"
+    store = open_store(url)
+    started, completed = threading.Event(), []
+
+    def handler(ctx: Any) -> dict[str, str]:
+        started.set()
+        time.sleep(hold)
+        return {"ran": "holder"}
+
+    def hold_it() -> None:
+        result = run(store, key, handler)
+        completed.append((result.outcome.value, time.time()))
+
+    holder = threading.Thread(target=hold_it)
+    holder.start()
+    started.wait(30)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", WAITER, url, key, "10"]
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("a waiter process did not start")
+    holder.join()
+    outs = [json.loads(proc.communicate(timeout=60)[0]) for proc in procs]
+    store.close()
+    done_at = completed[0][1]
+    calls = [c for out in outs for c in out]
+    return [(at - done_at) * 1000 for _, at in calls], [o for o, _ in calls] + [completed[0][0]]
+
+
+def section_wake(urls: dict[str, str], rounds: int, hold: float) -> None:
+    print(
+        f"\n== wake-up: completion to a waiter's return, 20 waiters in 2 processes, {rounds} keys"
+    )
+    for name, url in urls.items():
+        samples: list[float] = []
+        outcomes: list[str] = []
+        for _ in range(rounds):
+            ms, seen = one_wake(url, hold)
+            samples += ms
+            outcomes += seen
+        samples.sort()
+        p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+        counts = {o: outcomes.count(o) for o in sorted(set(outcomes))}
+        print(
+            f"{name}: p50 {statistics.median(samples):.1f} ms, p99 {p99:.1f} ms, "
+            f"max {samples[-1]:.1f} ms over {len(samples)} waiters; outcomes {counts}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default="powertools,floor,wake")
+    parser.add_argument("--wake-rounds", type=int, default=5)
+    parser.add_argument("--hold", type=float, default=1.0)
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        redis = RedisServer(tmp).start()
+        stack.callback(redis.stop)
+        redis_url = f"redis://127.0.0.1:{redis.port}/0"
+        postgres = PostgresServer(tmp).start()
+        stack.callback(postgres.stop)
+        postgres_url = postgres.url()
+        if "powertools" in only:
+            section_powertools(redis_url, args.keys, args.rounds)
+        if "floor" in only:
+            urls = {"redis": redis_url, "postgres": postgres_url}
+            section_floor(urls, args.keys, max(1, args.rounds // 2))
+        if "wake" in only:
+            stack.enter_context(fake_aws_env())
+            moto = MotoServer(tmp).start()
+            stack.callback(moto.stop)
+            table = moto.url(f"wake-{uuid.uuid4().hex[:6]}")
+            urls = {
+                "redis": f"{redis_url}?prefix=wk:",
+                "postgres": postgres_url,
+                "sqlite": f"sqlite:///{tmp}/wake.db",
+                "dynamodb": table,
+            }
+            for url in urls.values():
+                with open_store(url) as store:
+                    store.provision()
+            section_wake(urls, args.wake_rounds, args.hold)
+
+
+if __name__ == "__main__":
+    main()
