@@ -11,6 +11,7 @@ This module is the original of ``idemctl.runner.attempt`` (scripts/unasync.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -102,7 +103,8 @@ async def run(
     validate_key(key)  # InvalidKey before anything is claimed, the same on every store
     if wait is not None and not 0 < wait <= MAX_WAIT:
         raise ConfigError(f"wait must be above 0 and at most {MAX_WAIT:g} seconds, not {wait!r}")
-    result = await _run_once(
+    once = functools.partial(
+        _run_once,
         store,
         key,
         handler,
@@ -117,28 +119,10 @@ async def run(
         logger,
         timeout,
     )
+    result = await once()
     if wait is None or result.outcome is not Outcome.BUSY:
         return result
-    return await _waited(
-        store,
-        key,
-        wait,
-        lambda: _run_once(
-            store,
-            key,
-            handler,
-            fingerprint,
-            lease,
-            retention,
-            permanent,
-            heartbeat,
-            transactional,
-            max_attempts,
-            order,
-            logger,
-            timeout,
-        ),
-    )
+    return await _waited(store, key, wait, once)
 
 
 async def _waited(

@@ -12,6 +12,7 @@ Written by scripts/unasync.py from ``idemctl.aio.attempt``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -102,7 +103,8 @@ def run(
     validate_key(key)  # InvalidKey before anything is claimed, the same on every store
     if wait is not None and not 0 < wait <= MAX_WAIT:
         raise ConfigError(f"wait must be above 0 and at most {MAX_WAIT:g} seconds, not {wait!r}")
-    result = _run_once(
+    once = functools.partial(
+        _run_once,
         store,
         key,
         handler,
@@ -117,28 +119,10 @@ def run(
         logger,
         timeout,
     )
+    result = once()
     if wait is None or result.outcome is not Outcome.BUSY:
         return result
-    return _waited(
-        store,
-        key,
-        wait,
-        lambda: _run_once(
-            store,
-            key,
-            handler,
-            fingerprint,
-            lease,
-            retention,
-            permanent,
-            heartbeat,
-            transactional,
-            max_attempts,
-            order,
-            logger,
-            timeout,
-        ),
-    )
+    return _waited(store, key, wait, once)
 
 
 def _waited(store: Store, key: str, wait: float, again: Callable[[], RunResult]) -> RunResult:

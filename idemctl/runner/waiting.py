@@ -207,9 +207,9 @@ class Watch:
                 self.notify(moving)
             with self._cond:  # a holder still there: its lease as now extended, to wake by
                 for key, record in records.items():
-                    waited = self._keys.get(key)
-                    if waited is not None and key not in moving:
-                        waited.seen = record
+                    still = self._keys.get(key)
+                    if still is not None and key not in moving:
+                        still.seen = record
             interval = self.poll if moving else min(interval * 1.5, self.max_poll)
 
     def close(self) -> None:
