@@ -51,17 +51,10 @@ class Wakeup:
             return self._conn
         if time.monotonic() - self._failed_at < RECONNECT:
             return None
-        import psycopg
+        from idemctl.stores.postgres.wake import listening
 
-        settings = self.store.pool_settings
         try:
-            with self.store.translated():
-                conn = psycopg.connect(settings.conninfo, **settings.connect_kwargs())
-                try:
-                    conn.execute(f'LISTEN "{self.channel}"')
-                except BaseException:
-                    conn.close()
-                    raise
+            conn = listening(self.store, self.channel)
         except IdemctlError as exc:
             self._failed_at, self._deaf = time.monotonic(), True
             log.debug("cannot listen for new outbox rows, polling only: %s", exc)

@@ -28,6 +28,23 @@ READ = 0.5
 """Seconds at most between two looks at the stop flag."""
 
 
+def listening(store: PostgresCore, channel: str) -> psycopg.Connection[Any]:
+    """A connection of its own (outside the store's pool) that LISTENs on ``channel``;
+    driver errors become idemctl's (StoreUnavailable, ...). The outbox relay's wake-up
+    listens with it too."""
+    import psycopg
+
+    settings = store.pool_settings
+    with store.translated():
+        conn = psycopg.connect(settings.conninfo, **settings.connect_kwargs())
+        try:
+            conn.execute(f'LISTEN "{channel}"')
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
 class Listener:
     def __init__(self, store: PostgresCore, watch: Watch) -> None:
         self.store, self.watch = store, watch
@@ -48,17 +65,7 @@ class Listener:
         return True
 
     def _connect(self) -> psycopg.Connection[Any]:
-        import psycopg
-
-        settings = self.store.pool_settings
-        with self.store.translated():
-            conn = psycopg.connect(settings.conninfo, **settings.connect_kwargs())
-            try:
-                conn.execute(f'LISTEN "{self.channel}"')
-            except BaseException:
-                conn.close()
-                raise
-        return conn
+        return listening(self.store, self.channel)
 
     def _run(self) -> None:
         import psycopg
