@@ -26,16 +26,7 @@ from idemctl.model import (
     Stats,
     validate_key,
 )
-from idemctl.stores.base import (
-    BATCH,
-    BaseStore,
-    Progress,
-    Query,
-    Scan,
-    batched,
-    stats_of,
-    utcnow,
-)
+from idemctl.stores.base import BATCH, BaseStore, Progress, utcnow
 from idemctl.stores.machine import (
     check_forgettable,
     check_holder,
@@ -49,6 +40,7 @@ from idemctl.stores.machine import (
     released,
     unlocked,
 )
+from idemctl.stores.queries import Query, Scan, batched, stats_of
 
 
 class RowTx(Protocol):

@@ -24,9 +24,9 @@ from idemctl import Acquired, ClaimRequest, Completion, Status
 from idemctl.errors import InvalidCursor, StoreError
 from idemctl.model import Guard
 from idemctl.stores import dynamodb as package
-from idemctl.stores.base import stats_of
 from idemctl.stores.dynamodb import DynamoDBStore, provision
 from idemctl.stores.dynamodb.items import ENTITY_PREFIX, INDEX, INDEX_KEYS, SHARDS
+from idemctl.stores.queries import stats_of
 from tests.backends import unique_table
 from tests.servers import MotoServer
 from tests.stores.test_dynamodb import acquire, item, open_ddb

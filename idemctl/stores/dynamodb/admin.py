@@ -21,7 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from idemctl.errors import InvalidCursor, KeyNotFound, StoreError
 from idemctl.model import Page, Record, Stats, Status
 from idemctl.stores import dynamodb as package
-from idemctl.stores.base import Progress, Query, Scan, stats_of
+from idemctl.stores.base import Progress
 from idemctl.stores.dynamodb.client import translate
 from idemctl.stores.dynamodb.entities import DynamoDBEntities
 from idemctl.stores.dynamodb.inprogress import DynamoDBInProgress
@@ -35,6 +35,7 @@ from idemctl.stores.dynamodb.items import (
     to_record,
 )
 from idemctl.stores.machine import check_forgettable, unlocked
+from idemctl.stores.queries import Query, Scan, stats_of
 
 BATCH_GET = 100
 """Keys one BatchGetItem may ask for."""

@@ -39,7 +39,6 @@ from typing import Any
 
 from idemctl.errors import ConfigError, InvalidCursor
 from idemctl.model import Page, Record, Stats, Status
-from idemctl.stores.base import InProgressTally, Scan
 from idemctl.stores.dynamodb.core import DynamoDBCore
 from idemctl.stores.dynamodb.items import (
     INDEX,
@@ -52,6 +51,7 @@ from idemctl.stores.dynamodb.items import (
     to_record,
     value_of,
 )
+from idemctl.stores.queries import InProgressTally, Scan
 
 PAGE_READ = 100
 """The fewest items one Query of a listing asks for (``Limit``): a page of ``limit`` asks

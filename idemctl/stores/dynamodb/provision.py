@@ -15,7 +15,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from idemctl.errors import NotProvisioned, StoreError
 from idemctl.model import Finding, Provisioning
 from idemctl.resources import read_resource
-from idemctl.stores.base import CLOCK_SKEW_TOLERANCE
 from idemctl.stores.dynamodb.inprogress import DynamoDBInProgress
 from idemctl.stores.dynamodb.items import (
     INDEX,
@@ -27,6 +26,7 @@ from idemctl.stores.dynamodb.items import (
     shard_of,
     value_of,
 )
+from idemctl.stores.queries import CLOCK_SKEW_TOLERANCE
 
 GUARD_NOTE = (
     "the sequence guard needs nothing more: its entities are items of this table "

@@ -21,10 +21,7 @@ from idemctl.model import (
     Status,
 )
 from idemctl.stores import postgres as package
-from idemctl.stores.base import (
-    Progress,
-    Scan,
-)
+from idemctl.stores.base import Progress
 from idemctl.stores.machine import check_forgettable, unlocked
 from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT, _exists, _now
 from idemctl.stores.postgres.pool import LockTimeout
@@ -35,6 +32,7 @@ from idemctl.stores.postgres.sql import (
     record_of,
 )
 from idemctl.stores.postgres.steps import PostgresSteps
+from idemctl.stores.queries import Scan
 
 
 class PostgresAdmin(PostgresSteps):

@@ -13,9 +13,6 @@ from idemctl.model import (
     Finding,
     Provisioning,
 )
-from idemctl.stores.base import (
-    server_clock_finding,
-)
 from idemctl.stores.postgres.core import PROVISION_LOCK_WAIT, _exists
 from idemctl.stores.postgres.sql import (
     lock_wait,
@@ -23,6 +20,7 @@ from idemctl.stores.postgres.sql import (
     provision_lock,
 )
 from idemctl.stores.postgres.steps import PostgresSteps
+from idemctl.stores.queries import server_clock_finding
 
 
 class PostgresProvisioning(PostgresSteps):

@@ -11,8 +11,9 @@ from datetime import datetime, timedelta
 from idemctl.errors import InvalidCursor, KeyNotFound
 from idemctl.model import Page, Record, Stats, Status, validate_key
 from idemctl.stores import redis as package
-from idemctl.stores.base import Progress, Query, Scan, stats_of
+from idemctl.stores.base import Progress
 from idemctl.stores.machine import check_forgettable, live_lease, not_unlockable
+from idemctl.stores.queries import Query, Scan, stats_of
 from idemctl.stores.redis.client import ClusterNode
 from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.index import RedisIndex

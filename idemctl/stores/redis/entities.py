@@ -14,8 +14,8 @@ from datetime import datetime
 from idemctl.errors import EntityNotFound
 from idemctl.model import Entity, EntityPage, validate_key
 from idemctl.stores import redis as package
-from idemctl.stores.base import batched
 from idemctl.stores.machine import entity_locked
+from idemctl.stores.queries import batched
 from idemctl.stores.redis.client import Client
 from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.index import RedisIndex

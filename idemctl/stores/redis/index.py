@@ -19,7 +19,8 @@ from typing import Any
 
 from idemctl.errors import InvalidCursor
 from idemctl.model import Page, Record, Stats, Status
-from idemctl.stores.base import InProgressTally, Progress, Query, Scan
+from idemctl.stores.base import Progress
+from idemctl.stores.queries import InProgressTally, Query, Scan
 from idemctl.stores.redis.core import RedisCore, glob_escape
 from idemctl.stores.redis.records import fields_of, text, to_record
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from idemctl.errors import StoreError
 from idemctl.model import Finding, Provisioning
-from idemctl.stores.base import server_clock_finding
+from idemctl.stores.queries import server_clock_finding
 from idemctl.stores.redis.index import RedisIndex
 
 
