@@ -254,7 +254,9 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
             "SET #st = :done, #done = :now, #up = :now, #exp = :exp, #ttl = :ttl, #res = :res, "
             "#retr = :false, #by = :owner REMOVE #ow, #lease, #err, #ips"
         )
-        return self._held(key, owner, fencing_token, update, values, retried="completed")
+        record = self._held(key, owner, fencing_token, update, values, retried="completed")
+        self._moved((key,))  # this process's waiters, at once (others poll)
+        return record
 
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
         key, owner, fencing_token = held.key, held.owner, held.fencing_token
@@ -268,7 +270,9 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
             "SET #st = :failed, #up = :now, #exp = :exp, #ttl = :ttl, #err = :err, "
             "#retr = :retr, #by = :owner REMOVE #ow, #lease, #ips"
         )
-        return self._held(key, owner, fencing_token, update, values, retried="failed")
+        record = self._held(key, owner, fencing_token, update, values, retried="failed")
+        self._moved((key,))
+        return record
 
     def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
@@ -293,10 +297,14 @@ class DynamoDBStore(DynamoDBAdmin, DynamoDBProvisioning):
         values = {":now": n(now)}
         update = "SET #lease = :now, #up = :now, #by = :owner REMOVE #ow"
         if handler_ran:
-            return self._held(key, owner, fencing_token, update, values, retried="in_progress")
+            record = self._held(key, owner, fencing_token, update, values, retried="in_progress")
+            self._moved((key,))
+            return record
         # Taking the attempt back is not idempotent, so a request botocore repeats after a
         # lost answer must not count as this owner's: it then reports LeaseLost, and the key
         # is released all the same.
         values[":one"] = n(1)
         update = "SET #lease = :now, #up = :now, #by = :owner, #att = #att - :one REMOVE #ow"
-        return self._held(key, owner, fencing_token, update, values)
+        record = self._held(key, owner, fencing_token, update, values)
+        self._moved((key,))
+        return record
