@@ -4,8 +4,11 @@ commit with the key or not at all, and a failure is recorded on its own."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +17,7 @@ from psycopg import sql
 
 from idemctl.aio.outbox import AsyncOutbox
 from idemctl.errors import ConfigError, Permanent
-from idemctl.model import Failed, Status
+from idemctl.model import Acquired, Failed, Status
 from idemctl.outbox import Outbox
 from idemctl.runner import Context, Outcome
 from idemctl.stores.postgres import PostgresStore
@@ -155,3 +158,33 @@ def test_transactional_mode_elsewhere_is_a_config_error_before_anything_is_claim
         run(without, "k-1", lambda ctx: ran.append(ctx.key), transactional=True)
     assert ran == []
     assert without.get("k-1") is None
+
+
+def test_a_waiter_in_transactional_mode_runs_the_key_once_the_holder_lets_go(
+    tx: Transactional,
+) -> None:
+    """``wait=`` with ``transactional=True``: the waiter's transaction finds the key held,
+    rolls back, waits, and runs it in a transaction of its own once the holder releases."""
+    holder = tx.plain.claim("order-w", lease=600)
+    assert isinstance(holder, Acquired)
+    done: Future[Any] = Future()
+
+    def charge(ctx: Context) -> Any:
+        return after([tx.record_effect(ctx)], lambda: {"charged": 1})
+
+    def wait_for_it() -> None:
+        try:
+            done.set_result(run(tx.driven, "order-w", charge, transactional=True, wait=60))
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=wait_for_it, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while "order-w" not in tx.driven.watch().waited:
+        assert not done.done(), done.result()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    tx.plain.release("order-w", holder.owner, holder.fencing_token)
+    result = done.result(timeout=60)
+    assert (result.outcome, result.result, result.attempt) == (Outcome.EXECUTED, {"charged": 1}, 2)
+    assert tx.effect_counts() == {"order-w": 1}
