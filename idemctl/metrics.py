@@ -83,9 +83,7 @@ def wait_families() -> list[Any]:
     from idemctl.runner.waiting import SECONDS as WAIT_SECONDS
     from idemctl.runner.waiting import STATS
 
-    with STATS._lock:
-        begun, woken, timed_out = STATS.begun, STATS.woken, STATS.timed_out
-        buckets, total = list(STATS.buckets), STATS.seconds
+    begun, woken, timed_out, buckets, total = STATS.snapshot()
     cumulative, running = [], 0
     for le, n in zip([*map(str, WAIT_SECONDS), "+Inf"], buckets, strict=True):
         running += n

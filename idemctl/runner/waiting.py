@@ -67,6 +67,11 @@ class WaitStats:
         with self._lock:
             self.begun += 1
 
+    def snapshot(self) -> tuple[int, int, int, list[int], float]:
+        """begun, woken, timed_out, the histogram's buckets and its sum, read together."""
+        with self._lock:
+            return self.begun, self.woken, self.timed_out, list(self.buckets), self.seconds
+
 
 STATS = WaitStats()
 

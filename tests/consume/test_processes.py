@@ -112,18 +112,21 @@ def store_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     return str(server.url(query=f"prefix=p-{tmp_path.name[-8:]}:"))
 
 
-def effects(tmp_path: Path) -> Counter[str]:
-    """Each key's finished handler runs (its ledger lines marked done)."""
+def done_lines(tmp_path: Path) -> list[list[str]]:
+    """The ledger's lines marked done, split: key, "done", PID."""
     path = tmp_path / "effects.txt"
     lines = path.read_text().splitlines() if path.exists() else []
-    return Counter(line.split()[0] for line in lines if line.split()[1] == "done")
+    return [parts for parts in map(str.split, lines) if parts[1] == "done"]
+
+
+def effects(tmp_path: Path) -> Counter[str]:
+    """Each key's finished handler runs."""
+    return Counter(key for key, _, _ in done_lines(tmp_path))
 
 
 def done_by(tmp_path: Path) -> Counter[int]:
-    """Finished handler runs per process (the PID on each ledger line marked done)."""
-    path = tmp_path / "effects.txt"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return Counter(int(line.split()[2]) for line in lines if line.split()[1] == "done")
+    """Finished handler runs per process."""
+    return Counter(int(pid) for _, _, pid in done_lines(tmp_path))
 
 
 def until(check: Any, run: Run, timeout: float = 60) -> None:

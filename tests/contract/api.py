@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -116,3 +118,35 @@ def counts(store: Any) -> Any:
     }
     assert stats.by_status[Status.IN_PROGRESS] == exact.by_status[Status.IN_PROGRESS]
     return exact
+
+
+def waiting(
+    store: Any,
+    key: str,
+    wait: float = 60,
+    handler: Callable[[Any], Any] | None = None,
+    **options: Any,
+) -> tuple[Future[RunResult], list[str]]:
+    """``run(..., wait=, **options)`` in a thread, returned once the store's watch has
+    registered the key (a settle from then on wakes it), and the keys its handler ran."""
+    ran: list[str] = []
+
+    def handle(ctx: Any) -> Any:
+        ran.append(ctx.key)
+        return handler(ctx) if handler else {"ran": "waiter"}
+
+    future: Future[RunResult] = Future()
+
+    def call() -> None:
+        try:
+            future.set_result(run(store, key, handle, wait=wait, **options))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=call, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while key not in store.watch().waited:  # a condition, bounded: not a wait for time
+        assert not future.done(), future.result()
+        assert time.monotonic() < deadline, "the waiter never registered"
+        time.sleep(0.005)
+    return future, ran

@@ -4,11 +4,8 @@ commit with the key or not at all, and a failure is recorded on its own."""
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +19,7 @@ from idemctl.outbox import Outbox
 from idemctl.runner import Context, Outcome
 from idemctl.stores.postgres import PostgresStore
 from tests.backends import BACKENDS, backends
-from tests.contract.api import after, on_api, run
+from tests.contract.api import after, on_api, run, waiting
 
 
 @dataclass
@@ -167,23 +164,11 @@ def test_a_waiter_in_transactional_mode_runs_the_key_once_the_holder_lets_go(
     rolls back, waits, and runs it in a transaction of its own once the holder releases."""
     holder = tx.plain.claim("order-w", lease=600)
     assert isinstance(holder, Acquired)
-    done: Future[Any] = Future()
 
     def charge(ctx: Context) -> Any:
         return after([tx.record_effect(ctx)], lambda: {"charged": 1})
 
-    def wait_for_it() -> None:
-        try:
-            done.set_result(run(tx.driven, "order-w", charge, transactional=True, wait=60))
-        except BaseException as exc:
-            done.set_exception(exc)
-
-    threading.Thread(target=wait_for_it, daemon=True).start()
-    deadline = time.monotonic() + 60
-    while "order-w" not in tx.driven.watch().waited:
-        assert not done.done(), done.result()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    done, _ = waiting(tx.driven, "order-w", handler=charge, transactional=True)
     tx.plain.release("order-w", holder.owner, holder.fencing_token)
     result = done.result(timeout=60)
     assert (result.outcome, result.result, result.attempt) == (Outcome.EXECUTED, {"charged": 1}, 2)

@@ -4,21 +4,17 @@ registered), so each case is decided by the store, never by how fast the machine
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any
 
 import pytest
 
 from idemctl.errors import ConfigError
 from idemctl.model import Acquired
-from idemctl.runner import Outcome, RunResult
+from idemctl.runner import Outcome
 from idemctl.runner.waiting import STATS
 from idemctl.stores.base import Store
 from tests.backends import expire_lease
-from tests.contract.api import run
+from tests.contract.api import run, waiting
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,33 +23,6 @@ def held(store: Store, key: str) -> Acquired:
     claimed = store.claim(key, lease=600)
     assert isinstance(claimed, Acquired)
     return claimed
-
-
-def waiting(
-    store: Store, key: str, wait: float = 60, handler: Callable[[Any], Any] | None = None
-) -> tuple[Future[RunResult], list[str]]:
-    """``run(..., wait=)`` in a thread, returned once the watch has registered the key."""
-    ran: list[str] = []
-
-    def handle(ctx: Any) -> Any:
-        ran.append(ctx.key)
-        return handler(ctx) if handler else {"ran": "waiter"}
-
-    future: Future[RunResult] = Future()
-
-    def call() -> None:
-        try:
-            future.set_result(run(store, key, handle, wait=wait))
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    threading.Thread(target=call, daemon=True).start()
-    deadline = time.monotonic() + 60
-    while key not in store.watch().waited:  # registered: a settle from now on wakes it
-        assert not future.done(), future.result()
-        assert time.monotonic() < deadline, "the waiter never registered"
-        time.sleep(0.005)
-    return future, ran
 
 
 def test_a_waiter_gets_the_holders_result(store: Store) -> None:
