@@ -1,0 +1,174 @@
+# Written by scripts/unasync.py from idemctl/aio/http.py: change that file and run the
+# script (scripts/test checks the two agree). Do not edit this one.
+"""One guarded HTTP request against the store: claim its key, run the app, then store its
+response or release the key. The ASGI middleware drives this module; the WSGI one its sync
+copy, ``idemctl.http.attempt``. What to answer and what to store is ``idemctl.http.policy``'s.
+
+Written by scripts/unasync.py from ``idemctl.aio.http``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
+
+from idemctl.errors import ConfigError, LeaseLost, StoreError
+from idemctl.http.policy import Attempt, Options, Request, Response, stored_form
+from idemctl.model import Acquired, Busy, ClaimOutcome
+from idemctl.runner.heartbeat import Heartbeat
+from idemctl.runner.waiting import STATS
+from idemctl.stores.base import Store, TransactionalStore
+
+if TYPE_CHECKING:
+    from idemctl.model import JSON
+
+log = logging.getLogger("idemctl.http")
+
+Produced: TypeAlias = Response | None
+App: TypeAlias = Callable[[Attempt], Produced]
+"""Runs the app for an attempt: its response when it was buffered whole (not yet sent),
+None when it was sent as it streamed (too big to store)."""
+
+
+class Ran:
+    """The app ran: ``response`` to send (None: sent already), and whether it was stored."""
+
+    __slots__ = ("response", "stored")
+
+    def __init__(self, response: Response | None, stored: bool) -> None:
+        self.response, self.stored = response, stored
+
+
+Answer: TypeAlias = Ran | ClaimOutcome
+
+
+def attempt(
+    store: Store,
+    options: Options,
+    request: Request,
+    key: str,
+    stored_key: str,
+    fingerprint: str,
+    app: App,
+) -> Ran | ClaimOutcome:
+    """Run ``app`` at most once to a stored response for ``stored_key``; what the claim
+    found instead when another request holds, held or reused the key (after waiting up to
+    ``options.wait`` for one in flight)."""
+    once = functools.partial(_once, store, options, request, key, stored_key, fingerprint, app)
+    result = once()
+    if options.wait is None or not isinstance(result, Busy):
+        return result
+    return _waited(store, stored_key, options.wait, once)
+
+
+def _waited(store: Store, key: str, wait: float, again: Callable[[], Answer]) -> Ran | ClaimOutcome:
+    """``again`` at every wake-up about ``key`` until it is no longer busy or ``wait`` is
+    over; registered before claiming again, so a completion meanwhile is not missed."""
+    started = time.monotonic()
+    STATS.started()
+    watch = store.watch()
+    with watch.watching(key) as watching:
+        while True:
+            result = again()
+            left = started + wait - time.monotonic()
+            if not isinstance(result, Busy) or left <= 0:
+                break
+            watching.wait(result.record, left)
+    STATS.ended(time.monotonic() - started, not isinstance(result, Busy))
+    return result
+
+
+def _once(
+    store: Store,
+    options: Options,
+    request: Request,
+    key: str,
+    stored_key: str,
+    fingerprint: str,
+    app: App,
+) -> Ran | ClaimOutcome:
+    if options.transactional:
+        return _transactional(store, options, request, key, stored_key, fingerprint, app)
+    outcome = store.claim(stored_key, fingerprint, options.lease)
+    if not isinstance(outcome, Acquired):
+        return outcome
+    a = outcome
+    lease = store.default_lease if options.lease is None else options.lease
+    heartbeat = Heartbeat(store, lease, [a], name="idemctl-http")
+    try:
+        response = app(Attempt(key, stored_key, a.fencing_token, a.attempt, a.takeover))
+    except BaseException:
+        heartbeat.stop()
+        _release(store, a)
+        raise
+    heartbeat.stop()
+    kept = None if response is None else stored_form(options, request, response)
+    if kept is None:
+        _release(store, a)
+        return Ran(response, stored=False)
+    try:
+        store.complete(a.key, a.owner, a.fencing_token, kept, options.retention)
+    except LeaseLost as lost:  # taken over meanwhile: the taker's response is the one kept
+        log.warning("%s: response not stored: %s", stored_key, lost)
+        return Ran(response, stored=False)
+    return Ran(response, stored=True)
+
+
+def _release(store: Store, a: Acquired) -> None:
+    """Give the key back, so the client's retry runs the request again."""
+    try:
+        store.release(a.key, a.owner, a.fencing_token)
+    except LeaseLost:
+        pass  # taken over already: nothing of ours to give back
+    except StoreError as exc:  # its lease ends by itself; a retry takes it over then
+        log.warning("%s: could not release the key (its lease will end): %s", a.key, exc)
+
+
+class _Rollback(Exception):
+    """Raised in the transaction to roll back the claim when the response is not stored."""
+
+    def __init__(self, response: Response | None) -> None:
+        super().__init__()
+        self.response = response
+
+
+def _transactional(
+    store: Store,
+    options: Options,
+    request: Request,
+    key: str,
+    stored_key: str,
+    fingerprint: str,
+    app: App,
+) -> Ran | ClaimOutcome:
+    """The claim, the app's SQL on the attempt's connection and the stored response in one
+    transaction: a response not stored rolls the claim back with the app's writes."""
+    if not isinstance(store, TransactionalStore):
+        raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
+    try:
+        with store.transaction(stored_key, fingerprint, options.lease) as unit:
+            outcome = unit.outcome
+            if not isinstance(outcome, Acquired):
+                return outcome  # type: ignore[return-value]
+            response = app(
+                Attempt(
+                    key,
+                    stored_key,
+                    outcome.fencing_token,
+                    outcome.attempt,
+                    outcome.takeover,
+                    unit.connection,
+                )
+            )
+            kept: JSON | None = (
+                None if response is None else stored_form(options, request, response)
+            )
+            if kept is None:
+                raise _Rollback(response)
+            unit.complete(kept, options.retention)
+            return Ran(response, stored=True)
+    except _Rollback as rollback:
+        return Ran(rollback.response, stored=False)
