@@ -1,0 +1,151 @@
+"""The example apps as a client sees them, under uvicorn and gunicorn on every store
+family: the semantics table of docs/guides/http.md, row by row, over real HTTP."""
+
+from __future__ import annotations
+
+import base64
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from idemctl.model import Status
+from tests.http.conftest import Served, problem, stored_key, unique
+
+pytestmark = pytest.mark.timeout(240)
+
+REPLAYED = "idempotent-replayed"
+
+
+def test_a_missing_key_is_400_and_charges_nothing(served: Served) -> None:
+    order = unique("nokey")
+    problem(served.charge(None, order), 400, "missing-key")
+    assert served.charges(order) == 0
+
+
+@pytest.mark.parametrize(
+    "header",
+    ['""', '"' + "k" * 256 + '"', '"unclosed', "two words", '"tab\there"', "1starts-with-digit"],
+)
+def test_an_empty_long_or_malformed_key_is_400(served: Served, header: str) -> None:
+    order = unique("badkey")
+    problem(served.charge(None, order, header=header), 400, "invalid-key")
+    assert served.charges(order) == 0
+
+
+def test_a_completed_request_is_replayed_byte_for_byte(served: Served) -> None:
+    key, order = unique("k"), unique("o")
+    first = served.charge(key, order)
+    assert first.status_code == 201 and REPLAYED not in first.headers
+    assert first.json()["order"] == order
+    again = served.charge(key, order)
+    bare = served.charge(None, order, header=key)  # a bare token names the same key
+    for replay in (again, bare):
+        assert replay.status_code == 201
+        assert replay.content == first.content
+        assert replay.headers[REPLAYED] == "true"
+        assert replay.headers["content-type"] == first.headers["content-type"]
+    assert served.charges(order) == 1
+
+
+def test_the_same_key_with_another_payload_is_422(served: Served) -> None:
+    key, order = unique("k"), unique("o")
+    assert served.charge(key, order, 500).status_code == 201
+    problem(served.charge(key, order, 501), 422, "key-reused")
+    assert served.charges(order) == 1
+
+
+def test_one_key_from_two_callers_charges_twice(served: Served) -> None:
+    key, order = unique("k"), unique("o")
+    alice = served.charge(key, order, auth="Bearer alice")
+    bob = served.charge(key, order, auth="Bearer bob")
+    assert alice.status_code == bob.status_code == 201
+    assert alice.json()["id"] != bob.json()["id"]
+    assert served.charge(key, order, auth="Bearer alice").content == alice.content
+    assert served.charges(order) == 2
+
+
+def test_one_key_on_two_paths_is_two_keys(served: Served) -> None:
+    key, order = unique("k"), unique("o")
+    assert served.charge(key, order).status_code == 201
+    export = served.client.post(
+        "/export", params={"chunks": 2, "size": 10}, headers={"idempotency-key": f'"{key}"'}
+    )
+    assert export.status_code == 201 and REPLAYED not in export.headers
+
+
+def test_a_500_is_not_stored_and_the_retry_charges_once(served: Served) -> None:
+    key, order = unique("k"), unique("flaky")
+    failed = served.charge(key, order)
+    assert failed.status_code == 500
+    assert served.charges(order) == 0
+    retried = served.charge(key, order)
+    assert retried.status_code == 201 and REPLAYED not in retried.headers
+    assert served.charge(key, order).content == retried.content
+    assert served.charges(order) == 1
+
+
+def test_a_4xx_is_stored(served: Served) -> None:
+    key = unique("k")
+    first = served.charge(key, "", body=b'{"order": 7}')
+    assert first.status_code == 400 and REPLAYED not in first.headers
+    again = served.charge(key, "", body=b'{"order": 7}')
+    assert again.status_code == 400 and again.headers[REPLAYED] == "true"
+    assert again.content == first.content
+
+
+def test_other_methods_pass_through_untouched(served: Served) -> None:
+    answer = served.client.get("/charges")  # no key needed, and the app's own answer
+    assert answer.status_code == 405
+    assert "problem+json" not in answer.headers.get("content-type", "")
+
+
+def test_concurrent_identical_requests_charge_once(served: Served) -> None:
+    key, order = unique("k"), unique("o")
+    with ThreadPoolExecutor(50) as pool:
+        answers = list(pool.map(lambda _: served.charge(key, order, delay=1), range(50)))
+    assert served.charges(order) == 1
+    ran = [a for a in answers if a.status_code == 201 and REPLAYED not in a.headers]
+    assert len(ran) == 1, [a.status_code for a in answers]
+    for a in answers:
+        if a.status_code == 409:
+            problem(a, 409, "request-in-progress")
+            assert int(a.headers["retry-after"]) >= 1
+        else:
+            assert a.status_code == 201 and a.content == ran[0].content
+    assert served.charge(key, order).content == ran[0].content
+
+
+def test_a_streamed_response_is_buffered_and_replayed(served: Served) -> None:
+    key = unique("k")
+    params, headers = {"chunks": 50, "size": 1000}, {"idempotency-key": f'"{key}"'}
+    first = served.client.post("/export", params=params, headers=headers)
+    assert first.status_code == 201 and len(first.content) == 50_000
+    again = served.client.post("/export", params=params, headers=headers)
+    assert again.headers[REPLAYED] == "true" and again.content == first.content
+
+
+def test_a_response_over_the_limit_is_streamed_and_not_stored(served: Served) -> None:
+    key = unique("k")
+    params, headers = {"chunks": 40, "size": 65536}, {"idempotency-key": f'"{key}"'}  # 2.5 MiB
+    for _ in range(2):  # the key is released: the second runs again, it is no replay
+        answer = served.client.post("/export", params=params, headers=headers)
+        assert answer.status_code == 201 and len(answer.content) == 40 * 65536
+        assert REPLAYED not in answer.headers
+    with served.store() as store:
+        record = store.get(stored_key(key, "/export"))
+    assert record is not None and record.status is Status.IN_PROGRESS and record.owner is None
+
+
+def test_the_record_holds_the_response_readably_for_24_hours(served: Served) -> None:
+    key, order = unique("k"), unique("o")
+    answer = served.charge(key, order)
+    with served.store() as store:
+        record = store.get(stored_key(key))
+    assert record is not None and record.status is Status.COMPLETED
+    result = record.result
+    assert isinstance(result, dict)
+    assert (result["method"], result["path"], result["status"]) == ("POST", "/charges", 201)
+    assert result["size"] == len(answer.content)
+    assert base64.b64decode(result["body"]) == answer.content
+    assert record.completed_at is not None and record.expires_at is not None
+    assert (record.expires_at - record.completed_at).total_seconds() == pytest.approx(86400, abs=2)

@@ -1,0 +1,124 @@
+"""What happens across a request's life on real servers: a server SIGKILLed mid-request
+(the retry charges once, after the lease: never a stuck 409), a slow request whose
+heartbeat holds its key, and ``wait=``, where concurrent duplicates get the first one's
+response instead of 409."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from idemctl.model import Status
+from tests.backends import FAMILIES, expire_lease
+from tests.http.conftest import SERVERS, Served, problem, serve, store_url, stored_key, unique
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(params=[(s, f) for s in SERVERS for f in FAMILIES], ids=lambda p: f"{p[0]}-{p[1]}")
+def kind_and_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    kind, family = request.param
+    return kind, store_url(request, family, tmp_path)
+
+
+def in_progress(served: Served, key: str, timeout: float = 60) -> None:
+    """Wait until a request holds ``key`` (the store says so)."""
+    deadline = time.monotonic() + timeout
+    with served.store() as store:
+        while time.monotonic() < deadline:
+            record = store.get(key)
+            if record is not None and record.status is Status.IN_PROGRESS and record.owner:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"no request took {key}")
+
+
+def test_a_server_killed_mid_request_lets_the_retry_charge_once(
+    kind_and_url: tuple[str, str], tmp_path: Path
+) -> None:
+    kind, url = kind_and_url
+    key, order, ledger = unique("k"), unique("o"), tmp_path / "ledger"
+    lost: list[BaseException] = []
+    with serve(kind, url, tmp_path / "first", ledger=ledger) as served:
+
+        def doomed() -> None:
+            try:
+                served.charge(key, order, delay=120)
+            except httpx.HTTPError as exc:  # the server died under it
+                lost.append(exc)
+
+        request = threading.Thread(target=doomed)
+        request.start()
+        in_progress(served, stored_key(key))
+        served.server.kill()
+        request.join(30)
+        assert lost and not request.is_alive()
+
+    with serve(kind, url, tmp_path / "second", ledger=ledger) as retry:
+        busy = retry.charge(key, order)  # the dead request's lease is still live: 409
+        problem(busy, 409, "request-in-progress")
+        assert int(busy.headers["retry-after"]) >= 1
+        with retry.store() as store:  # its lease over, on the store's clock
+            expire_lease(store, stored_key(key))
+        taken = retry.charge(key, order)
+        assert taken.status_code == 201 and "idempotent-replayed" not in taken.headers
+        assert retry.charge(key, order).content == taken.content
+        assert retry.charges(order) == 1
+        with retry.store() as store:
+            record = store.get(stored_key(key))
+        assert record is not None and record.status is Status.COMPLETED and record.attempts == 2
+
+
+@pytest.fixture(
+    params=[(s, f) for s in SERVERS for f in ("sqlite", "redis")], ids=lambda p: f"{p[0]}-{p[1]}"
+)
+def waiting(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    kind, family = request.param
+    with serve(kind, store_url(request, family, tmp_path), tmp_path, IDEMCTL_WAIT="60") as s:
+        yield s
+
+
+def test_with_wait_concurrent_duplicates_get_the_first_response(waiting: Served) -> None:
+    key, order = unique("k"), unique("o")
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda _: waiting.charge(key, order, delay=1), range(20)))
+    assert [a.status_code for a in answers] == [201] * 20
+    assert len({a.content for a in answers}) == 1
+    assert sum("idempotent-replayed" not in a.headers for a in answers) == 1
+    assert waiting.charges(order) == 1
+
+
+@pytest.fixture(
+    params=[(s, f) for s in SERVERS for f in ("sqlite", "redis")], ids=lambda p: f"{p[0]}-{p[1]}"
+)
+def short_lease(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    kind, family = request.param
+    with serve(kind, store_url(request, family, tmp_path), tmp_path, IDEMCTL_LEASE="3") as s:
+        yield s
+
+
+def test_the_heartbeat_holds_a_slow_request_past_its_lease(short_lease: Served) -> None:
+    """A 3 s lease and a request of 8 s: a duplicate sent after the first lease would have
+    ended still finds the key held (409), and the first request's response is stored."""
+    key, order = unique("k"), unique("o")
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(short_lease.charge, key, order, delay=8)
+        in_progress(short_lease, stored_key(key))
+        with short_lease.store() as store:
+            first = store.get(stored_key(key))
+        assert first is not None and first.lease_expires_at is not None
+        while datetime.now(UTC) < first.lease_expires_at:  # the lease it was claimed with
+            time.sleep(0.1)
+        time.sleep(1)
+        problem(short_lease.charge(key, order), 409, "request-in-progress")
+        done = slow.result()
+    assert done.status_code == 201
+    assert short_lease.charge(key, order).content == done.content
+    assert short_lease.charges(order) == 1
