@@ -8,9 +8,10 @@ says what makes it ready."""
 
 from __future__ import annotations
 
+import itertools
 import platform
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -74,20 +75,24 @@ def gauge(name: str, text: str, value: float) -> Any:
     return GaugeMetricFamily(name, text, value=value)
 
 
+def histogram(
+    name: str, text: str, bounds: Sequence[float], buckets: Sequence[int], total: float
+) -> Any:
+    """A histogram family from per-bucket counts (``bounds`` and then +Inf) and their sum."""
+    from prometheus_client.core import HistogramMetricFamily
+
+    cumulative = list(zip([*map(str, bounds), "+Inf"], itertools.accumulate(buckets), strict=True))
+    return HistogramMetricFamily(name, text, buckets=cumulative, sum_value=total)
+
+
 def wait_families() -> list[Any]:
     """``wait=``'s figures in this process, every store's (``idemctl.runner.waiting.STATS``):
     waits begun, how they ended (woken: the key settled by another, its result or the key
     to run; timed_out: still in flight at the deadline), and how long they took."""
-    from prometheus_client.core import HistogramMetricFamily
-
     from idemctl.runner.waiting import SECONDS as WAIT_SECONDS
     from idemctl.runner.waiting import STATS
 
     begun, woken, timed_out, buckets, total = STATS.snapshot()
-    cumulative, running = [], 0
-    for le, n in zip([*map(str, WAIT_SECONDS), "+Inf"], buckets, strict=True):
-        running += n
-        cumulative.append((le, running))
     return [
         counter("idemctl_waits_begun", "Calls that found their key in flight and waited.", begun),
         counter(
@@ -96,11 +101,12 @@ def wait_families() -> list[Any]:
             {"woken": woken, "timed_out": timed_out},
             "how",
         ),
-        HistogramMetricFamily(
+        histogram(
             "idemctl_wait_seconds",
             "Seconds a call waited for a key in flight.",
-            buckets=cumulative,
-            sum_value=total,
+            WAIT_SECONDS,
+            buckets,
+            total,
         ),
     ]
 
@@ -109,6 +115,37 @@ def register_waits(registry: CollectorRegistry) -> None:
     """``wait_families`` in an application's registry, read at each scrape:
     ``idemctl.metrics.register_waits(prometheus_client.REGISTRY)``."""
     registry.register(Scraped(wait_families))
+
+
+def http_families() -> list[Any]:
+    """The HTTP middleware's figures in this process (``idemctl.http.stats.STATS``):
+    requests by outcome, and the seconds the middleware added to each (the store's round
+    trips, reading and buffering; not the app's own time)."""
+    from idemctl.http.stats import SECONDS as HTTP_SECONDS
+    from idemctl.http.stats import STATS
+
+    counts, buckets, total = STATS.snapshot()
+    return [
+        counter(
+            "idemctl_http_requests",
+            "Requests with an Idempotency-Key (or missing one), by outcome.",
+            counts,
+            "outcome",
+        ),
+        histogram(
+            "idemctl_http_added_seconds",
+            "Seconds the idempotency middleware added to a request, not counting the app's.",
+            HTTP_SECONDS,
+            buckets,
+            total,
+        ),
+    ]
+
+
+def register_http(registry: CollectorRegistry) -> None:
+    """``http_families`` in an application's registry, read at each scrape:
+    ``idemctl.metrics.register_http(prometheus_client.REGISTRY)``."""
+    registry.register(Scraped(http_families))
 
 
 def merged(texts: Iterable[str], ended: Iterable[str] = ()) -> list[Any]:
