@@ -7,7 +7,6 @@ A JSON document's first fields name the store it ran on: ``where`` is ``store_fi
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -17,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from idemctl.cli.results import result_text
 from idemctl.durations import format_duration
 from idemctl.model import Entity, Finding, Provisioning, Record, Stats, Status, iso_time
 
@@ -102,9 +102,7 @@ def record_detail(record: Record, at: datetime) -> RenderableType:
     if record.lease_expires_at is not None and record.owner is not None:
         lease += f" ({stamp(record.lease_expires_at)})"
     age = format_duration((at - record.created_at).total_seconds())
-    result: str | Text = "-"
-    if record.status is Status.COMPLETED:
-        result = Text(json.dumps(record.result, ensure_ascii=False, indent=2))
+    result = result_text(record.result) if record.status is Status.COMPLETED else "-"
     rows: list[tuple[str, str | Text]] = [
         ("key", Text(record.key)),
         ("status", status_text(record, at)),

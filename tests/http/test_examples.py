@@ -4,6 +4,9 @@ family: the semantics table of docs/guides/http.md, row by row, over real HTTP."
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -149,3 +152,27 @@ def test_the_record_holds_the_response_readably_for_24_hours(served: Served) -> 
     assert base64.b64decode(result["body"]) == answer.content
     assert record.completed_at is not None and record.expires_at is not None
     assert (record.expires_at - record.completed_at).total_seconds() == pytest.approx(86400, abs=2)
+
+
+def idemctl(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "idemctl", "--store", url, *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_the_operator_commands_read_and_free_http_keys(served: Served) -> None:
+    key, order = unique("k"), unique("o")
+    charged = served.charge(key, order)
+    shown = idemctl(served.url, "inspect", stored_key(key))
+    assert shown.returncode == 0, shown.stderr
+    assert "POST /charges -> 201 Created" in shown.stdout
+    assert charged.json()["id"] in shown.stdout  # the body, as text
+    listed = idemctl(served.url, "list", "--prefix", f"http:-:POST:/charges:{key}", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["key"] for line in listed.stdout.splitlines()] == [stored_key(key)]
+    forgot = idemctl(served.url, "forget", stored_key(key))
+    assert forgot.returncode == 0, forgot.stderr
+    again = served.charge(key, order)  # forgotten: the request runs again
+    assert again.status_code == 201 and REPLAYED not in again.headers
+    assert served.charges(order) == 2
