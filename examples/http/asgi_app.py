@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from examples.http.charges import BadCharge, Flaky, charge, options, parsed
+from examples.http.charges import BadCharge, Flaky, charge, parsed, settings
 from idemctl.http.asgi import IdempotencyMiddleware
 
 
@@ -44,7 +45,7 @@ async def export(request: Request) -> Response:
     """A streamed response: ``chunks`` chunks of ``size`` bytes each."""
     chunks, size = int(request.query_params["chunks"]), int(request.query_params["size"])
 
-    async def parts():  # type: ignore[no-untyped-def]
+    async def parts() -> AsyncIterator[bytes]:
         for i in range(chunks):
             yield bytes([65 + i % 26]) * size
             await asyncio.sleep(0)
@@ -52,10 +53,11 @@ async def export(request: Request) -> Response:
     return StreamingResponse(parts(), status_code=201, media_type="application/octet-stream")
 
 
+store, options = settings()
 app = Starlette(
     routes=[
         Route("/charges", charges, methods=["POST"]),
         Route("/export", export, methods=["POST"]),
     ],
-    middleware=[Middleware(IdempotencyMiddleware, **options())],
+    middleware=[Middleware(IdempotencyMiddleware, store=store, options=options)],
 )

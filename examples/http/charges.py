@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from idemctl.http import Attempt
+from idemctl.http import Attempt, Options
 
 
 class Flaky(Exception):
@@ -70,12 +70,9 @@ def _first_sight(path: Path, order: str) -> bool:
     return True
 
 
-def options() -> dict[str, Any]:
-    """The middleware's settings from the environment: ``IDEMCTL_STORE`` (None: the
-    embedded default), and for tests ``IDEMCTL_LEASE`` and ``IDEMCTL_WAIT`` (seconds)."""
-    settings: dict[str, Any] = {"store": os.environ.get("IDEMCTL_STORE")}
-    for name in ("lease", "wait"):
-        value = os.environ.get(f"IDEMCTL_{name.upper()}")
-        if value:
-            settings[name] = float(value)
-    return settings
+def settings() -> tuple[str | None, Options]:
+    """The store's URL (``$IDEMCTL_STORE``; None: the embedded default) and the middleware's
+    options: the defaults, and for tests ``IDEMCTL_LEASE`` and ``IDEMCTL_WAIT`` (seconds)."""
+    lease, wait = os.environ.get("IDEMCTL_LEASE"), os.environ.get("IDEMCTL_WAIT")
+    options = Options(lease=float(lease) if lease else None, wait=float(wait) if wait else None)
+    return os.environ.get("IDEMCTL_STORE"), options

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import BadRequest
 
-from examples.http.charges import BadCharge, Flaky, charge, options, parsed
+from examples.http.charges import BadCharge, Flaky, charge, parsed, settings
 from idemctl.http.wsgi import ATTEMPT, IdempotencyMiddleware
 
 app = Flask(__name__)
@@ -48,4 +48,5 @@ def export() -> Response:
     return Response(parts(), status=201, mimetype="application/octet-stream")
 
 
-app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, **options())  # type: ignore[method-assign]
+store, options = settings()
+app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store=store, options=options)  # type: ignore[method-assign]

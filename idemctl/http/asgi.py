@@ -30,23 +30,26 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ASGIApp = Callable[
+    [Any, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
+]
+"""Any ASGI app, typed as loosely as Starlette's ``Middleware`` passes one."""
 
 
 class IdempotencyMiddleware:
     """Guards ``app``'s requests with ``Idempotency-Key`` on ``store`` (a URL, a store or
-    an async store; None: ``$IDEMCTL_STORE``, else the embedded SQLite default). The other
-    keywords are ``idemctl.http.policy.Options``'."""
+    an async store; None: ``$IDEMCTL_STORE``, else the embedded SQLite default), as
+    ``options`` say (``idemctl.http.Options``: the defaults of docs/guides/http.md)."""
 
     def __init__(
         self,
         app: ASGIApp,
+        *,
         store: str | Store | AsyncStore | None = None,
         options: Options | None = None,
-        **settings: Any,
     ) -> None:
         self.app = app
-        self.options = options if options is not None else Options(**settings)
+        self.options = options if options is not None else Options()
         self._given = store
         self._store: AsyncStore | None = None
 

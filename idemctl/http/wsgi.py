@@ -36,18 +36,18 @@ ATTEMPT = "idemctl.attempt"
 
 class IdempotencyMiddleware:
     """Guards ``app``'s requests with ``Idempotency-Key`` on ``store`` (a URL or a store;
-    None: ``$IDEMCTL_STORE``, else the embedded SQLite default). The other keywords are
-    ``idemctl.http.policy.Options``'."""
+    None: ``$IDEMCTL_STORE``, else the embedded SQLite default), as ``options`` say
+    (``idemctl.http.Options``: the defaults of docs/guides/http.md)."""
 
     def __init__(
         self,
         app: WSGIApp,
+        *,
         store: str | Store | None = None,
         options: Options | None = None,
-        **settings: Any,
     ) -> None:
         self.app = app
-        self.options = options if options is not None else Options(**settings)
+        self.options = options if options is not None else Options()
         self._given = store
         self._store: Store | None = None
         self._opening = threading.Lock()

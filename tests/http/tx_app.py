@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from idemctl.http import Options
 from idemctl.http.asgi import IdempotencyMiddleware
 
 
@@ -37,6 +38,10 @@ async def payments(request: Request) -> Response:
 app = Starlette(
     routes=[Route("/payments", payments, methods=["POST"])],
     middleware=[
-        Middleware(IdempotencyMiddleware, store=os.environ["IDEMCTL_STORE"], transactional=True)
+        Middleware(
+            IdempotencyMiddleware,
+            store=os.environ["IDEMCTL_STORE"],
+            options=Options(transactional=True),
+        )
     ],
 )

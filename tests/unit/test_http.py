@@ -253,7 +253,7 @@ def test_asgi_an_app_that_raises_releases_the_key_for_the_retry() -> None:
 def test_asgi_a_5xx_is_stored_when_asked_and_cookies_never_replayed() -> None:
     store = MemoryStore()
     app = Counting(status=502, cookie=True)
-    guarded = ASGIMiddleware(app, store=store, store_server_errors=True)
+    guarded = ASGIMiddleware(app, store=store, options=Options(store_server_errors=True))
     first = asyncio.run(call_asgi(guarded, '"k"'))
     again = asyncio.run(call_asgi(guarded, '"k"'))
     assert first[0] == again[0] == 502 and first[2] == again[2] == b"run 1"
@@ -271,7 +271,7 @@ def test_asgi_a_client_gone_before_its_body_runs_nothing() -> None:
 
 def test_asgi_other_scopes_and_unguarded_requests_pass_through() -> None:
     app = Counting()
-    guarded = ASGIMiddleware(app, store=MemoryStore(), paths=("/other",))
+    guarded = ASGIMiddleware(app, store=MemoryStore(), options=Options(paths=("/other",)))
     status, headers, _ = asyncio.run(call_asgi(guarded, None))
     assert status == 201 and app.runs == 1 and "idempotent-replayed" not in headers
     assert app.attempts == []  # passed through: no attempt, no key
@@ -332,7 +332,7 @@ def test_wsgi_an_app_that_raises_releases_the_key() -> None:
 
 def test_wsgi_a_body_over_the_limit_streams_and_closes_the_app() -> None:
     app = Legacy()
-    client = Client(WSGIMiddleware(app, store=MemoryStore(), max_body=10))
+    client = Client(WSGIMiddleware(app, store=MemoryStore(), options=Options(max_body=10)))
     headers = {"Idempotency-Key": '"k"'}
     for _ in range(2):
         answer = client.post("/charges", data=b'{"a": 1}', headers=headers)
