@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,11 @@ def doc_block(page: str) -> str:
     match = re.search(r"```python\n(.*?)```", text, re.S)
     assert match, f"no python block in docs/{page}"
     return match.group(1)
+
+
+def doc_blocks(page: str) -> list[str]:
+    """Every python block of the manual's ``page``, in order."""
+    return re.findall(r"```python\n(.*?)```", (REPO / "docs" / page).read_text(), re.S)
 
 
 def manual() -> str:
@@ -69,8 +75,6 @@ def test_quickstart_charges_every_payment_once(tmp_path: Path) -> None:
 def test_postgres_transactional_example_runs(
     postgres_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import uuid
-
     import psycopg
 
     schema = f"docs_{uuid.uuid4().hex[:8]}"
@@ -84,8 +88,6 @@ def test_postgres_transactional_example_runs(
 
 
 def test_outbox_example_runs(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import uuid
-
     import psycopg
 
     schema = f"docs_{uuid.uuid4().hex[:8]}"
@@ -106,6 +108,75 @@ def test_outbox_example_runs(postgres_server: Any, monkeypatch: pytest.MonkeyPat
     assert events == [
         (namespace["event_id"], "order", "o-1001", "OrderPlaced", {"id": "o-1001", "cents": 2500})
     ]
+
+
+HTTP_GUIDE = "guides/http.md"
+KEY = {"Idempotency-Key": '"k-1"'}
+
+
+def test_http_starlette_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {}
+    exec(compile(doc_blocks(HTTP_GUIDE)[0], "docs/guides/http.md", "exec"), namespace)
+    assert namespace["charged"] == ["o-1"]  # the block checks the replay itself
+    assert (tmp_path / "idemctl.db").exists()
+
+
+def test_http_fastapi_block_runs(redis_server: Any) -> None:
+    from starlette.testclient import TestClient
+
+    url = redis_server.url(query=f"prefix=docs-{uuid.uuid4().hex[:8]}:")
+    block = doc_blocks(HTTP_GUIDE)[1]
+    assert "redis://127.0.0.1:6379/0" in block
+    namespace: dict[str, Any] = {}
+    exec(compile(block.replace("redis://127.0.0.1:6379/0", url), "docs", "exec"), namespace)
+    with TestClient(namespace["app"]) as client:
+        first = client.post("/charges", json={"id": "o-1"}, headers=KEY)
+        again = client.post("/charges", json={"id": "o-1"}, headers=KEY)
+        other = client.post("/charges", json={"id": "o-2"}, headers=KEY)
+    assert first.status_code == 201 and first.json()["order"] == "o-1"
+    assert again.content == first.content and again.headers["Idempotent-Replayed"] == "true"
+    assert other.status_code == 422
+
+
+def test_http_flask_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "docs_flask"}
+    exec(compile(doc_blocks(HTTP_GUIDE)[2], "docs/guides/http.md", "exec"), namespace)
+    client = namespace["app"].test_client()
+    first = client.post("/charges", json={"order": "o-1"}, headers=KEY)
+    again = client.post("/charges", json={"order": "o-1"}, headers=KEY)
+    missing = client.post("/charges", json={"order": "o-1"})
+    assert first.status_code == again.status_code == 201 and again.data == first.data
+    assert missing.status_code == 400 and namespace["charged"] == ["o-1"]
+
+
+def test_http_django_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Django's WSGI handler stood in for by a WSGI app (Django is not installed here):
+    what the block does is wrap whatever get_wsgi_application() returns."""
+    import types
+
+    from werkzeug.test import Client
+
+    views: list[int] = []
+
+    def handler(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        views.append(environ["idemctl.attempt"].fencing_token)
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"charged"]
+
+    wsgi = types.ModuleType("django.core.wsgi")
+    wsgi.get_wsgi_application = lambda: handler  # type: ignore[attr-defined]
+    for name in ("django", "django.core"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "django.core.wsgi", wsgi)
+    monkeypatch.setenv("IDEMCTL_STORE", f"sqlite:///{tmp_path}/django.db")
+    namespace: dict[str, Any] = {}
+    exec(compile(doc_blocks(HTTP_GUIDE)[3], "docs/guides/http.md", "exec"), namespace)
+    client = Client(namespace["application"])
+    answers = [client.post("/charges", data=b"{}", headers=KEY) for _ in range(2)]
+    assert [a.status_code for a in answers] == [201, 201] and len(views) == 1
+    assert answers[1].headers["Idempotent-Replayed"] == "true"
 
 
 def test_exit_code_table_is_the_code_table() -> None:
@@ -145,7 +216,6 @@ def test_orders_example_commits_the_order_and_its_events_together(postgres_serve
     two outbox events commit together; a duplicate adds nothing; a malformed order fails
     for good and leaves nothing. In a database of its own: the example's table is `orders`."""
     import json
-    import uuid
 
     from idemctl import open_store, run
     from idemctl.consume import Event, adapt
@@ -192,8 +262,6 @@ def test_orders_example_commits_the_order_and_its_events_together(postgres_serve
 
 
 def test_ordering_example_runs(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import uuid
-
     import psycopg
 
     schema = f"docs_{uuid.uuid4().hex[:8]}"

@@ -16,13 +16,22 @@ import httpx
 import pytest
 
 from idemctl.model import Status
-from tests.backends import FAMILIES, expire_lease
-from tests.http.conftest import SERVERS, Served, problem, serve, store_url, stored_key, unique
+from tests.backends import expire_lease
+from tests.http.conftest import (
+    MATRIX,
+    SERVERS,
+    Served,
+    problem,
+    serve,
+    store_url,
+    stored_key,
+    unique,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(params=[(s, f) for s in SERVERS for f in FAMILIES], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(params=MATRIX, ids=lambda p: f"{p[0]}-{p[1]}")
 def kind_and_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     kind, family = request.param
     return kind, store_url(request, family, tmp_path)
