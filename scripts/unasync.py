@@ -3,9 +3,10 @@
 
 The runner's attempt (claim, handler, complete or fail; transactional mode), the protocol's
 steps on PostgreSQL and Redis, PostgreSQL's transactional unit, the outbox writer, and the
-HTTP middleware's attempt are written for asyncio under ``idemctl/aio/``; this script writes their sync modules by removing ``async``/``await`` and renaming the
-async names (``AsyncStore`` -> ``Store``, ...), then formats them with ruff. Both heartbeats
-(a thread and a task) and both decorators stay hand-written.
+HTTP middleware's attempt are written for asyncio under ``idemctl/aio/``; this script
+writes their sync modules by removing ``async``/``await`` and renaming the async names
+(``AsyncStore`` -> ``Store``, ...), then formats them with ruff. Both heartbeats (a thread
+and a task) and both decorators stay hand-written.
 
     scripts/unasync.py           write the sync modules
     scripts/unasync.py --check   exit 1, naming the files, when one differs from its original
