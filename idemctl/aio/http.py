@@ -108,6 +108,13 @@ async def _once(
     await heartbeat.stop()
     kept = None if response is None else stored_form(options, request, response)
     if kept is None:
+        if response is None:
+            log.warning(
+                "%s: the response is over max_body (%d bytes): sent as it streamed, not "
+                "stored; the key is released",
+                stored_key,
+                options.max_body,
+            )
         await _release(store, a)
         return Ran(response, stored=False)
     try:

@@ -107,6 +107,13 @@ def _once(
     heartbeat.stop()
     kept = None if response is None else stored_form(options, request, response)
     if kept is None:
+        if response is None:
+            log.warning(
+                "%s: the response is over max_body (%d bytes): sent as it streamed, not "
+                "stored; the key is released",
+                stored_key,
+                options.max_body,
+            )
         _release(store, a)
         return Ran(response, stored=False)
     try:

@@ -1,5 +1,7 @@
-"""Transactional mode over HTTP (uvicorn, PostgreSQL): the claim, the app's INSERT on the
-attempt's connection and the stored response commit together, or none of them does."""
+"""Transactional mode over HTTP on PostgreSQL, under uvicorn (tests/http/tx_app.py, psycopg's
+async connection) and gunicorn (tests/http/tx_wsgi_app.py, its sync one): the claim, the
+app's INSERT on the attempt's connection and the stored response commit together, or none
+of them does."""
 
 from __future__ import annotations
 
@@ -18,17 +20,21 @@ from tests.servers import PostgresServer
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
+@pytest.fixture(
+    params=[("uvicorn", "tests.http.tx_app:app"), ("gunicorn", "tests.http.tx_wsgi_app:app")],
+    ids=["uvicorn", "gunicorn"],
+)
 def payments(
     request: pytest.FixtureRequest, postgres_server: PostgresServer, tmp_path: Path
 ) -> Iterator[tuple[Served, str]]:
+    kind, app = request.param
     table = f"payments_{uuid.uuid4().hex[:12]}"
     with postgres_server.connect() as conn:
         conn.execute(
             sql.SQL("CREATE TABLE {} (key text, amount int)").format(sql.Identifier(table))
         )
     url = store_url(request, "postgres", tmp_path)
-    with serve("uvicorn", url, tmp_path, app="tests.http.tx_app:app", PAYMENTS=table) as running:
+    with serve(kind, url, tmp_path, app=app, PAYMENTS=table) as running:
         yield running, table
 
 

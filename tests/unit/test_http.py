@@ -365,3 +365,10 @@ def test_a_stored_response_is_base64_of_the_bytes() -> None:
     stored = policy.stored_form(Options(), request(), policy.Response(200, [], b"\x80"))
     assert isinstance(stored, dict) and base64.b64decode(str(stored["body"])) == b"\x80"
     assert policy.is_stored_response(stored) and not policy.is_stored_response({"x": 1})
+
+
+def test_a_response_over_the_limit_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    client = Client(WSGIMiddleware(Legacy(), store=MemoryStore(), options=Options(max_body=10)))
+    with caplog.at_level("WARNING", logger="idemctl.http"):
+        client.post("/charges", data=b'{"a": 1}', headers={"Idempotency-Key": '"big"'})
+    assert "http:-:POST:/charges:big: the response is over max_body (10 bytes)" in caplog.text
