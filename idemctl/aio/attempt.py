@@ -15,14 +15,14 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from idemctl.aio.context import Handler, call_handler
 from idemctl.aio.heartbeat import Heartbeat
 from idemctl.aio.outbox import AsyncOutbox
 from idemctl.aio.store import AsyncTransactionalStore
 from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, LeaseLost, StoreError
-from idemctl.model import Acquired, GuardReply, Order, Stale, Verdict, validate_key
+from idemctl.model import Acquired, Busy, GuardReply, Order, Stale, Verdict, validate_key
 from idemctl.runner.context import Context
 from idemctl.runner.limits import Abandoned
 from idemctl.runner.ordering import (
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
 
 log = logging.getLogger("idemctl.runner")
+T = TypeVar("T")
 
 
 async def run(
@@ -122,27 +123,37 @@ async def run(
     result = await once()
     if wait is None or result.outcome is not Outcome.BUSY:
         return result
-    return await _waited(store, key, wait, once)
+    return await waited(store, key, wait, once, _busy)
 
 
-async def _waited(
-    store: AsyncStore, key: str, wait: float, again: Callable[[], Awaitable[RunResult]]
-) -> RunResult:
-    """Run ``again`` (a claim, and the handler if the key is won) at every wake-up about
-    ``key`` until it is no longer BUSY or ``wait`` seconds are over. Registered before the
-    first claim again, so a completion meanwhile is not missed."""
+async def waited(
+    store: AsyncStore,
+    key: str,
+    wait: float,
+    again: Callable[[], Awaitable[T]],
+    busy: Callable[[T], Busy | None],
+) -> T:
+    """Run ``again`` (a claim, and the work if the key is won) at every wake-up about
+    ``key`` until ``busy`` says its result is no longer busy or ``wait`` seconds are over.
+    Registered before the first claim again, so a completion meanwhile is not missed. The
+    HTTP middleware waits with it too."""
     started = time.monotonic()
     STATS.started()
     watch = await store.watch()
     with watch.watching(key) as watching:
         while True:
             result = await again()
+            holder = busy(result)
             left = started + wait - time.monotonic()
-            if result.outcome is not Outcome.BUSY or left <= 0:
+            if holder is None or left <= 0:
                 break
-            await watching.wait_async(result.record, left)
-    STATS.ended(time.monotonic() - started, result.outcome is not Outcome.BUSY)
+            await watching.wait_async(holder.record, left)
+    STATS.ended(time.monotonic() - started, holder is None)
     return result
+
+
+def _busy(result: RunResult) -> Busy | None:
+    return Busy(result.record) if result.outcome is Outcome.BUSY else None
 
 
 async def _run_once(

@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeAlias
 
+from idemctl.aio.attempt import waited
 from idemctl.aio.heartbeat import Heartbeat
 from idemctl.aio.store import AsyncStore, AsyncTransactionalStore
 from idemctl.errors import ConfigError, LeaseLost, StoreError
-from idemctl.http.policy import Attempt, Options, Request, Response, stored_form
+from idemctl.http.policy import Attempt, Options, Ran, Request, Response, stored_form
 from idemctl.model import Acquired, Busy, ClaimOutcome
-from idemctl.runner.waiting import STATS
 
 if TYPE_CHECKING:
     from idemctl.model import JSON
@@ -30,15 +29,6 @@ Produced: TypeAlias = Response | None
 App: TypeAlias = Callable[[Attempt], Awaitable[Produced]]
 """Runs the app for an attempt: its response when it was buffered whole (not yet sent),
 None when it was sent as it streamed (too big to store)."""
-
-
-class Ran:
-    """The app ran: ``response`` to send (None: sent already), and whether it was stored."""
-
-    __slots__ = ("response", "stored")
-
-    def __init__(self, response: Response | None, stored: bool) -> None:
-        self.response, self.stored = response, stored
 
 
 Answer: TypeAlias = Ran | ClaimOutcome
@@ -60,26 +50,11 @@ async def attempt(
     result = await once()
     if options.wait is None or not isinstance(result, Busy):
         return result
-    return await _waited(store, stored_key, options.wait, once)
+    return await waited(store, stored_key, options.wait, once, _busy)
 
 
-async def _waited(
-    store: AsyncStore, key: str, wait: float, again: Callable[[], Awaitable[Answer]]
-) -> Ran | ClaimOutcome:
-    """``again`` at every wake-up about ``key`` until it is no longer busy or ``wait`` is
-    over; registered before claiming again, so a completion meanwhile is not missed."""
-    started = time.monotonic()
-    STATS.started()
-    watch = await store.watch()
-    with watch.watching(key) as watching:
-        while True:
-            result = await again()
-            left = started + wait - time.monotonic()
-            if not isinstance(result, Busy) or left <= 0:
-                break
-            await watching.wait_async(result.record, left)
-    STATS.ended(time.monotonic() - started, not isinstance(result, Busy))
-    return result
+def _busy(result: Answer) -> Busy | None:
+    return result if isinstance(result, Busy) else None
 
 
 async def _once(

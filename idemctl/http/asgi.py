@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from idemctl.aio.http import Ran, attempt
+from idemctl.aio.http import attempt
 from idemctl.http import policy
 from idemctl.http.policy import Attempt, Options, Problem, Request, Response
 from idemctl.http.stats import STATS
@@ -109,10 +109,7 @@ class IdempotencyMiddleware:
                 STATS.count("error", time.perf_counter() - started - ran_for)
                 traced("error")
                 raise
-            if isinstance(result, Ran):
-                outcome, response = ("new" if result.stored else "not_stored"), result.response
-            else:
-                outcome, response = policy.answer_of(self.options, result, datetime.now(UTC))
+            outcome, response = policy.answer(self.options, result, datetime.now(UTC))
             traced(outcome)
             if response is not None:
                 await _send(send, response)

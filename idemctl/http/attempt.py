@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
 from idemctl.errors import ConfigError, LeaseLost, StoreError
-from idemctl.http.policy import Attempt, Options, Request, Response, stored_form
+from idemctl.http.policy import Attempt, Options, Ran, Request, Response, stored_form
 from idemctl.model import Acquired, Busy, ClaimOutcome
+from idemctl.runner.attempt import waited
 from idemctl.runner.heartbeat import Heartbeat
-from idemctl.runner.waiting import STATS
 from idemctl.stores.base import Store, TransactionalStore
 
 if TYPE_CHECKING:
@@ -31,15 +30,6 @@ Produced: TypeAlias = Response | None
 App: TypeAlias = Callable[[Attempt], Produced]
 """Runs the app for an attempt: its response when it was buffered whole (not yet sent),
 None when it was sent as it streamed (too big to store)."""
-
-
-class Ran:
-    """The app ran: ``response`` to send (None: sent already), and whether it was stored."""
-
-    __slots__ = ("response", "stored")
-
-    def __init__(self, response: Response | None, stored: bool) -> None:
-        self.response, self.stored = response, stored
 
 
 Answer: TypeAlias = Ran | ClaimOutcome
@@ -61,24 +51,11 @@ def attempt(
     result = once()
     if options.wait is None or not isinstance(result, Busy):
         return result
-    return _waited(store, stored_key, options.wait, once)
+    return waited(store, stored_key, options.wait, once, _busy)
 
 
-def _waited(store: Store, key: str, wait: float, again: Callable[[], Answer]) -> Ran | ClaimOutcome:
-    """``again`` at every wake-up about ``key`` until it is no longer busy or ``wait`` is
-    over; registered before claiming again, so a completion meanwhile is not missed."""
-    started = time.monotonic()
-    STATS.started()
-    watch = store.watch()
-    with watch.watching(key) as watching:
-        while True:
-            result = again()
-            left = started + wait - time.monotonic()
-            if not isinstance(result, Busy) or left <= 0:
-                break
-            watching.wait(result.record, left)
-    STATS.ended(time.monotonic() - started, not isinstance(result, Busy))
-    return result
+def _busy(result: Answer) -> Busy | None:
+    return result if isinstance(result, Busy) else None
 
 
 def _once(

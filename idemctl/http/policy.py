@@ -290,6 +290,25 @@ def replay(result: JSON) -> Response:
     return Response(int(str(result["status"])), headers, body)
 
 
+@dataclass(frozen=True)
+class Ran:
+    """The app ran: ``response`` to send (None: sent already, as it streamed), and whether
+    it was stored."""
+
+    response: Response | None
+    stored: bool
+
+
+def answer(
+    options: Options, result: Ran | ClaimOutcome, now: datetime
+) -> tuple[str, Response | None]:
+    """The outcome's name (the metric's, the span's) and the response to send for what an
+    attempt came to: the app's response, or the answer to a claim that did not win."""
+    if isinstance(result, Ran):
+        return ("new" if result.stored else "not_stored"), result.response
+    return answer_of(options, result, now)
+
+
 def answer_of(options: Options, outcome: ClaimOutcome, now: datetime) -> tuple[str, Response]:
     """The outcome's name and the response to a claim that did not win the key."""
     if isinstance(outcome, Completed):

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from idemctl.http import policy
-from idemctl.http.attempt import Ran, attempt
+from idemctl.http.attempt import attempt
 from idemctl.http.policy import Attempt, Options, Problem, Request, Response
 from idemctl.http.stats import STATS
 from idemctl.http.tracing import span
@@ -108,11 +108,7 @@ class IdempotencyMiddleware:
                 STATS.count("error", time.perf_counter() - started - ran_for)
                 traced("error")
                 raise
-            if isinstance(result, Ran):
-                outcome = "new" if result.stored else "not_stored"
-                response = result.response
-            else:
-                outcome, response = policy.answer_of(self.options, result, datetime.now(UTC))
+            outcome, response = policy.answer(self.options, result, datetime.now(UTC))
             traced(outcome)
         STATS.count(outcome, time.perf_counter() - started - ran_for)
         if response is None:

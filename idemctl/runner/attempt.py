@@ -16,10 +16,10 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, LeaseLost, StoreError
-from idemctl.model import Acquired, GuardReply, Order, Stale, Verdict, validate_key
+from idemctl.model import Acquired, Busy, GuardReply, Order, Stale, Verdict, validate_key
 from idemctl.outbox.writer import Outbox
 from idemctl.runner.context import Context, Handler, call_handler
 from idemctl.runner.heartbeat import Heartbeat
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from idemctl.stores.base import Store
 
 log = logging.getLogger("idemctl.runner")
+T = TypeVar("T")
 
 
 def run(
@@ -122,25 +123,37 @@ def run(
     result = once()
     if wait is None or result.outcome is not Outcome.BUSY:
         return result
-    return _waited(store, key, wait, once)
+    return waited(store, key, wait, once, _busy)
 
 
-def _waited(store: Store, key: str, wait: float, again: Callable[[], RunResult]) -> RunResult:
-    """Run ``again`` (a claim, and the handler if the key is won) at every wake-up about
-    ``key`` until it is no longer BUSY or ``wait`` seconds are over. Registered before the
-    first claim again, so a completion meanwhile is not missed."""
+def waited(
+    store: Store,
+    key: str,
+    wait: float,
+    again: Callable[[], T],
+    busy: Callable[[T], Busy | None],
+) -> T:
+    """Run ``again`` (a claim, and the work if the key is won) at every wake-up about
+    ``key`` until ``busy`` says its result is no longer busy or ``wait`` seconds are over.
+    Registered before the first claim again, so a completion meanwhile is not missed. The
+    HTTP middleware waits with it too."""
     started = time.monotonic()
     STATS.started()
     watch = store.watch()
     with watch.watching(key) as watching:
         while True:
             result = again()
+            holder = busy(result)
             left = started + wait - time.monotonic()
-            if result.outcome is not Outcome.BUSY or left <= 0:
+            if holder is None or left <= 0:
                 break
-            watching.wait(result.record, left)
-    STATS.ended(time.monotonic() - started, result.outcome is not Outcome.BUSY)
+            watching.wait(holder.record, left)
+    STATS.ended(time.monotonic() - started, holder is None)
     return result
+
+
+def _busy(result: RunResult) -> Busy | None:
+    return Busy(result.record) if result.outcome is Outcome.BUSY else None
 
 
 def _run_once(
