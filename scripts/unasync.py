@@ -30,7 +30,7 @@ FILES = {
     "idemctl/aio/outbox.py": "idemctl/outbox/writer.py",
     "idemctl/aio/postgres_steps.py": "idemctl/stores/postgres/steps.py",
     "idemctl/aio/redis_steps.py": "idemctl/stores/redis/steps.py",
-    "idemctl/aio/http.py": "idemctl/http/attempt.py",
+    "idemctl/aio/http.py": "idemctl/runner/http.py",
 }
 """Each async original and the sync module written from it."""
 
@@ -38,7 +38,7 @@ MODULES = {
     "idemctl.aio.attempt": "idemctl.runner.attempt",
     "idemctl.aio.context": "idemctl.runner.context",
     "idemctl.aio.heartbeat": "idemctl.runner.heartbeat",
-    "idemctl.aio.http": "idemctl.http.attempt",
+    "idemctl.aio.http": "idemctl.runner.http",
     "idemctl.aio.outbox": "idemctl.outbox.writer",
     "idemctl.aio.postgres": "idemctl.stores.postgres.store",
     "idemctl.aio.postgres_core": "idemctl.stores.postgres.core",

@@ -1,8 +1,8 @@
 """One guarded HTTP request against the store: claim its key, run the app, then store its
 response or release the key. The ASGI middleware drives this module; the WSGI one its sync
-copy, ``idemctl.http.attempt``. What to answer and what to store is ``idemctl.http.policy``'s.
+copy, ``idemctl.runner.http``. What to answer and what to store is ``idemctl.http.policy``'s.
 
-This module is the original of ``idemctl.http.attempt`` (scripts/unasync.py).
+This module is the original of ``idemctl.runner.http`` (scripts/unasync.py).
 """
 
 from __future__ import annotations

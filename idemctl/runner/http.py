@@ -2,7 +2,7 @@
 # script (scripts/test checks the two agree). Do not edit this one.
 """One guarded HTTP request against the store: claim its key, run the app, then store its
 response or release the key. The ASGI middleware drives this module; the WSGI one its sync
-copy, ``idemctl.http.attempt``. What to answer and what to store is ``idemctl.http.policy``'s.
+copy, ``idemctl.runner.http``. What to answer and what to store is ``idemctl.http.policy``'s.
 
 Written by scripts/unasync.py from ``idemctl.aio.http``.
 """
