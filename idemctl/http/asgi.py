@@ -87,13 +87,13 @@ class IdempotencyMiddleware:
         stored_key = policy.stored_key(self.options, request, key)
         fingerprint = policy.fingerprint_of(self.options, request, body)
         ran_for = 0.0
+        capture = _Capture(send, self.options.max_body)
 
         async def run_app(a: Attempt) -> Response | None:
             nonlocal ran_for
             app_started = time.perf_counter()
             state = dict(scope.get("state") or {})
             state["idempotency"] = a
-            capture = _Capture(send, self.options.max_body)
             try:
                 await self.app({**scope, "state": state}, _replayed(body, receive), capture)
             finally:
@@ -113,6 +113,8 @@ class IdempotencyMiddleware:
             traced(outcome)
             if response is not None:
                 await _send(send, response)
+            elif capture.last is not None:  # streamed: its end, now that the key is released
+                await send(capture.last)
         STATS.count(outcome, time.perf_counter() - started - ran_for)
 
 
@@ -165,7 +167,8 @@ async def _send(send: Send, response: Response) -> None:
 class _Capture:
     """The app's ``send``: buffers its response up to ``limit`` bytes of body. Past the
     limit (or at a message it does not know, such as trailers) the response goes to the
-    client as it comes, and is not stored."""
+    client as it comes, and is not stored; its last message (``last``) is held back until
+    the key is released, so a client that has the whole response never finds its key held."""
 
     def __init__(self, send: Send, limit: int) -> None:
         self._send, self._limit = send, limit
@@ -173,12 +176,17 @@ class _Capture:
         self._chunks: list[bytes] = []
         self._size = 0
         self.streaming = False
+        self.last: Message | None = None
 
     async def __call__(self, message: Message) -> None:
-        if self.streaming:
-            await self._send(message)
-            return
         kind = message["type"]
+        ends = kind == "http.response.body" and not message.get("more_body", False)
+        if self.streaming:
+            if ends:
+                self.last = message
+            else:
+                await self._send(message)
+            return
         if kind == "http.response.start" and not message.get("trailers"):
             self._start = message
             return
@@ -187,19 +195,21 @@ class _Capture:
             self._chunks.append(body)
             self._size += len(body)
             if self._size > self._limit:
-                await self._stream(more=message.get("more_body", False))
+                await self._stream()
+                if ends:
+                    self.last = {"type": "http.response.body", "body": b"", "more_body": False}
             return
-        await self._stream(more=True)
+        await self._stream()
         await self._send(message)
 
-    async def _stream(self, more: bool) -> None:
+    async def _stream(self) -> None:
         self.streaming = True
         if self._start is not None:
             await self._send(self._start)
         body = b"".join(self._chunks)
         self._chunks = []
-        if body or not more:
-            await self._send({"type": "http.response.body", "body": body, "more_body": more})
+        if body:
+            await self._send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def response(self) -> Response | None:
         """The buffered response, None when it was streamed."""

@@ -372,3 +372,39 @@ def test_a_response_over_the_limit_is_logged(caplog: pytest.LogCaptureFixture) -
     with caplog.at_level("WARNING", logger="idemctl.http"):
         client.post("/charges", data=b'{"a": 1}', headers={"Idempotency-Key": '"big"'})
     assert "http:-:POST:/charges:big: the response is over max_body (10 bytes)" in caplog.text
+
+
+def test_asgi_a_streamed_response_ends_only_once_its_key_is_released() -> None:
+    """Past max_body the response streams and is not stored; its last message waits for the
+    release, so a client holding the whole response never finds its key held (409)."""
+    store = MemoryStore()
+    seen_at_end: list[object] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(3):
+            await send({"type": "http.response.body", "body": b"x" * 10, "more_body": i < 2})
+
+    async def main() -> bytes:
+        guarded = ASGIMiddleware(app, store=store, options=Options(max_body=15))
+        scope = {
+            "type": "http", "method": "POST", "path": "/charges",
+            "headers": [(b"idempotency-key", b'"s"')],
+        }  # fmt: skip
+        got: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            got.append(message.get("body", b""))
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                seen_at_end.append(store.get("http:-:POST:/charges:s"))
+
+        await guarded(scope, receive, send)
+        return b"".join(got)
+
+    assert asyncio.run(main()) == b"x" * 30
+    (record,) = seen_at_end
+    assert isinstance(record, Record) and record.owner is None  # released before the end
