@@ -30,9 +30,8 @@ Produced: TypeAlias = Response | None
 App: TypeAlias = Callable[[Attempt], Produced]
 """Runs the app for an attempt: its response when it was buffered whole (not yet sent),
 None when it was sent as it streamed (too big to store)."""
-
-
 Answer: TypeAlias = Ran | ClaimOutcome
+"""What an attempt comes to: the app ran, or the claim found the key held, done or reused."""
 
 
 def attempt(
@@ -43,7 +42,7 @@ def attempt(
     stored_key: str,
     fingerprint: str,
     app: App,
-) -> Ran | ClaimOutcome:
+) -> Answer:
     """Run ``app`` at most once to a stored response for ``stored_key``; what the claim
     found instead when another request holds, held or reused the key (after waiting up to
     ``options.wait`` for one in flight)."""
@@ -66,7 +65,7 @@ def _once(
     stored_key: str,
     fingerprint: str,
     app: App,
-) -> Ran | ClaimOutcome:
+) -> Answer:
     if options.transactional:
         return _transactional(store, options, request, key, stored_key, fingerprint, app)
     outcome = store.claim(stored_key, fingerprint, options.lease)
@@ -127,7 +126,7 @@ def _transactional(
     stored_key: str,
     fingerprint: str,
     app: App,
-) -> Ran | ClaimOutcome:
+) -> Answer:
     """The claim, the app's SQL on the attempt's connection and the stored response in one
     transaction: a response not stored rolls the claim back with the app's writes."""
     if not isinstance(store, TransactionalStore):
