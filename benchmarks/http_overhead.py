@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import HOST, RedisServer, free_port, http_answers  # noqa: E402
+from tests.http.servers import AppServer  # noqa: E402
+from tests.servers import HOST, RedisServer  # noqa: E402
 
 WAYS = ("plain", "idemctl", "peer")
 
@@ -54,32 +52,16 @@ def peer_installed() -> bool:
 
 
 class Server:
-    """uvicorn serving benchmarks/http_apps.py as ``way``, in a process group of its own."""
+    """uvicorn serving benchmarks/http_apps.py as ``way``: tests/http's AppServer, which
+    leads a process group of its own and is stopped by its PID."""
 
     def __init__(self, way: str, redis_url: str, tmp: Path) -> None:
-        self.way, self.port = way, free_port()
-        env = {
-            **os.environ,
-            "BENCH_APP": way,
-            "IDEMCTL_STORE": f"{redis_url}?prefix=bench:",
-            "PEER_REDIS": redis_url,
-            "LEDGER": str(tmp / f"{way}.ledger"),
-        }
-        self.log = open(tmp / f"{way}.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT), "benchmarks.http_apps:app",
-             "--host", HOST, "--port", str(self.port), "--no-access-log", "--log-level", "warning"],
-            env=env, stdout=self.log, stderr=self.log, start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while not http_answers(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise SystemExit(
-                    f"{way}: uvicorn did not start:\n" + (tmp / f"{way}.log").read_text()
-                )
-            time.sleep(0.05)
-        self.conn = http.client.HTTPConnection(HOST, self.port, timeout=30)
+        self.way = way
+        self.app = AppServer(
+            "uvicorn", f"{redis_url}?prefix=bench:", tmp / f"{way}.ledger", tmp,
+            app="benchmarks.http_apps:app", BENCH_APP=way, PEER_REDIS=redis_url,
+        ).start(timeout=60)  # fmt: skip
+        self.conn = http.client.HTTPConnection(HOST, self.app.port, timeout=30)
 
     def post(self, key: str | None, order: str) -> tuple[int, bool]:
         headers = {"Content-Type": "application/json"}
@@ -92,14 +74,7 @@ class Server:
         return answer.status, answer.getheader("Idempotent-Replayed") == "true"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+        self.app.stop()
 
 
 def key_less(keys: list[str | None]) -> bool:

@@ -11,13 +11,13 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from idemctl.aio.attempt import waited
 from idemctl.aio.heartbeat import Heartbeat
 from idemctl.aio.store import AsyncStore, AsyncTransactionalStore
 from idemctl.errors import ConfigError, LeaseLost, StoreError
-from idemctl.http.policy import Attempt, Options, Ran, Request, Response, stored_form
+from idemctl.http.policy import Attempt, Guarded, Options, Ran, Response, stored_form
 from idemctl.model import Acquired, Busy, ClaimOutcome
 
 if TYPE_CHECKING:
@@ -33,60 +33,44 @@ Answer: TypeAlias = Ran | ClaimOutcome
 """What an attempt comes to: the app ran, or the claim found the key held, done or reused."""
 
 
-async def attempt(
-    store: AsyncStore,
-    options: Options,
-    request: Request,
-    key: str,
-    stored_key: str,
-    fingerprint: str,
-    app: App,
-) -> Answer:
-    """Run ``app`` at most once to a stored response for ``stored_key``; what the claim
-    found instead when another request holds, held or reused the key (after waiting up to
-    ``options.wait`` for one in flight)."""
-    once = functools.partial(_once, store, options, request, key, stored_key, fingerprint, app)
+async def attempt(store: AsyncStore, options: Options, guarded: Guarded, app: App) -> Answer:
+    """Run ``app`` at most once to a stored response for ``guarded.stored_key``; what the
+    claim found instead when another request holds, held or reused the key (after waiting
+    up to ``options.wait`` for one in flight)."""
+    once = functools.partial(_once, store, options, guarded, app)
     result = await once()
     if options.wait is None or not isinstance(result, Busy):
         return result
-    return await waited(store, stored_key, options.wait, once, _busy)
+    return await waited(store, guarded.stored_key, options.wait, once, _busy)
 
 
 def _busy(result: Answer) -> Busy | None:
     return result if isinstance(result, Busy) else None
 
 
-async def _once(
-    store: AsyncStore,
-    options: Options,
-    request: Request,
-    key: str,
-    stored_key: str,
-    fingerprint: str,
-    app: App,
-) -> Answer:
+async def _once(store: AsyncStore, options: Options, guarded: Guarded, app: App) -> Answer:
     if options.transactional:
-        return await _transactional(store, options, request, key, stored_key, fingerprint, app)
-    outcome = await store.claim(stored_key, fingerprint, options.lease)
+        return await _transactional(store, options, guarded, app)
+    outcome = await store.claim(guarded.stored_key, guarded.fingerprint, options.lease)
     if not isinstance(outcome, Acquired):
         return outcome
     a = outcome
     lease = store.default_lease if options.lease is None else options.lease
     heartbeat = Heartbeat(store, lease, [a], name="idemctl-http")
     try:
-        response = await app(Attempt(key, stored_key, a.fencing_token, a.attempt, a.takeover))
+        response = await app(_attempt(guarded, a))
     except BaseException:
         await heartbeat.stop()
         await asyncio.shield(_release(store, a))
         raise
     await heartbeat.stop()
-    kept = None if response is None else stored_form(options, request, response)
+    kept = None if response is None else stored_form(options, guarded.request, response)
     if kept is None:
         if response is None:
             log.warning(
                 "%s: the response is over max_body (%d bytes): sent as it streamed, not "
                 "stored; the key is released",
-                stored_key,
+                guarded.stored_key,
                 options.max_body,
             )
         await _release(store, a)
@@ -94,9 +78,16 @@ async def _once(
     try:
         await store.complete(a.key, a.owner, a.fencing_token, kept, options.retention)
     except LeaseLost as lost:  # taken over meanwhile: the taker's response is the one kept
-        log.warning("%s: response not stored: %s", stored_key, lost)
+        log.warning("%s: response not stored: %s", guarded.stored_key, lost)
         return Ran(response, stored=False)
     return Ran(response, stored=True)
+
+
+def _attempt(guarded: Guarded, a: Acquired, connection: Any = None) -> Attempt:
+    """What the app sees of the attempt ``a`` at ``guarded``."""
+    return Attempt(
+        guarded.key, guarded.stored_key, a.fencing_token, a.attempt, a.takeover, connection
+    )
 
 
 async def _release(store: AsyncStore, a: Acquired) -> None:
@@ -117,36 +108,21 @@ class _Rollback(Exception):
         self.response = response
 
 
-async def _transactional(
-    store: AsyncStore,
-    options: Options,
-    request: Request,
-    key: str,
-    stored_key: str,
-    fingerprint: str,
-    app: App,
-) -> Answer:
+async def _transactional(store: AsyncStore, options: Options, guarded: Guarded, app: App) -> Answer:
     """The claim, the app's SQL on the attempt's connection and the stored response in one
     transaction: a response not stored rolls the claim back with the app's writes."""
     if not isinstance(store, AsyncTransactionalStore):
         raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
     try:
-        async with store.transaction(stored_key, fingerprint, options.lease) as unit:
+        async with store.transaction(
+            guarded.stored_key, guarded.fingerprint, options.lease
+        ) as unit:
             outcome = unit.outcome
             if not isinstance(outcome, Acquired):
                 return outcome  # type: ignore[return-value]
-            response = await app(
-                Attempt(
-                    key,
-                    stored_key,
-                    outcome.fencing_token,
-                    outcome.attempt,
-                    outcome.takeover,
-                    unit.connection,
-                )
-            )
+            response = await app(_attempt(guarded, outcome, unit.connection))
             kept: JSON | None = (
-                None if response is None else stored_form(options, request, response)
+                None if response is None else stored_form(options, guarded.request, response)
             )
             if kept is None:
                 raise _Rollback(response)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from http import HTTPStatus
 
 from rich.text import Text
 
@@ -27,13 +26,11 @@ def result_text(result: JSON) -> Text:
 
 
 def _response_text(result: dict[str, JSON]) -> Text:
-    status = int(str(result["status"]))
-    try:
-        phrase = f" {HTTPStatus(status).phrase}"
-    except ValueError:
-        phrase = ""
+    from idemctl.http.policy import status_line
+
+    status = status_line(int(str(result["status"])))
     size = int(str(result.get("size", 0)))
-    lines = [f"{result.get('method')} {result.get('path')} -> {status}{phrase}, {size} bytes"]
+    lines = [f"{result.get('method')} {result.get('path')} -> {status}, {size} bytes"]
     headers = result.get("headers")
     for pair in headers if isinstance(headers, list) else []:
         if isinstance(pair, list) and len(pair) == 2:

@@ -20,7 +20,7 @@ from idemctl.aio.http import attempt
 from idemctl.http import policy
 from idemctl.http.policy import Attempt, Options, Problem, Request, Response
 from idemctl.http.stats import STATS
-from idemctl.http.tracing import span
+from idemctl.http.tracing import observed
 
 if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
@@ -78,44 +78,33 @@ class IdempotencyMiddleware:
             return
         if isinstance(key, Problem):
             await _send(send, key.response(self.options))
-            STATS.count(key.name.replace("-", "_"), time.perf_counter() - started)
+            STATS.count(key.outcome, time.perf_counter() - started)
             return
         body = await _read_body(receive)
         if body is None:
             return  # the client went away before sending its body: nothing to run
         request = Request(scope["method"].upper(), path, headers)
-        stored_key = policy.stored_key(self.options, request, key)
-        fingerprint = policy.fingerprint_of(self.options, request, body)
-        ran_for = 0.0
+        guarded = policy.guarded(self.options, request, key, body)
         capture = _Capture(send, self.options.max_body)
+        with observed(guarded, started) as seen:
 
-        async def run_app(a: Attempt) -> Response | None:
-            nonlocal ran_for
-            app_started = time.perf_counter()
-            state = dict(scope.get("state") or {})
-            state["idempotency"] = a
-            try:
-                await self.app({**scope, "state": state}, _replayed(body, receive), capture)
-            finally:
-                ran_for = time.perf_counter() - app_started
-            return await capture.response()
+            async def run_app(a: Attempt) -> Response | None:
+                app_started = time.perf_counter()
+                state = dict(scope.get("state") or {})
+                state["idempotency"] = a
+                try:
+                    await self.app({**scope, "state": state}, _replayed(body, receive), capture)
+                finally:
+                    seen.app_seconds = time.perf_counter() - app_started
+                return await capture.response()
 
-        with span(stored_key, scope["method"], path) as traced:
-            try:
-                result = await attempt(
-                    self.store, self.options, request, key, stored_key, fingerprint, run_app
-                )
-            except Exception:
-                STATS.count("error", time.perf_counter() - started - ran_for)
-                traced("error")
-                raise
+            result = await attempt(self.store, self.options, guarded, run_app)
             outcome, response = policy.answer(self.options, result, datetime.now(UTC))
-            traced(outcome)
             if response is not None:
                 await _send(send, response)
             elif capture.last is not None:  # streamed: its end, now that the key is released
                 await send(capture.last)
-        STATS.count(outcome, time.perf_counter() - started - ran_for)
+            seen.ended(outcome)
 
 
 def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:

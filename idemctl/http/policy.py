@@ -158,6 +158,11 @@ class Problem:
     detail: str
     retry_after: int | None = None
 
+    @property
+    def outcome(self) -> str:
+        """The metric's name for it: ``missing_key``, ``invalid_key``."""
+        return self.name.replace("-", "_")
+
     def response(self, options: Options) -> Response:
         body = canonical_json(
             {
@@ -245,6 +250,24 @@ def request_path(raw: bytes) -> str:
     the one way, so both servers give one path one form, of printable ASCII."""
     data = raw
     return quote(data, safe="/:@!$&'()*+,;=-._~")
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """A guarded request with its key: what an attempt claims, and under which names."""
+
+    request: Request
+    key: str
+    """The client's ``Idempotency-Key``."""
+    stored_key: str
+    fingerprint: str
+
+
+def guarded(options: Options, request: Request, key: str, body: bytes) -> Guarded:
+    """``request`` with the client's ``key`` and ``body``: its stored key and fingerprint."""
+    return Guarded(
+        request, key, stored_key(options, request, key), fingerprint_of(options, request, body)
+    )
 
 
 def fingerprint_of(options: Options, request: Request, body: bytes) -> str:

@@ -1,15 +1,19 @@
-"""The middleware's span, ``idemctl.http``: one per guarded request, under the server's
-own span when the app is instrumented, with ``idemctl.key`` (hashed, as consume's),
-``http.request.method``, ``url.path`` and ``idemctl.outcome``. Nothing without a tracer
-provider (``idemctl.tracing``)."""
+"""What the middlewares record of a guarded request: its span, ``idemctl.http`` (under the
+server's own span when the app is instrumented, with ``idemctl.key`` hashed as consume's,
+``http.request.method``, ``url.path`` and ``idemctl.outcome``; nothing without a tracer
+provider, see ``idemctl.tracing``), and its outcome and added time in
+``idemctl.http.stats.STATS``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from idemctl import tracing
+from idemctl.http.policy import Guarded
+from idemctl.http.stats import STATS
 
 
 def _nothing(outcome: str) -> None:
@@ -30,3 +34,28 @@ def span(key: str, method: str, path: str) -> Iterator[Callable[[str], None]]:
     }
     with tracer.start_as_current_span("idemctl.http", attributes=attributes) as current:
         yield lambda outcome: current.set_attribute("idemctl.outcome", outcome)
+
+
+class Observed:
+    """One guarded request under way: ``app_seconds`` is the app's own time, left out of
+    the time the middleware added."""
+
+    def __init__(self, started: float, traced: Callable[[str], None]) -> None:
+        self.started, self.app_seconds, self._traced = started, 0.0, traced
+
+    def ended(self, outcome: str) -> None:
+        self._traced(outcome)
+        STATS.count(outcome, time.perf_counter() - self.started - self.app_seconds)
+
+
+@contextmanager
+def observed(guarded: Guarded, started: float) -> Iterator[Observed]:
+    """The request's span and figures; an exception out of it ends it as ``error``."""
+    request = guarded.request
+    with span(guarded.stored_key, request.method, request.path) as traced:
+        seen = Observed(started, traced)
+        try:
+            yield seen
+        except Exception:
+            seen.ended("error")
+            raise

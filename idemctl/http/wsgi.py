@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from idemctl.http import policy
 from idemctl.http.policy import Attempt, Options, Problem, Request, Response
 from idemctl.http.stats import STATS
-from idemctl.http.tracing import span
+from idemctl.http.tracing import observed
 from idemctl.runner.http import attempt
 
 if TYPE_CHECKING:
@@ -75,42 +75,31 @@ class IdempotencyMiddleware:
         if key is None:
             return self.app(environ, start_response)
         if isinstance(key, Problem):
-            STATS.count(key.name.replace("-", "_"), time.perf_counter() - started)
+            STATS.count(key.outcome, time.perf_counter() - started)
             return _send(start_response, key.response(self.options))
         body = _read_body(environ)
-        request = Request(method, path, headers)
-        stored_key = policy.stored_key(self.options, request, key)
-        fingerprint = policy.fingerprint_of(self.options, request, body)
-        ran_for = 0.0
+        guarded = policy.guarded(self.options, Request(method, path, headers), key, body)
         status_text = ""
         streamed: Iterable[bytes] = ()
+        with observed(guarded, started) as seen:
 
-        def run_app(a: Attempt) -> Response | None:
-            nonlocal ran_for, status_text, streamed
-            app_started = time.perf_counter()
-            environ[ATTEMPT] = a
-            environ["wsgi.input"] = io.BytesIO(body)
-            environ["CONTENT_LENGTH"] = str(len(body))
-            try:
-                response, status_text, streamed = _run(
-                    self.app, environ, start_response, self.options.max_body
-                )
-            finally:
-                ran_for = time.perf_counter() - app_started
-            return response
+            def run_app(a: Attempt) -> Response | None:
+                nonlocal status_text, streamed
+                app_started = time.perf_counter()
+                environ[ATTEMPT] = a
+                environ["wsgi.input"] = io.BytesIO(body)
+                environ["CONTENT_LENGTH"] = str(len(body))
+                try:
+                    response, status_text, streamed = _run(
+                        self.app, environ, start_response, self.options.max_body
+                    )
+                finally:
+                    seen.app_seconds = time.perf_counter() - app_started
+                return response
 
-        with span(stored_key, method, path) as traced:
-            try:
-                result = attempt(
-                    self.store, self.options, request, key, stored_key, fingerprint, run_app
-                )
-            except Exception:
-                STATS.count("error", time.perf_counter() - started - ran_for)
-                traced("error")
-                raise
+            result = attempt(self.store, self.options, guarded, run_app)
             outcome, response = policy.answer(self.options, result, datetime.now(UTC))
-            traced(outcome)
-        STATS.count(outcome, time.perf_counter() - started - ran_for)
+            seen.ended(outcome)
         if response is None:
             return streamed
         return _send(start_response, response, status_text)

@@ -7,7 +7,7 @@ module's tests (each test charges orders of its own and counts their lines).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,12 +109,19 @@ def problem(response: httpx.Response, status: int, name: str) -> dict[str, Any]:
 
 @contextmanager
 def serve(
-    kind: str, url: str, directory: Path, *, app: str = "", ledger: Path | None = None, **env: str
+    kind: str,
+    url: str,
+    directory: Path,
+    *,
+    app: str = "",
+    ledger: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Served]:
-    """``kind`` serving the example app (or ``app``) on the store at ``url``."""
+    """``kind`` serving the example app (or ``app``) on the store at ``url``, with ``env``
+    in its environment."""
     directory.mkdir(parents=True, exist_ok=True)
     ledger = ledger or directory / f"{kind}.ledger"
-    server = AppServer(kind, url, ledger, directory, app=app, **env)
+    server = AppServer(kind, url, ledger, directory, app=app, **(env or {}))
     server.start(timeout=60)
     try:
         with httpx.Client(base_url=server.base_url, timeout=90) as client:

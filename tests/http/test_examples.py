@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -155,9 +156,11 @@ def test_the_record_holds_the_response_readably_for_24_hours(served: Served) -> 
 
 
 def idemctl(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI on ``url``, its lines wide enough that rich folds no body."""
     return subprocess.run(
         [sys.executable, "-m", "idemctl", "--store", url, *args],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "COLUMNS": "250"},
     )  # fmt: skip
 
 
@@ -166,11 +169,12 @@ def test_the_operator_commands_read_and_free_http_keys(served: Served) -> None:
     charged = served.charge(key, order)
     shown = idemctl(served.url, "inspect", stored_key(key))
     assert shown.returncode == 0, shown.stderr
-    assert "POST /charges -> 201 Created" in shown.stdout
-    assert charged.json()["id"] in shown.stdout  # the body, as text
+    assert "POST /charges -> 201 Created" in shown.stdout, shown.stdout
+    assert charged.json()["id"] in shown.stdout, shown.stdout  # the body, as text
     listed = idemctl(served.url, "list", "--prefix", f"http:-:POST:/charges:{key}", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert [json.loads(line)["key"] for line in listed.stdout.splitlines()] == [stored_key(key)]
+    listed_keys = [json.loads(line)["key"] for line in listed.stdout.splitlines()]
+    assert listed_keys == [stored_key(key)], listed.stdout + listed.stderr
     forgot = idemctl(served.url, "forget", stored_key(key))
     assert forgot.returncode == 0, forgot.stderr
     again = served.charge(key, order)  # forgotten: the request runs again

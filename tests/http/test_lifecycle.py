@@ -85,13 +85,21 @@ def test_a_server_killed_mid_request_lets_the_retry_charge_once(
         assert record is not None and record.status is Status.COMPLETED and record.attempts == 2
 
 
-@pytest.fixture(
-    params=[(s, f) for s in SERVERS for f in ("sqlite", "redis")], ids=lambda p: f"{p[0]}-{p[1]}"
-)
-def waiting(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+BOTH_SERVERS = [(server, family) for server in SERVERS for family in ("sqlite", "redis")]
+
+
+def served_with(
+    request: pytest.FixtureRequest, tmp_path: Path, env: dict[str, str]
+) -> Iterator[Served]:
+    """The example app under the param's server and store, with ``env`` set."""
     kind, family = request.param
-    with serve(kind, store_url(request, family, tmp_path), tmp_path, IDEMCTL_WAIT="60") as s:
-        yield s
+    with serve(kind, store_url(request, family, tmp_path), tmp_path, env=env) as running:
+        yield running
+
+
+@pytest.fixture(params=BOTH_SERVERS, ids=lambda p: f"{p[0]}-{p[1]}")
+def waiting(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    yield from served_with(request, tmp_path, {"IDEMCTL_WAIT": "60"})
 
 
 def test_with_wait_concurrent_duplicates_get_the_first_response(waiting: Served) -> None:
@@ -104,28 +112,27 @@ def test_with_wait_concurrent_duplicates_get_the_first_response(waiting: Served)
     assert waiting.charges(order) == 1
 
 
-@pytest.fixture(
-    params=[(s, f) for s in SERVERS for f in ("sqlite", "redis")], ids=lambda p: f"{p[0]}-{p[1]}"
-)
+@pytest.fixture(params=BOTH_SERVERS, ids=lambda p: f"{p[0]}-{p[1]}")
 def short_lease(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
-    kind, family = request.param
-    with serve(kind, store_url(request, family, tmp_path), tmp_path, IDEMCTL_LEASE="3") as s:
-        yield s
+    yield from served_with(request, tmp_path, {"IDEMCTL_LEASE": "3"})
 
 
 def test_the_heartbeat_holds_a_slow_request_past_its_lease(short_lease: Served) -> None:
-    """A 3 s lease and a request of 8 s: a duplicate sent after the first lease would have
-    ended still finds the key held (409), and the first request's response is stored."""
+    """A 3 s lease and a request of 12 s: once the lease it was claimed with is over, the
+    store shows the same claim holding the key with its lease extended, and a duplicate
+    finds it held (409); the first request's response is stored."""
     key, order = unique("k"), unique("o")
-    with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(short_lease.charge, key, order, delay=8)
+    with ThreadPoolExecutor(1) as pool, short_lease.store() as store:
+        slow = pool.submit(short_lease.charge, key, order, delay=12)
         in_progress(short_lease, stored_key(key))
-        with short_lease.store() as store:
-            first = store.get(stored_key(key))
+        first = store.get(stored_key(key))
         assert first is not None and first.lease_expires_at is not None
-        while datetime.now(UTC) < first.lease_expires_at:  # the lease it was claimed with
-            time.sleep(0.1)
-        time.sleep(1)
+        while datetime.now(UTC) <= first.lease_expires_at:  # the lease it was claimed with
+            time.sleep(0.05)
+        held = store.get(stored_key(key))
+        assert held is not None and held.lease_expires_at is not None
+        assert (held.owner, held.fencing_token) == (first.owner, first.fencing_token)
+        assert held.lease_expires_at > first.lease_expires_at  # the heartbeat extended it
         problem(short_lease.charge(key, order), 409, "request-in-progress")
         done = slow.result()
     assert done.status_code == 201

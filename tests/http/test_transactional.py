@@ -34,7 +34,7 @@ def payments(
             sql.SQL("CREATE TABLE {} (key text, amount int)").format(sql.Identifier(table))
         )
     url = store_url(request, "postgres", tmp_path)
-    with serve(kind, url, tmp_path, app=app, PAYMENTS=table) as running:
+    with serve(kind, url, tmp_path, app=app, env={"PAYMENTS": table}) as running:
         yield running, table
 
 

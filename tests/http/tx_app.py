@@ -19,15 +19,17 @@ from idemctl.http import Options
 from idemctl.http.asgi import IdempotencyMiddleware
 
 
+def insert() -> sql.Composed:
+    """The one row a payment writes: (key, amount), into ``$PAYMENTS``."""
+    return sql.SQL("INSERT INTO {} (key, amount) VALUES (%s, %s)").format(
+        sql.Identifier(os.environ["PAYMENTS"])
+    )
+
+
 async def payments(request: Request) -> Response:
     attempt = request.state.idempotency
     amount = json.loads(await request.body())["amount"]
-    await attempt.connection.execute(
-        sql.SQL("INSERT INTO {} (key, amount) VALUES (%s, %s)").format(
-            sql.Identifier(os.environ["PAYMENTS"])
-        ),
-        (attempt.key, amount),
-    )
+    await attempt.connection.execute(insert(), (attempt.key, amount))
     if request.query_params.get("raise"):
         raise RuntimeError("the app broke after its insert")
     if request.query_params.get("fail"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 
 from flask import Flask, Response, jsonify, request
-from psycopg import sql
 
 from idemctl.http import Options
 from idemctl.http.wsgi import ATTEMPT, IdempotencyMiddleware
+from tests.http.tx_app import insert
 
 app = Flask(__name__)
 
@@ -17,12 +17,7 @@ app = Flask(__name__)
 def payments() -> tuple[Response, int]:
     attempt = request.environ[ATTEMPT]
     amount = request.get_json(force=True)["amount"]
-    attempt.connection.execute(
-        sql.SQL("INSERT INTO {} (key, amount) VALUES (%s, %s)").format(
-            sql.Identifier(os.environ["PAYMENTS"])
-        ),
-        (attempt.key, amount),
-    )
+    attempt.connection.execute(insert(), (attempt.key, amount))
     if request.args.get("raise"):
         raise RuntimeError("the app broke after its insert")
     if request.args.get("fail"):

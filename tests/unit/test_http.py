@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -397,7 +397,7 @@ def test_asgi_a_streamed_response_ends_only_once_its_key_is_released() -> None:
         async def receive() -> dict[str, Any]:
             return {"type": "http.request", "body": b"{}", "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             got.append(message.get("body", b""))
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 seen_at_end.append(store.get("http:-:POST:/charges:s"))
