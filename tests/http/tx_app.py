@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-from psycopg import sql
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -17,13 +16,7 @@ from starlette.routing import Route
 
 from idemctl.http import Options
 from idemctl.http.asgi import IdempotencyMiddleware
-
-
-def insert() -> sql.Composed:
-    """The one row a payment writes: (key, amount), into ``$PAYMENTS``."""
-    return sql.SQL("INSERT INTO {} (key, amount) VALUES (%s, %s)").format(
-        sql.Identifier(os.environ["PAYMENTS"])
-    )
+from tests.http.payments import insert
 
 
 async def payments(request: Request) -> Response:

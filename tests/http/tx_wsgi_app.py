@@ -8,7 +8,7 @@ from flask import Flask, Response, jsonify, request
 
 from idemctl.http import Options
 from idemctl.http.wsgi import ATTEMPT, IdempotencyMiddleware
-from tests.http.tx_app import insert
+from tests.http.payments import insert
 
 app = Flask(__name__)
 
