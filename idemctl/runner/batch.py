@@ -342,8 +342,10 @@ class Ahead:
 class _Completer:
     """Sends finished keys' completions while later handlers run: a batch leaves once it
     holds ``batch`` completions or its oldest has waited ``wait`` seconds, whichever comes
-    first; one round trip at a time, those finished meanwhile go in the next. What a SIGKILL
-    can cost beyond the handlers it cuts off is what waits here or is on its way."""
+    first; one round trip at a time, those finished meanwhile go in the next. A completion
+    that finds ``batch`` waiting while a round trip is on its way waits for it: what a
+    SIGKILL can cost beyond the handlers it cuts off is at most ``2 * batch`` completions,
+    however slow the store."""
 
     def __init__(
         self,
@@ -376,6 +378,8 @@ class _Completer:
                     target=self._run, name="idemctl-completer", daemon=True
                 )
                 self._thread.start()
+            while len(self._queue) >= self.batch and self._sending:
+                self._cond.wait()  # back-pressure: the store is slower than the handlers
             if not self._queue:
                 self._since = time.monotonic()
             self._queue.append(completion)
