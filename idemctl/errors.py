@@ -22,6 +22,15 @@ class ConfigError(IdemctlError):
     """A bad URL, an unknown scheme, an invalid option or config file."""
 
 
+class OptionError(ConfigError):
+    """An option, filter or cursor an operator action cannot take as given: ``option`` names
+    it as the CLI spells it (``--cursor``), for a front end to point at."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option, self.message = option, message
+
+
 class MissingDriver(ConfigError):
     """The store's Python driver is not installed; the message names the extra."""
 

@@ -108,8 +108,9 @@ def audit(
     the store; 0 otherwise. A group that committed nothing on the topic, or a --since
     before 1970 or after now, is exit 2.
     """
+    from idemctl import operate
     from idemctl.audit import FAIL_ON, AuditOptions
-    from idemctl.audit import audit as run_audit
+    from idemctl.documents import audit as audit_document
 
     current = settings(ctx)
     failing_on = _classes(fail_on, FAIL_ON)
@@ -130,17 +131,11 @@ def audit(
         kafka_config=kafka,
     )
     with cli_store(ctx) as store, _progress(ctx) as on_progress:
-        if store.url.startswith("memory:"):
-            raise ConfigError(
-                "audit reads the store the group's consumers wrote, and a memory:// store "
-                "lives in one process: give that store's URL (--store, IDEMCTL_STORE)"
-            )
-        store.get("idemctl:probe")  # an unreachable or unprovisioned store fails here
-        report = run_audit(store, options, on_progress=on_progress)
+        report = operate.audit(store, options, on_progress)
     failing = report.failing(failing_on)
     doubts = report.doubts()
     if current.json:
-        emit_json(_json(report, store_fields(ctx, report.store), failing))
+        emit_json(audit_document.document(report, store_fields(ctx, report.store), failing))
     else:
         current.out.print(_table(report))
         _print_lost(current.out, report)
@@ -242,38 +237,3 @@ def _print_lost(out: Console, report: AuditReport) -> None:
     for m in shown:
         key = "-" if m.key is None else escape(m.key)
         out.print(f"  {report.topic}[{m.partition}]@{m.offset}  {key}: {escape(m.why)}")
-
-
-def _json(report: AuditReport, fields: dict[str, str], failing: list[str]) -> dict[str, Any]:
-    totals = report.totals()
-    doubts = report.doubts()
-    return {
-        "topic": report.topic,
-        "group": report.group,
-        **fields,
-        "ok": not failing and not doubts,
-        "failing": failing,
-        "doubts": [{"cause": d.cause, "hint": d.hint} for d in doubts],
-        "audited": report.audited,
-        **{c: totals[c] for c in (*HEADINGS, "pending")},
-        "unkeyed": report.unkeyed,
-        "found": report.found,
-        "partitions": [
-            {
-                "partition": p.partition,
-                "committed": p.committed,
-                "start": p.start,
-                "end": p.end,
-                "audited": p.audited,
-                **{c: p.counts[c] for c in HEADINGS},
-                "pending": p.pending,
-            }
-            for p in report.partitions
-        ],
-        "lost_keys": [
-            {"partition": m.partition, "offset": m.offset, "key": m.key, "why": m.why}
-            for m in report.lost
-        ],
-        "dlq_checked": report.dlq_checked,
-        "seconds": round(report.seconds, 3),
-    }

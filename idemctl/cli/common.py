@@ -27,13 +27,16 @@ from idemctl.cli.help import report_error as report_line
 from idemctl.cli.lazy import LazyGroup
 from idemctl.cli.logs import CLI_LOGGER, configure_logging, log_line, print_line
 from idemctl.durations import parse_duration
-from idemctl.errors import ConfigError, IdemctlError, Refused
+from idemctl.errors import ConfigError, IdemctlError, OptionError, Refused
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from idemctl.config import Config
+    from idemctl.operate import Target
     from idemctl.stores.base import Store
+
+    Opened = TypeVar("Opened", Store, Target)
 
 app = typer.Typer(
     name="idemctl",
@@ -322,6 +325,8 @@ def command(
             except (KeyboardInterrupt, typer.Abort):
                 note(current, "interrupted", level="error", markup="[bold red]interrupted[/]")
                 raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+            except OptionError as exc:  # shown with the command's usage, as typer's own
+                raise usage_error(ctx, exc.option, exc.message) from None
             except IdemctlError as exc:
                 if current.log_format in ("json", "logfmt"):
                     note(current, str(exc), level="error")
@@ -372,17 +377,33 @@ def cli_store(ctx: typer.Context, *, auto_provision: bool = False) -> Iterator[S
     from idemctl.stores import open_store
     from idemctl.stores.base import SelfProvisioning
 
-    current = settings(ctx)
-    url, source = current.store_url()
-    store = open_store(url)
-    current.used_source = source
-    # Always, also with --json (stdout stays one document): which store, and why that one.
-    shown = f"store: {store.url} (from {source})"
-    note(current, shown, fields={"store": store.url, "store_source": source})
+    store = _noted(ctx, open_store)
     if isinstance(store, SelfProvisioning):
         store.auto_provision = auto_provision
     with store:
         yield store
+
+
+@contextmanager
+def cli_target(ctx: typer.Context) -> Iterator[Target]:
+    """The chosen store as the operator's actions see it (``idemctl.operate``): idemctl's
+    own, or a table of another layout; opened and named as ``cli_store`` does."""
+    from idemctl.operate import open_target
+
+    with _noted(ctx, open_target) as target:
+        yield target
+
+
+def _noted(ctx: typer.Context, opener: Callable[[str], Opened]) -> Opened:
+    """What ``opener`` opens at the command's store URL, named on stderr."""
+    current = settings(ctx)
+    url, source = current.store_url()
+    opened = opener(url)
+    current.used_source = source
+    # Always, also with --json (stdout stays one document): which store, and why that one.
+    shown = f"store: {opened.url} (from {source})"
+    note(current, shown, fields={"store": opened.url, "store_source": source})
+    return opened
 
 
 def store_fields(ctx: typer.Context, url: str) -> dict[str, str]:

@@ -35,6 +35,8 @@ from idemctl.cli.running import (
     use_log_format,
 )
 from idemctl.cli.workers import processes_wanted, supervise
+from idemctl.documents import consume as consume_document
+from idemctl.documents import demo as demo_document
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
 from idemctl.processes import set_name
@@ -354,7 +356,7 @@ def consume(
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
         summary = run_to_end(current, consumer, status, consume_metrics, metrics_host, metrics_port)
     if current.json:
-        emit_json(render.consume_json(store_fields(ctx, store.url), topic, group, summary))
+        emit_json(consume_document.document(store_fields(ctx, store.url), topic, group, summary))
     else:
         counts = sorted(summary.counts.items())
         shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts) or "nothing"
@@ -408,7 +410,7 @@ def demo(
         on_step=lambda step: err.print(f"[dim]-[/] {step}"),
     )
     if current.json:
-        emit_json(render.demo_json(report))
+        emit_json(demo_document.document(report))
     else:
         current.out.print(render.demo_table(report))
         if report.twice:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from idemctl.cli import powertools, render
 from idemctl.cli.common import (
-    cli_store,
+    cli_target,
     command,
     duration,
     emit_json,
@@ -21,15 +19,13 @@ from idemctl.cli.common import (
     usage_error,
 )
 from idemctl.cli.exitcodes import ExitCode
-from idemctl.doctor import Verdict, diagnose
-from idemctl.errors import EntityNotFound, InvalidCursor, KeyNotFound, NotProvisioned
-from idemctl.model import Entity, Record, Status, validate_key
+from idemctl.operate.doctor import Verdict, diagnose
+from idemctl.documents import doctor as doctor_document
+from idemctl.model import Entity, Record, Status
 from idemctl.powertools import PowertoolsRecord
-from idemctl.powertools.table import PowertoolsTable
-from idemctl.stores.base import Store
 
-PAGE = 500
-"""Records one ``scan`` call fetches for ``list``."""
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 
 @command()
@@ -55,34 +51,29 @@ def inspect(
     sequence for it, when and by which key, the attempt holding it now (key, fencing token,
     hold left) and retention left. A missing key or entity exits 5.
     """
+    from idemctl import operate
+
     one_of(ctx, key, entity)
-    if powertools.wanted(ctx):
-        powertools.refuse(ctx, entity=entity)
-        assert key is not None
-        powertools.inspect(ctx, key)
-        return
     current = settings(ctx)
-    if entity is not None:
-        validate_key(entity, "entity")
-        with cli_store(ctx) as store:
-            found = store.get_entity(entity)
-        if found is None:
-            raise EntityNotFound(entity)
-        if current.json:
-            emit_json(found.to_json())
+    with cli_target(ctx) as target:
+        if entity is not None:
+            found: Entity | Record | PowertoolsRecord = operate.inspect_entity(target, entity)
         else:
-            current.out.print(render.entity_detail(found, render.now()))
-        return
-    assert key is not None
-    validate_key(key)
-    with cli_store(ctx) as store:
-        record = store.get(key)
-    if record is None:
-        raise KeyNotFound(key)
+            assert key is not None
+            found = operate.inspect(target, key)
+    at = render.now()
     if current.json:
-        emit_json(record.to_json())
+        emit_json(found.to_json(at) if isinstance(found, PowertoolsRecord) else found.to_json())
     else:
-        current.out.print(render.record_detail(record, render.now()))
+        current.out.print(_detail(found, at))
+
+
+def _detail(found: Entity | Record | PowertoolsRecord, at: datetime) -> RenderableType:
+    if isinstance(found, Entity):
+        return render.entity_detail(found, at)
+    if isinstance(found, PowertoolsRecord):
+        return powertools.record_detail(found, at)
+    return render.record_detail(found, at)
 
 
 @command("list")
@@ -142,129 +133,66 @@ def list_(
     an unlock or a release: the next delivery claims them. --entities lists entities in
     name order: the last sequence applied, when, by which key, and the key holding it now.
     """
-    if powertools.wanted(ctx):
-        powertools.refuse(ctx, released=released, older_than=older_than, entities=entities)
-        states = powertools.states_of(status and status.value, stale, blocked)
-        skipped = 0
+    from idemctl import operate
 
-        def found(table: PowertoolsTable, size: int, after: str | None) -> Found[PowertoolsRecord]:
-            nonlocal skipped
-            page = table.scan(states, prefix, size, after)
-            skipped = table.skipped
-            return page.records, page.cursor
-
-        at = render.now()
-        _pages(
-            ctx, found, limit, cursor, powertools.records_table, "records", "list",
-            opener=powertools.opened, as_json=lambda r: r.to_json(at),
-        )  # fmt: skip
-        if skipped:
-            settings(ctx).err.print(
-                f"{skipped} other item(s) are no Powertools records: not listed", markup=False
-            )
-        return
-    if blocked:
-        raise usage_error(ctx, "--blocked", "is for Powertools tables (layout=powertools)")
-    if stale and released:
-        raise usage_error(ctx, "--released", "a key is either stale or released: pick one")
     if entities:
         for flag, used in (
             ("--status", status),
             ("--stale", stale),
             ("--released", released),
+            ("--blocked", blocked),
             ("--older-than", older_than),
         ):
             if used:
                 raise usage_error(
                     ctx, flag, "filters keys (--entities takes --prefix, --limit, --cursor)"
                 )
-        _list_entities(ctx, prefix, limit, cursor)
-        return
-    older = duration(older_than, "--older-than")
-
-    def records(store: Store, size: int, after: str | None) -> tuple[list[Record], str | None]:
-        page = store.scan(
-            status=status,
-            stale_only=stale,
-            prefix=prefix,
-            cursor=after,
-            older_than=older,
-            limit=size,
-            released_only=released,
-        )
-        return page.records, page.cursor
-
-    _pages(
-        ctx, records, limit, cursor, render.records_table, "records", "list",
-        as_json=Record.to_json,
-    )  # fmt: skip
-
-
-Item = TypeVar("Item", Record, Entity, PowertoolsRecord)
-Source = TypeVar("Source", Store, PowertoolsTable)
-Found = tuple[list[Item], str | None]
-"""A page and the cursor that goes on from it."""
-
-
-def _pages(
-    ctx: typer.Context,
-    fetch: Callable[[Source, int, str | None], Found[Item]],
-    limit: int,
-    cursor: str | None,
-    table: Callable[[list[Item], datetime], Any],
-    what: str,
-    again: str,
-    *,
-    opener: Callable[[typer.Context], AbstractContextManager[Source]] = cli_store,  # type: ignore[assignment]
-    as_json: Callable[[Item], Any],
-) -> None:
-    """What ``list`` shows, keys, entities or Powertools records: ``fetch(source, size,
-    cursor)`` a page at a time from what ``opener`` opens, up to ``limit`` (0: all), NDJSON
-    with --json (``as_json``) as they come, else one table; on stderr the cursor that goes
-    on (``again``: the command to give it to)."""
+    query = operate.Query(
+        status=status,
+        stale=stale,
+        released=released,
+        blocked=blocked,
+        older_than=None if older_than is None else duration(older_than, "--older-than"),
+        prefix=prefix,
+    )
     current = settings(ctx)
     at = render.now()
-    shown: list[Item] = []
-    remaining = limit or None
-    with opener(ctx) as store:
-        while True:
-            try:
-                found, cursor = fetch(
-                    store, PAGE if remaining is None else min(PAGE, remaining), cursor
-                )
-            except InvalidCursor as exc:
-                raise usage_error(ctx, "--cursor", str(exc)) from None
+    shown: list[Any] = []
+    skipped = 0
+    with cli_target(ctx) as target:
+        pages = (
+            operate.entities(target, prefix, limit, cursor)
+            if entities
+            else operate.records(target, query, limit, cursor)
+        )
+        for page in pages:
             if current.json:
-                for item in found:
-                    emit_json(as_json(item))
-            shown += found
-            if remaining is not None:
-                remaining -= len(found)
-            if cursor is None or (remaining is not None and remaining <= 0):
-                break
+                for item in page.items:
+                    emit_json(item.to_json(at) if isinstance(item, PowertoolsRecord)
+                              else item.to_json())  # fmt: skip
+            shown += page.items
+            skipped = page.skipped or 0
+            cursor = page.cursor
+    what = "entities" if entities else "records"
     if not current.json:
-        if shown:
-            current.out.print(table(shown, at))
-        else:
+        if not shown:
             current.err.print(f"no {what} match")
+        elif entities:
+            current.out.print(render.entities_table(shown, at))
+        elif isinstance(shown[0], PowertoolsRecord):
+            current.out.print(powertools.records_table(shown, at))
+        else:
+            current.out.print(render.records_table(shown, at))
     if cursor is not None:
+        again = "list --entities" if entities else "list"
         current.err.print(
             f"showing {len(shown)}; for more: idemctl {again} ... --cursor {cursor!r}",
             markup=False,
         )
-
-
-def _list_entities(ctx: typer.Context, prefix: str | None, limit: int, cursor: str | None) -> None:
-    """``list --entities``: pages of ``scan_entities``, as ``list`` pages records."""
-
-    def entities(store: Store, size: int, after: str | None) -> tuple[list[Entity], str | None]:
-        page = store.scan_entities(prefix=prefix, limit=size, cursor=after)
-        return page.entities, page.cursor
-
-    _pages(
-        ctx, entities, limit, cursor, render.entities_table, "entities", "list --entities",
-        as_json=Entity.to_json,
-    )  # fmt: skip
+    if skipped:
+        current.err.print(
+            f"{skipped} other item(s) are no Powertools records: not listed", markup=False
+        )
 
 
 @command()
@@ -287,25 +215,23 @@ def stats(
     Entities: those the sequence guard keeps a last applied sequence for (none counted,
     `-` or null, on a store provisioned before the guard: `idemctl init` adds it).
     """
-    if powertools.wanted(ctx):
-        powertools.refuse(ctx, exact=exact)  # it reads every record anyway
-        powertools.stats(ctx)
-        return
+    from idemctl import operate
+    from idemctl.documents import powertools_stats
+    from idemctl.documents import stats as stats_document
+
     current = settings(ctx)
-    with cli_store(ctx) as store:
-        counts = store.stats(exact=exact)
-        entities: int | None = None
-        try:
-            if counts.counted_by != "approximate":  # DynamoDB: counting them is a Scan
-                entities = store.count_entities()
-        except NotProvisioned:  # keys provisioned, the guard's table not yet
-            pass
-        url = store.url
-    at = render.now()
-    if current.json:
-        emit_json(render.stats_json(store_fields(ctx, url), counts, at, entities))
+    with cli_target(ctx) as target:
+        counts = operate.stats(target, exact)
+    where = store_fields(ctx, target.url)
+    if isinstance(counts, operate.Counts):
+        if current.json:
+            emit_json(stats_document.document(where, counts.stats, counts.at, counts.entities))
+        else:
+            current.out.print(render.stats_table(counts.stats, counts.at, counts.entities))
+    elif current.json:
+        emit_json(powertools_stats.document(where, counts))
     else:
-        current.out.print(render.stats_table(counts, at, entities))
+        current.out.print(powertools.stats_table(counts))
 
 
 @command()
@@ -320,9 +246,9 @@ def doctor(ctx: typer.Context) -> None:
     """
     current = settings(ctx)
     url, source = current.store_url()
-    report = diagnose(url, source, opener=lambda: powertools.swept(ctx))
+    report = diagnose(url, source, opener=lambda: cli_target(ctx))
     if current.json:
-        emit_json(render.doctor_json(report))
+        emit_json(doctor_document.document(report))
     else:
         current.out.print(render.findings_table(report.findings))
         current.err.print(render.doctor_summary(report))

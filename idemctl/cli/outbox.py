@@ -38,6 +38,9 @@ from idemctl.cli.running import (
     run_to_end,
     use_log_format,
 )
+from idemctl.documents import action as action_document
+from idemctl.documents import outbox as outbox_documents
+from idemctl.documents import outbox_status
 from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
 
 outbox_app = typer.Typer(
@@ -140,7 +143,7 @@ def relay(
     status = LiveStatus(
         current.err,
         "outbox relay",
-        render.relay_fields,
+        outbox_documents.relay_fields,
         lambda summary: summary.published,
         live=current.live,
         log_format=current.progress_format,
@@ -150,13 +153,13 @@ def relay(
         the_relay.table.check()
         summary = run_to_end(current, the_relay, status, relay_metrics, metrics_host, metrics_port)
     if current.json:
-        emit_json(render.relay_json(store_fields(ctx, store.url), brokers, summary))
+        emit_json(outbox_documents.relay(store_fields(ctx, store.url), brokers, summary))
     else:
         note(
             current,
             f"relayed {summary.published} event(s) in {summary.batches} batch(es); "
             f"{summary.failed} delivery failure(s)",
-            fields={**render.relay_fields(summary), "batches": summary.batches},
+            fields={**outbox_documents.relay_fields(summary), "batches": summary.batches},
         )
     if summary.undelivered:
         problem = (
@@ -172,10 +175,12 @@ def relay(
 def status(ctx: typer.Context) -> None:
     """Unpublished rows, the oldest one's age and rows failing, per aggregate type."""
     current = settings(ctx)
+    from idemctl.operate import outbox_status as status_of
+
     with cli_store(ctx) as store:
-        found = OutboxTable(store).status()
+        found = status_of(store)
     if current.json:
-        emit_json(render.outbox_status_json(store_fields(ctx, store.url), found))
+        emit_json(outbox_status.document(store_fields(ctx, store.url), found))
         return
     current.out.print(render.outbox_status_table(found))
 
@@ -277,7 +282,7 @@ def _replay_report(
 ) -> None:
     current = settings(ctx)
     if current.json:
-        emit_json(render.replay_json(store_fields(ctx, url), selected, sent, failed, marked))
+        emit_json(outbox_documents.replay(store_fields(ctx, url), selected, sent, failed, marked))
         return
     current.out.print(
         f"replayed {sent} of {selected} row(s) with their original ids"
@@ -297,7 +302,7 @@ def _list_rows(
     current = settings(ctx)
     if current.json:
         for row in rows:
-            emit_json(render.outbox_row_json(row, topic_of(row)))
+            emit_json(outbox_documents.row(row, topic_of(row)))
         return
     current.out.print(render.outbox_rows_table(rows, topic_of))
     current.err.print(f"dry run: {len(rows)} row(s) would be published again", markup=False)
@@ -328,7 +333,7 @@ def purge(
                 found = table.purge(age, progress=advance)
     if current.json:
         where = store_fields(ctx, store.url)
-        emit_json(render.action_json("outbox purge", where, dry_run=dry_run, count=found))
+        emit_json(action_document.document("outbox purge", where, dry_run=dry_run, count=found))
     elif dry_run:
         current.err.print(f"dry run: {found} published row(s) would be purged", markup=False)
     else:

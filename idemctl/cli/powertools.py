@@ -1,16 +1,14 @@
-"""The operator's commands on a Powertools table (``--store URL?layout=powertools``): what
-inspect, list, stats, doctor, unlock, forget and purge do there, with Powertools' states
-(``idemctl.powertools``); and ``idemctl powertools key``, the key of a payload."""
+"""How the operator's commands show a Powertools table (``--store URL?layout=powertools``;
+``idemctl.operate`` does the work, with Powertools' states); and ``idemctl powertools key``,
+the key of a payload."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import RenderableType
@@ -20,20 +18,15 @@ from rich.text import Text
 from idemctl.cli import render
 from idemctl.cli.common import (
     app,
-    cli_store,
     command,
     emit_json,
-    note,
     settings,
-    store_fields,
     usage_error,
 )
 from idemctl.cli.help import QuietGroup
-from idemctl.errors import ConfigError, KeyNotFound
-from idemctl.powertools import PowertoolsRecord, State, is_powertools, open_table, powertools_key
+from idemctl.errors import ConfigError
+from idemctl.powertools import PowertoolsRecord, State, powertools_key
 from idemctl.powertools.model import PowertoolsStats
-from idemctl.powertools.table import PowertoolsTable, holds, rule_of, why_not
-from idemctl.stores.base import Store
 
 STYLE = {
     State.COMPLETED: "green",
@@ -43,137 +36,13 @@ STYLE = {
     State.EXPIRED: "dim",
     State.INVALID: "red",
 }
-PAGE = 500
 
 
-def wanted(ctx: typer.Context) -> bool:
-    """Whether the command's store URL asks for Powertools' layout."""
-    return is_powertools(settings(ctx).store_url()[0])
-
-
-def refuse(ctx: typer.Context, **used: Any) -> None:
-    """A usage error for the first of ``used`` (option -> value) that was given: options of
-    idemctl's own layout that mean nothing on Powertools' records."""
-    for option, value in used.items():
-        if value:
-            flag = "--" + option.replace("_", "-")
-            raise usage_error(ctx, flag, "does not apply to a Powertools table (layout=powertools)")
-
-
-@contextmanager
-def opened(ctx: typer.Context) -> Iterator[PowertoolsTable]:
-    """The Powertools table, as ``cli_store`` opens a store: named on stderr, closed after."""
-    current = settings(ctx)
-    url, source = current.store_url()
-    table = open_table(url)
-    current.used_source = source
-    note(
-        current,
-        f"store: {table.url} (from {source})",
-        fields={"store": table.url, "store_source": source},
-    )
-    with table:
-        yield table
-
-
-def swept(ctx: typer.Context) -> AbstractContextManager[Store | PowertoolsTable]:
-    """What doctor checks and unlock --stale and purge sweep: the store, or the Powertools
-    table where the URL says layout=powertools (both have those calls)."""
-    return opened(ctx) if wanted(ctx) else cli_store(ctx)
-
-
-def skipped(store: Store | PowertoolsTable) -> int | None:
-    """The items a Powertools table's last sweep passed over as none of Powertools'; None
-    for idemctl's own stores."""
-    return store.skipped if isinstance(store, PowertoolsTable) else None
-
-
-# Looking ---------------------------------------------------------------------------------
-
-
-def inspect(ctx: typer.Context, key: str) -> None:
-    current = settings(ctx)
-    with opened(ctx) as table:
-        record = table.get(key)
-    if record is None:
-        raise KeyNotFound(key)
-    at = render.now()
-    if current.json:
-        emit_json(record.to_json(at))
-    else:
-        current.out.print(record_detail(record, at))
-
-
-def states_of(status: str | None, stale: bool, blocked: bool) -> set[State] | None:
-    """``list``'s filters as Powertools states: --status in_progress is every in-progress
-    state (live, stale, blocked), as it is every in-progress key on idemctl's stores."""
-    if stale or blocked:
-        return {s for s, on in ((State.STALE, stale), (State.BLOCKED, blocked)) if on}
-    if status == "in_progress":
-        return {State.IN_PROGRESS, State.STALE, State.BLOCKED}
-    if status == "completed":
-        return {State.COMPLETED}
-    if status == "failed":  # Powertools deletes the record of a failed call
-        return set()
-    return None
-
-
-def stats(ctx: typer.Context) -> None:
-    current = settings(ctx)
-    with opened(ctx) as table:
-        counts = table.stats()
-        url = table.url
-    if current.json:
-        emit_json(stats_json(store_fields(ctx, url), counts))
-    else:
-        current.out.print(stats_table(counts))
-
-
-# Repairing -------------------------------------------------------------------------------
-
-
-def delete_one(ctx: typer.Context, action: str, key: str, force: bool, dry_run: bool) -> None:
-    """``unlock KEY`` or ``forget KEY``: one conditional delete (with ``dry_run``, its
-    condition judged on the record as it is now)."""
-    with opened(ctx) as table:
-        if dry_run:
-            record = _existing(table, key)
-            at = render.now()
-            if not holds(rule_of(action, force), record, at, at):
-                raise why_not(key, record, at, action, force)
-        elif action == "unlock":
-            record = table.unlock(key, force=force)
-        else:
-            record = table.forget(key, force=force)
-        url = table.url
-    _done(ctx, action, url, record, dry_run)
-
-
-def _existing(table: PowertoolsTable, key: str) -> PowertoolsRecord:
-    record = table.get(key)
-    if record is None:
-        raise KeyNotFound(key)
-    return record
-
-
-def _done(
-    ctx: typer.Context, action: str, url: str, record: PowertoolsRecord, dry_run: bool
+def report_one(
+    ctx: typer.Context, action: str, record: PowertoolsRecord, at: datetime, dry_run: bool
 ) -> None:
+    """What ``unlock KEY`` or ``forget KEY`` did to a Powertools record (or would do)."""
     current = settings(ctx)
-    at = render.now()
-    if current.json:
-        emit_json(
-            {
-                "action": action,
-                **store_fields(ctx, url),
-                "dry_run": dry_run,
-                "count": 1,
-                "keys": [record.key],
-                "record": record.to_json(at),
-                "entity": None,
-            }
-        )
-        return
     state = record.state(at).value
     then = "its next call would run the function" if dry_run else "its next call runs the function"
     verb = {"unlock": "deleted", "forget": "forgot"}[action]
@@ -188,8 +57,6 @@ def _done(
             "until it expires there",
             markup=False,
         )
-    if dry_run:
-        current.err.print(f"dry run: nothing changed on {url}", markup=False)
 
 
 # Rendering -------------------------------------------------------------------------------
@@ -232,22 +99,6 @@ def records_table(records: list[PowertoolsRecord], at: datetime) -> Table:
             "-" if r.expiration is None else render.relative(r.expiration, at),
         )
     return table
-
-
-def _relative(moment: datetime | None, at: datetime) -> str:
-    return "-" if moment is None else render.relative(moment, at)
-
-
-def stats_json(where: dict[str, str], counts: PowertoolsStats) -> dict[str, Any]:
-    """``schemas/powertools-stats.schema.json``."""
-    return {
-        **where,
-        "layout": "powertools",
-        "total": counts.total,
-        "by_state": {s.value: n for s, n in counts.by_state.items()},
-        "skipped": counts.skipped,
-        "counted_by": counts.counted_by,
-    }
 
 
 def stats_table(counts: PowertoolsStats) -> Table:

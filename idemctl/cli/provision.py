@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from idemctl.cli import render
 from idemctl.cli.common import (
     cli_store,
     command,
@@ -14,6 +13,7 @@ from idemctl.cli.common import (
     settings,
     store_fields,
 )
+from idemctl.documents import init as init_document
 
 
 @command()
@@ -36,7 +36,7 @@ def init(
         plan = store.provision(dry_run=dry_run)
         url = store.url
     if current.json:
-        emit_json(render.init_json(store_fields(ctx, url), plan, dry_run))
+        emit_json(init_document.document(store_fields(ctx, url), plan, dry_run))
         return
     out, err = current.out, current.err
     if dry_run:

@@ -1,16 +1,11 @@
-"""What every command shows: its tables on a terminal and its JSON documents (described
-in ``schemas/``, built from the library's own ``to_json`` shapes). Command modules call
-these and print what they return; nothing is printed here but ``LiveStatus``'s progress.
-
-A JSON document's first fields name the store it ran on: ``where`` is ``store_fields``'s
-``{"store": URL, "store_source": SOURCE}``."""
+"""What every command shows on a terminal: its tables and lines (the ``--json`` documents
+are ``idemctl.documents``'). Command modules call these and print what they return."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table
@@ -18,17 +13,14 @@ from rich.text import Text
 
 from idemctl.cli.results import result_text
 from idemctl.durations import format_duration
-from idemctl.model import Entity, Finding, Provisioning, Record, Stats, Status, iso_time
+from idemctl.model import Entity, Finding, Record, Stats, Status
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod, RenderableType
 
-    from idemctl.consume import Summary
-    from idemctl.doctor import DoctorReport
+    from idemctl.operate.doctor import DoctorReport
     from idemctl.harness.demo import Report
-    from idemctl.harness.verify import Progress
     from idemctl.harness.verify import Report as VerifyReport
-    from idemctl.outbox.relay import RelaySummary
     from idemctl.outbox.table import OutboxRow, OutboxStatus
 
 STYLE = {Status.IN_PROGRESS: "yellow", Status.COMPLETED: "green", Status.FAILED: "red"}
@@ -200,27 +192,6 @@ def entity_summary(entity: Entity) -> str:
     return text
 
 
-def stats_json(
-    where: Mapping[str, str], stats: Stats, at: datetime, entities: int | None
-) -> dict[str, Any]:
-    """``schemas/stats.schema.json``; ``entities`` None: the store has no guard table yet."""
-    oldest = stats.oldest_in_progress
-    return {
-        **where,
-        "total": stats.total,
-        "by_status": {s.value: stats.by_status.get(s) for s in Status},
-        "stale": stats.stale,
-        "released": stats.released,
-        "oldest_in_progress_at": iso_time(oldest),
-        "oldest_in_progress_age_seconds": (
-            None if oldest is None else round((at - oldest).total_seconds(), 3)
-        ),
-        "past_retention": stats.past_retention,
-        "entities": entities,
-        "counted_by": stats.counted_by,
-    }
-
-
 def stats_table(stats: Stats, at: datetime, entities: int | None) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -289,25 +260,6 @@ def findings_table(findings: list[Finding]) -> Table:
     return grid
 
 
-def finding_json(finding: Finding) -> dict[str, Any]:
-    return {
-        "name": finding.name,
-        "ok": finding.ok,
-        "level": finding.level,
-        "detail": finding.detail,
-        "fix": finding.fix,
-    }
-
-
-def doctor_json(report: DoctorReport) -> dict[str, Any]:
-    return {
-        "store": report.url,
-        "store_source": report.source,
-        "ok": report.ok,
-        "findings": [finding_json(f) for f in report.findings],
-    }
-
-
 def doctor_summary(report: DoctorReport) -> str:
     """The verdict line under the findings (markup)."""
     warned = report.warned
@@ -317,84 +269,7 @@ def doctor_summary(report: DoctorReport) -> str:
     return f"[green]all checks passed[/]{warnings}"
 
 
-# Provisioning and changes ------------------------------------------------------------
-
-
-def init_json(where: Mapping[str, str], plan: Provisioning, dry_run: bool) -> dict[str, Any]:
-    return {
-        **where,
-        "dry_run": dry_run,
-        "changed": plan.changed,
-        "statements": plan.statements,
-        "notes": plan.notes,
-    }
-
-
-def action_json(
-    action: str,
-    where: Mapping[str, str],
-    *,
-    dry_run: bool,
-    count: int,
-    keys: list[str] | None = None,
-    record: Record | None = None,
-    entity: Entity | None = None,
-    skipped: int | None = None,
-) -> dict[str, Any]:
-    """What an action did, or would do (``dry_run``): ``schemas/action.schema.json``."""
-    return {
-        "action": action,
-        **where,
-        "dry_run": dry_run,
-        "count": count,
-        "keys": keys,
-        "record": None if record is None else record.to_json(),
-        "entity": None if entity is None else entity.to_json(),
-        **({} if skipped is None else {"skipped": skipped}),
-    }
-
-
 # Kafka: consume, demo, the outbox ------------------------------------------------------
-
-
-def consume_fields(summary: Summary) -> dict[str, Any]:
-    """What ``consume``'s live status shows."""
-    counts = summary.counts
-    shown = ("executed", "replayed", "retried", "dead_lettered", "busy", "store_unavailable")
-    return {
-        "state": summary.state,
-        "partitions": summary.partitions,
-        "lag": summary.lag,
-        **{name: counts[name] for name in shown},
-        **{name: counts[name] for name in ("stale", "gaps") if name in counts},
-        "paused_partitions": summary.paused,
-        "stalled_partitions": summary.stalled,
-    }
-
-
-def consume_json(
-    where: Mapping[str, str], topics: list[str], group: str, summary: Summary
-) -> dict[str, Any]:
-    return {
-        **where,
-        "topics": topics,
-        "group": group,
-        "counts": dict(sorted(summary.counts.items())),
-        "dead_letters": dict(sorted(summary.dead_letters.items())),
-    }
-
-
-def demo_json(report: Report) -> dict[str, Any]:
-    return {
-        "topic": report.topic,
-        "payments": report.payments,
-        "messages": report.messages,
-        "kills": report.kills,
-        "charged_once": report.once,
-        "charged_twice": report.twice,
-        "never_charged": report.never,
-        "ok": report.ok,
-    }
 
 
 def demo_table(report: Report) -> Table:
@@ -414,22 +289,6 @@ def demo_table(report: Report) -> Table:
         str(len(report.never)),
     )
     return table
-
-
-def verify_fields(progress: Progress) -> dict[str, Any]:
-    """What ``verify``'s live status shows."""
-    return {
-        "phase": progress.phase,
-        "produced": progress.produced,
-        "handled": progress.handled,
-        "kills": progress.kills,
-        "rebalances": progress.rebalances or None,
-        "store_faults": progress.faults or None,
-    }
-
-
-def verify_json(where: dict[str, str], report: VerifyReport) -> dict[str, Any]:
-    return {**where, **report.to_json()}
 
 
 def verify_table(report: VerifyReport) -> Table:
@@ -489,35 +348,6 @@ def verify_table(report: VerifyReport) -> Table:
     return table
 
 
-def relay_fields(summary: RelaySummary) -> dict[str, int]:
-    """What ``outbox relay``'s live status shows; its JSON document starts the same."""
-    return {
-        "published": summary.published,
-        "failed": summary.failed,
-        "store_unavailable": summary.store_unavailable,
-    }
-
-
-def relay_json(where: Mapping[str, str], brokers: str, summary: RelaySummary) -> dict[str, Any]:
-    return {
-        **where,
-        "brokers": brokers,
-        **relay_fields(summary),
-        "batches": summary.batches,
-        "undelivered": summary.undelivered,
-        "delivery_error": summary.delivery_error if summary.undelivered else None,
-    }
-
-
-def outbox_status_json(where: Mapping[str, str], found: OutboxStatus) -> dict[str, Any]:
-    return {
-        **where,
-        "at": found.now.isoformat(),
-        "total": found.total.to_json(found.now),
-        "types": [t.to_json(found.now) for t in found.types],
-    }
-
-
 OUTBOX_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("aggregate type", "left"),
     ("unpublished", "right"),
@@ -547,27 +377,6 @@ def outbox_status_table(found: OutboxStatus) -> Table:
             style="bold" if t.aggregatetype == "*" else None,
         )
     return table
-
-
-def replay_json(
-    where: Mapping[str, str],
-    selected: int,
-    sent: int,
-    failed: list[tuple[uuid.UUID, str]],
-    marked: int,
-) -> dict[str, Any]:
-    return {
-        **where,
-        "selected": selected,
-        "sent": sent,
-        "marked_published": marked,
-        "failed": [{"id": str(i), "error": e} for i, e in failed],
-    }
-
-
-def outbox_row_json(row: OutboxRow, topic: str) -> dict[str, Any]:
-    """A row as ``outbox replay --dry-run --json`` lists it: with the topic it would go to."""
-    return {**row.to_json(), "topic": topic}
 
 
 def outbox_rows_table(rows: list[OutboxRow], topic_of: Callable[[OutboxRow], str]) -> Table:

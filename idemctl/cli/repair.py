@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, NamedTuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from idemctl.cli import powertools, render
 from idemctl.cli.common import (
-    cli_store,
+    cli_target,
     command,
     confirm,
     duration,
@@ -21,11 +22,14 @@ from idemctl.cli.common import (
     store_fields,
     usage_error,
 )
-from idemctl.errors import ConfigError, EntityNotFound, KeyNotFound
-from idemctl.model import Record, validate_key
-from idemctl.pacing import MAX_RATE, paced
-from idemctl.stores.base import Store
-from idemctl.stores.machine import check_forgettable, entity_locked, unlocked
+from idemctl.documents import action as action_document
+from idemctl.powertools import PowertoolsRecord
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from idemctl.model import Entity, Record
+    from idemctl.operate import Action
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Show what would change and change nothing")
@@ -62,7 +66,7 @@ def unlock(
     The next delivery can claim the key at once. Its fencing token stays, so the next
     claim gets token + 1 and the old owner can no longer complete. A live lease needs
     --force (exit 6 without): its worker may still be running. --dry-run shows what would
-    change (judged by this machine's clock) and changes nothing.
+    change (judged by this host's clock) and changes nothing.
     """
     if stale == (key is not None):
         raise usage_error(ctx, "KEY", "give a KEY, or --stale to free every expired lease")
@@ -74,35 +78,26 @@ def unlock(
         raise usage_error(
             ctx, "--force", "--stale frees only expired leases; unlock a live one by KEY"
         )
-    current = settings(ctx)
-    if key is not None and powertools.wanted(ctx):
-        powertools.delete_one(ctx, "unlock", key, force, dry_run)
-        return
+    from idemctl import operate
+
     if key is not None:
-        validate_key(key)
-        with cli_store(ctx) as store:
-            if dry_run:  # the checks unlock makes, on the record as it is now; no write
-                record = unlocked(_existing(store, key), render.now(), force)
-            else:
-                record = store.unlock(key, force=force)
-            report(ctx, "unlock", store.url, [key], record=record, dry_run=dry_run)
+        with cli_target(ctx) as target:
+            report(ctx, operate.unlock(target, key, force=force, dry_run=dry_run))
         return
     older = duration(older_than, "--older-than")
-    words = _words(ctx, "unlock")
-    with powertools.swept(ctx) as store:
-        found = store.unlock_stale(older, dry_run=True)
-        skipped = powertools.skipped(store)
-        if dry_run or not found:
-            report(ctx, "unlock", store.url, found, dry_run=dry_run, words=words, skipped=skipped)
+    with cli_target(ctx) as target:
+        found = operate.unlock_stale(target, older, dry_run=True)
+        if dry_run or not found.keys:
+            report(ctx, replace(found, dry_run=dry_run))
             return
-        with changing(
-            ctx, _ask(words, len(found), store.url), yes, "unlocking", len(found)
-        ) as advance:
-            freed = store.unlock_stale(older, progress=advance)
-        report(ctx, "unlock", store.url, freed, words=words, skipped=skipped)
-        skipped = len(set(found) - set(freed))
-        if skipped and not current.json:
-            current.err.print(f"{skipped} key(s) were claimed or freed meanwhile and left alone")
+        with changing(ctx, _ask(found), yes, "unlocking", found.count) as advance:
+            freed = operate.unlock_stale(target, older, progress=advance, previewed=found.keys)
+        report(ctx, freed)
+    current = settings(ctx)
+    if freed.left_alone and not current.json:
+        current.err.print(
+            f"{len(freed.left_alone)} key(s) were claimed or freed meanwhile and left alone"
+        )
 
 
 @command()
@@ -135,66 +130,16 @@ def forget(
     attempt holds needs --force (exit 6 without): that attempt may still be working, and
     can no longer settle. --dry-run shows what would be forgotten and changes nothing.
     """
+    from idemctl import operate
+
     one_of(ctx, key, entity)
-    if powertools.wanted(ctx):
-        powertools.refuse(ctx, entity=entity)
-        assert key is not None
-        powertools.delete_one(ctx, "forget", key, force, dry_run)
-        return
-    if entity is not None:
-        _forget_entity(ctx, entity, force, dry_run)
-        return
-    assert key is not None
-    validate_key(key)
-    with cli_store(ctx) as store:
-        if dry_run:  # the checks forget makes, on the record as it is now; no write
-            record = _existing(store, key)
-            check_forgettable(record, force)
+    with cli_target(ctx) as target:
+        if entity is not None:
+            done = operate.forget_entity(target, entity, force=force, dry_run=dry_run)
         else:
-            record = store.forget(key, force=force)
-        report(ctx, "forget", store.url, [key], record=record, dry_run=dry_run)
-
-
-def _forget_entity(ctx: typer.Context, entity: str, force: bool, dry_run: bool) -> None:
-    validate_key(entity, "entity")
-    with cli_store(ctx) as store:
-        if dry_run:  # the checks forget_entity makes, on the entity as it is now; no write
-            found = store.get_entity(entity)
-            if found is None:
-                raise EntityNotFound(entity)
-            if found.locked(render.now()) and not force:
-                raise entity_locked(found)
-        else:
-            found = store.forget_entity(entity, force=force)
-        url = store.url
-    current = settings(ctx)
-    if current.json:
-        emit_json(
-            render.action_json(
-                "forget", store_fields(ctx, url), dry_run=dry_run, count=1, entity=found
-            )
-        )
-        return
-    summary = render.entity_summary(found)
-    if dry_run:
-        current.out.print(
-            f"would forget entity {found.entity!r} ({summary}): "
-            "its next event would apply whatever its sequence",
-            markup=False,
-        )
-        current.err.print(f"dry run: nothing changed on {url}", markup=False)
-        return
-    current.out.print(
-        f"forgot entity {found.entity!r} ({summary}): its next event applies whatever its sequence",
-        markup=False,
-    )
-
-
-def _existing(store: Store, key: str) -> Record:
-    record = store.get(key)
-    if record is None:
-        raise KeyNotFound(key)
-    return record
+            assert key is not None
+            done = operate.forget(target, key, force=force, dry_run=dry_run)
+    report(ctx, done)
 
 
 @command()
@@ -229,37 +174,20 @@ def purge(
     or deadlocks a consumer. Interrupted (Ctrl-C), it stops after a whole batch: run it
     again for the rest.
     """
+    from idemctl import operate
+
     older = duration(older_than, "--older-than")
-    if rate is not None and not 1 <= rate <= MAX_RATE:
-        raise ConfigError(f"--rate {rate:g}: a rate is 1-{MAX_RATE:.0f} records a second")
-    words = _words(ctx, "purge")
-    with powertools.swept(ctx) as store:
-        found = store.purge(older, dry_run=True)
-        skipped = powertools.skipped(store)
-        if dry_run or not found:
-            report(
-                ctx,
-                "purge",
-                store.url,
-                None,
-                count=found,
-                dry_run=dry_run,
-                words=words,
-                skipped=skipped,
-            )
+    with cli_target(ctx) as target:
+        found = operate.purge(target, older, dry_run=True, rate=rate)
+        if dry_run or not found.count:
+            report(ctx, replace(found, dry_run=dry_run))
             return
-        with changing(ctx, _ask(words, found, store.url), yes, "purging", found) as advance:
-            pace = advance if rate is None else paced(rate, advance)
-            purged = store.purge(older, progress=pace)
-        report(ctx, "purge", store.url, None, count=purged, words=words, skipped=skipped)
+        with changing(ctx, _ask(found), yes, "purging", found.count) as advance:
+            report(ctx, operate.purge(target, older, progress=advance, rate=rate))
 
 
-def _words(ctx: typer.Context, action: str) -> Words:
-    return (_POWERTOOLS_DONE if powertools.wanted(ctx) else _DONE)[action]
-
-
-def _ask(words: Words, n: int, url: str) -> str:
-    return words.question.format(n=n, url=url)
+def _ask(found: Action) -> str:
+    return found.words.question.format(n=found.count, url=found.url)
 
 
 @contextmanager
@@ -301,102 +229,72 @@ def changing(
             raise
 
 
-class Words(NamedTuple):
-    """How an action's summary and question read."""
-
-    verb: str
-    noun: str
-    question: str = ""
-    """``{n}`` and ``{url}`` filled in."""
-
-
-_DONE = {
-    "unlock": Words("freed", "lease(s)", "Free {n} stale lease(s) on {url}?"),
-    "forget": Words("forgot", "key(s)"),
-    "purge": Words(
-        "purged", "record(s) past retention", "Delete {n} record(s) past retention on {url}?"
-    ),
-}
-
-_POWERTOOLS_DONE = {
-    "unlock": Words(
-        "deleted", "stale record(s)", "Delete {n} stale Powertools record(s) on {url}?"
-    ),
-    "purge": Words(
-        "purged", "expired record(s)", "Delete {n} expired Powertools record(s) on {url}?"
-    ),
-}
-
-
-def report(
-    ctx: typer.Context,
-    action: str,
-    url: str,
-    keys: list[str] | None,
-    *,
-    count: int | None = None,
-    dry_run: bool = False,
-    record: Record | None = None,
-    words: Words | None = None,
-    skipped: int | None = None,
-) -> None:
-    """What an action did (or would do): ``schemas/action.schema.json`` with --json.
-    ``words``: the verb and noun of the text, where not the action's own; ``skipped``: the
-    items a Powertools sweep passed over as none of Powertools'."""
+def report(ctx: typer.Context, done: Action) -> None:
+    """What an action did (or would do): ``schemas/action.schema.json`` with --json."""
     current = settings(ctx)
-    if count is None:
-        count = len(keys or [])
     if current.json:
-        where = store_fields(ctx, url)
-        emit_json(
-            render.action_json(
-                action,
-                where,
-                dry_run=dry_run,
-                count=count,
-                keys=keys,
-                record=record,
-                skipped=skipped,
-            )
-        )
+        emit_json(action_document.of(done, store_fields(ctx, done.url)))
         return
-    if skipped:
+    if done.skipped:
         current.err.print(
-            f"{skipped} other item(s) are no Powertools records: left alone", markup=False
+            f"{done.skipped} other item(s) are no Powertools records: left alone", markup=False
         )
-    verb, noun, _ = words or _DONE[action]
-    if dry_run and record is not None:
-        if action == "unlock":
-            current.out.print(
-                f"would unlock {record.key!r}: fencing token {record.fencing_token}, "
-                f"the next claim would get {record.fencing_token + 1}",
-                markup=False,
-            )
-        else:
-            current.out.print(
-                f"would forget {record.key!r} (it is {record.status.value}): "
-                "its next delivery would run the handler again",
-                markup=False,
-            )
-        current.err.print(f"dry run: nothing changed on {url}", markup=False)
-        return
-    if dry_run:
-        for key in keys or []:
+    url, dry_run = done.url, done.dry_run
+    if done.entity is not None:
+        _entity_done(current.out, done.entity, dry_run)
+    elif isinstance(done.record, PowertoolsRecord):
+        powertools.report_one(ctx, done.action, done.record, done.at, dry_run)
+    elif done.record is not None:
+        _record_done(current.out, done.action, done.record, dry_run)
+    elif dry_run:
+        for key in done.keys or []:
             current.out.print(key, markup=False, highlight=False)
-        current.err.print(f"dry run: {count} {noun} would be {verb}, on {url}", markup=False)
+        verb, noun, _ = done.words
+        current.err.print(f"dry run: {done.count} {noun} would be {verb}, on {url}", markup=False)
         return
-    if record is not None and action == "unlock":
-        current.out.print(
-            f"unlocked {record.key!r}: fencing token {record.fencing_token}, "
-            f"the next claim gets {record.fencing_token + 1}",
+    else:
+        verb, noun, _ = done.words
+        listed = f": {render.key_list(done.keys)}" if done.keys else ""
+        current.out.print(f"{verb} {done.count} {noun} on {url}{listed}", markup=False)
+    if dry_run:
+        current.err.print(f"dry run: nothing changed on {url}", markup=False)
+
+
+def _record_done(out: Console, action: str, record: Record, dry_run: bool) -> None:
+    token = record.fencing_token
+    if action == "unlock":
+        out.print(
+            f"would unlock {record.key!r}: fencing token {token}, the next claim would get "
+            f"{token + 1}"
+            if dry_run
+            else f"unlocked {record.key!r}: fencing token {token}, the next claim gets {token + 1}",
             markup=False,
         )
-    elif record is not None:
-        current.out.print(
+    elif dry_run:
+        out.print(
+            f"would forget {record.key!r} (it is {record.status.value}): "
+            "its next delivery would run the handler again",
+            markup=False,
+        )
+    else:
+        out.print(
             f"forgot {record.key!r} (it was {record.status.value}): "
             "its next delivery runs the handler again",
             markup=False,
         )
+
+
+def _entity_done(out: Console, entity: Entity, dry_run: bool) -> None:
+    summary = render.entity_summary(entity)
+    if dry_run:
+        out.print(
+            f"would forget entity {entity.entity!r} ({summary}): "
+            "its next event would apply whatever its sequence",
+            markup=False,
+        )
     else:
-        listed = f": {render.key_list(keys)}" if keys else ""
-        current.out.print(f"{verb} {count} {noun} on {url}{listed}", markup=False)
+        out.print(
+            f"forgot entity {entity.entity!r} ({summary}): its next event applies whatever "
+            "its sequence",
+            markup=False,
+        )

@@ -26,6 +26,7 @@ from idemctl.cli.running import (
     kafka_settings,
     use_log_format,
 )
+from idemctl.documents import verify as verify_document
 from idemctl.drivers import require
 from idemctl.stores import refuse_powertools
 from idemctl.urls import redact_url
@@ -100,7 +101,7 @@ def verify(
         typer.Option(
             "--store-pause",
             metavar="DUR",
-            help="Take the store away for DUR, 3 s in: SIGSTOP of a server on this machine "
+            help="Take the store away for DUR, 3 s in: SIGSTOP of a server on this host "
             "(SQLite: an exclusive lock), or --store-fault-cmd; 0: no fault",
         ),
     ] = "0",
@@ -217,7 +218,7 @@ def verify(
     status = LiveStatus(
         err,
         "verify",
-        render.verify_fields,
+        verify_document.fields,
         lambda progress: progress.handled,
         live=live,
         every=5.0,
@@ -240,7 +241,7 @@ def verify(
     finally:
         signal.signal(signal.SIGTERM, previous)
     if current.json:
-        emit_json(render.verify_json(store_fields(ctx, redact_url(url)), report))
+        emit_json(verify_document.document(store_fields(ctx, redact_url(url)), report))
     else:
         current.out.print(render.verify_table(report))
         for problem in report.problems:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from idemctl.cli import render
 from idemctl.cli.common import Settings, emit_json, note, report_error, store_fields
 from idemctl.cli.live import consume_status
 from idemctl.cli.logs import log_line, print_line
@@ -30,6 +29,7 @@ from idemctl.cli.running import stop_on_signals
 from idemctl.consume.metrics import OUTCOMES
 from idemctl.consume.options import Summary
 from idemctl.consume.supervisor import Supervisor, Worker
+from idemctl.documents import consume as consume_document
 from idemctl.errors import ConfigError, IdemctlError
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def supervise(
         for w in supervisor.workers
     ]
     if current.json:
-        document = render.consume_json(
+        document = consume_document.document(
             store_fields(ctx, shown_url), topics, str(ctx.params["group"]), summary
         )
         emit_json({**document, "processes": processes, "workers": workers})

@@ -187,24 +187,32 @@ class PowertoolsTable(ABC):
 
     # Repairing -----------------------------------------------------------------------------
 
-    def unlock(self, key: str, force: bool = False) -> PowertoolsRecord:
+    def unlock(self, key: str, force: bool = False, *, dry_run: bool = False) -> PowertoolsRecord:
         """Delete ``key``'s in-progress record, as Powertools does when the function raises:
         its next call runs the function. One whose invocation may still run (its in-progress
-        expiry ahead) or that has none (blocked) needs ``force``."""
-        at = self._deletable(key, "unlock", force)
-        done, old = self._delete(Delete(key, rule_of("unlock", force), at, at))
-        if done and old is not None:
-            return old
-        raise why_not(key, old, at, "unlock", force)
+        expiry ahead) or that has none (blocked) needs ``force``. ``dry_run``: the delete's
+        condition judged on the record as it is now, nothing deleted."""
+        return self._delete_one(key, "unlock", force, dry_run)
 
-    def forget(self, key: str, force: bool = False) -> PowertoolsRecord:
+    def forget(self, key: str, force: bool = False, *, dry_run: bool = False) -> PowertoolsRecord:
         """Delete ``key``'s completed (or expired) record: its next call runs the function
-        again. An in-progress one needs ``force``."""
-        at = self._deletable(key, "forget", force)
-        done, old = self._delete(Delete(key, rule_of("forget", force), at, at))
+        again. An in-progress one needs ``force``. ``dry_run`` as ``unlock``'s."""
+        return self._delete_one(key, "forget", force, dry_run)
+
+    def _delete_one(self, key: str, action: str, force: bool, dry_run: bool) -> PowertoolsRecord:
+        if dry_run:
+            record = self.get(key)
+            if record is None:
+                raise KeyNotFound(key)
+            at = now()
+            if not holds(rule_of(action, force), record, at, at):
+                raise why_not(key, record, at, action, force)
+            return record
+        at = self._deletable(key, action, force)
+        done, old = self._delete(Delete(key, rule_of(action, force), at, at))
         if done and old is not None:
             return old
-        raise why_not(key, old, at, "forget", force)
+        raise why_not(key, old, at, action, force)
 
     def _deletable(self, key: str, action: str, force: bool) -> datetime:
         """Refuse to delete ``key`` where it is no Powertools record, as read now (the

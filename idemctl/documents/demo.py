@@ -1,0 +1,21 @@
+"""``idemctl demo --json`` (no schema yet)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from idemctl.harness.demo import Report
+
+
+def document(report: Report) -> dict[str, Any]:
+    return {
+        "topic": report.topic,
+        "payments": report.payments,
+        "messages": report.messages,
+        "kills": report.kills,
+        "charged_once": report.once,
+        "charged_twice": report.twice,
+        "never_charged": report.never,
+        "ok": report.ok,
+    }

@@ -1,0 +1,39 @@
+"""The operator's views of Kafka work on idemctl's own store: a consumer group's audit and
+the transactional outbox."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from idemctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from idemctl.audit import AuditOptions, AuditProgress, AuditReport
+    from idemctl.outbox.table import OutboxStatus
+    from idemctl.stores.base import Store
+
+
+def audit(
+    store: Store,
+    options: AuditOptions,
+    on_progress: Callable[[AuditProgress], None] | None = None,
+) -> AuditReport:
+    """Judge the messages below a group's committed offsets against ``store``, the store its
+    consumers wrote (``idemctl.audit.audit``), once the store is known to answer."""
+    from idemctl.audit import audit as run
+
+    if store.url.startswith("memory:"):
+        raise ConfigError(
+            "audit reads the store the group's consumers wrote, and a memory:// store "
+            "lives in one process: give that store's URL (--store, IDEMCTL_STORE)"
+        )
+    store.get("idemctl:probe")  # an unreachable or unprovisioned store fails here
+    return run(store, options, on_progress=on_progress)
+
+
+def outbox_status(store: Store) -> OutboxStatus:
+    """Unpublished rows, the oldest one's age and rows failing, per aggregate type."""
+    from idemctl.outbox.table import OutboxTable
+
+    return OutboxTable(store).status()
