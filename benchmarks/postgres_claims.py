@@ -631,9 +631,9 @@ def check_parts(settings: Settings) -> None:
         ) from exc
     if "idemctl" not in settings.only:
         return
-    from idemctl.stores import BACKENDS
+    from idemctl import backends
 
-    if "postgresql" not in BACKENDS:
+    if "postgresql" not in backends.schemes():
         raise MissingPart(
             "idemctl has no postgresql:// store yet (idemctl/stores/postgres.py); "
             "run with --only floor meanwhile"

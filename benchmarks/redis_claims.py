@@ -632,9 +632,9 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
 
 def check_idemctl_redis() -> None:
     """Fail before starting anything when idemctl has no Redis store to measure."""
-    from idemctl.stores import BACKENDS
+    from idemctl import backends
 
-    if "redis" not in BACKENDS:
+    if "redis" not in backends.schemes():
         raise MissingPart(
             "idemctl has no redis:// store yet (idemctl/stores/redis.py); "
             "run with --only floor,powertools meanwhile"

@@ -6,6 +6,6 @@ import path the docs have always shown)::
     report = diagnose("postgresql://app@db/orders", source="the deploy script")
 """
 
-from idemctl.operate.doctor import NOT_PROVISIONED, DoctorReport, Verdict, diagnose
+from idemctl.operate.doctor import NOT_PROVISIONED, Diagnosis, DoctorReport, diagnose
 
-__all__ = ["NOT_PROVISIONED", "DoctorReport", "Verdict", "diagnose"]
+__all__ = ["NOT_PROVISIONED", "Diagnosis", "DoctorReport", "diagnose"]

@@ -1,6 +1,6 @@
 """The error tree: every error idemctl raises derives from IdemctlError.
 
-The CLI turns each branch into one exit code (see ``idemctl.cli.exitcodes``).
+The CLI turns each branch into one exit code (see ``idemctl.exitcodes``).
 """
 
 from __future__ import annotations

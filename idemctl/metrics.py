@@ -86,11 +86,11 @@ def histogram(
 
 
 def wait_families() -> list[Any]:
-    """``wait=``'s figures in this process, every store's (``idemctl.runner.waiting.STATS``):
+    """``wait=``'s figures in this process, every store's (``idemctl.stores.waiting.STATS``):
     waits begun, how they ended (woken: the key settled by another, its result or the key
     to run; timed_out: still in flight at the deadline), and how long they took."""
-    from idemctl.runner.waiting import SECONDS as WAIT_SECONDS
-    from idemctl.runner.waiting import STATS
+    from idemctl.stores.waiting import SECONDS as WAIT_SECONDS
+    from idemctl.stores.waiting import STATS
 
     begun, woken, timed_out, buckets, total = STATS.snapshot()
     return [

@@ -3,9 +3,10 @@
 
 The runner's attempt (claim, handler, complete or fail; transactional mode), the protocol's
 steps on PostgreSQL and Redis, PostgreSQL's transactional unit, the outbox writer, and the
-HTTP middleware's attempt are written for asyncio under ``idemctl/aio/``; this script
-writes their sync modules by removing ``async``/``await`` and renaming the async names
-(``AsyncStore`` -> ``Store``, ...), then formats them with ruff. Both heartbeats (a thread
+HTTP middleware's attempt are written for asyncio (under ``idemctl/aio/``, the HTTP one in
+``idemctl/http/attempt_aio.py``); this script writes their sync modules by removing
+``async``/``await`` and renaming the async names (``AsyncStore`` -> ``Store``, ...), then
+formats them with ruff. Both heartbeats (a thread
 and a task) and both decorators stay hand-written.
 
     scripts/unasync.py           write the sync modules
@@ -30,7 +31,7 @@ FILES = {
     "idemctl/aio/outbox.py": "idemctl/outbox/writer.py",
     "idemctl/aio/postgres_steps.py": "idemctl/stores/postgres/steps.py",
     "idemctl/aio/redis_steps.py": "idemctl/stores/redis/steps.py",
-    "idemctl/aio/http.py": "idemctl/runner/http.py",
+    "idemctl/http/attempt_aio.py": "idemctl/http/attempt.py",
 }
 """Each async original and the sync module written from it."""
 
@@ -38,7 +39,7 @@ MODULES = {
     "idemctl.aio.attempt": "idemctl.runner.attempt",
     "idemctl.aio.context": "idemctl.runner.context",
     "idemctl.aio.heartbeat": "idemctl.runner.heartbeat",
-    "idemctl.aio.http": "idemctl.runner.http",
+    "idemctl.http.attempt_aio": "idemctl.http.attempt",
     "idemctl.aio.outbox": "idemctl.outbox.writer",
     "idemctl.aio.postgres": "idemctl.stores.postgres.store",
     "idemctl.aio.postgres_core": "idemctl.stores.postgres.core",

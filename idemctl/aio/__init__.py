@@ -17,8 +17,7 @@ driver: each is imported when its store is opened.
 
 from __future__ import annotations
 
-import importlib
-
+from idemctl import backends
 from idemctl.aio.attempt import run
 from idemctl.aio.decorator import idempotent
 from idemctl.aio.store import AsyncStore
@@ -27,16 +26,6 @@ from idemctl.stores import open_store as open_sync_store
 from idemctl.stores.base import Store
 
 __all__ = ["AsyncStore", "idempotent", "open_store", "run", "wrap"]
-
-NATIVE: dict[str, str] = {
-    "redis": "idemctl.aio.redis:AsyncRedisStore",
-    "postgresql": "idemctl.aio.postgres:AsyncPostgresStore",
-}
-"""Stores (by their class's scheme) whose claim/complete path runs on an async driver; the
-rest run in threads."""
-
-ONE_THREAD = ("sqlite", "memory")
-"""Stores in this process: one worker thread, as their writes are serialised anyway."""
 
 
 def open_store(url: str = DEFAULT_URL) -> AsyncStore:
@@ -47,9 +36,9 @@ def open_store(url: str = DEFAULT_URL) -> AsyncStore:
 
 def wrap(store: Store) -> AsyncStore:
     """The async store over the sync ``store`` (which it closes when closed)."""
-    scheme = getattr(store, "scheme", "")
-    if scheme in NATIVE:
-        module_name, class_name = NATIVE[scheme].split(":")
-        native: AsyncStore = getattr(importlib.import_module(module_name), class_name)(store)
+    backend = backends.named(getattr(store, "scheme", ""))
+    if backend is not None and backend.async_store is not None:
+        native: AsyncStore = backend.load("async_store")(store)
         return native
-    return AsyncStore(store, threads=1 if scheme in ONE_THREAD else None)
+    in_process = backend is not None and backend.in_process  # writes serialised anyway
+    return AsyncStore(store, threads=1 if in_process else None)

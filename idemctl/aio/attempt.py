@@ -47,7 +47,7 @@ from idemctl.runner.outcome import (
     result_lost,
     stored_form,
 )
-from idemctl.runner.waiting import MAX_WAIT, STATS
+from idemctl.stores.waiting import MAX_WAIT, STATS
 
 if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
@@ -99,7 +99,7 @@ async def run(
     ``wait`` (seconds): a key in flight elsewhere is waited for, up to ``wait``, instead
     of answered BUSY at once: its result when it completes (REPLAYED), or this call claims
     and runs it when the holder fails, lets go or loses its lease; BUSY if it is still in
-    flight at the deadline. The store wakes the waiter (see ``idemctl.runner.waiting``).
+    flight at the deadline. The store wakes the waiter (see ``idemctl.stores.waiting``).
     """
     validate_key(key)  # InvalidKey before anything is claimed, the same on every store
     if wait is not None and not 0 < wait <= MAX_WAIT:

@@ -41,7 +41,7 @@ from idemctl.model import (
 from idemctl.stores.base import Progress, Store, check_claims, check_guards, checked
 
 if TYPE_CHECKING:
-    from idemctl.runner.waiting import Watch
+    from idemctl.stores.waiting import Watch
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ See ``judge`` for the classes. Kafka is read with ``assign`` only: the group's o
 members are left as they are.
 """
 
-from idemctl.audit.judge import Judge, Seen, Verdict
+from idemctl.audit.judge import Judge, Judgement, Seen
 from idemctl.audit.model import (
     CLASSES,
     FAIL_ON,
@@ -29,9 +29,9 @@ __all__ = [
     "AuditReport",
     "Doubt",
     "Judge",
+    "Judgement",
     "LostMessage",
     "PartitionAudit",
     "Seen",
-    "Verdict",
     "audit",
 ]

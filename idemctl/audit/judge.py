@@ -42,7 +42,7 @@ class Seen(NamedTuple):
     """What the key strategy said of it when it has no usable key."""
 
 
-class Verdict(NamedTuple):
+class Judgement(NamedTuple):
     kind: str
     why: str | None = None
     """For a lost message: why it counts as lost."""
@@ -69,44 +69,44 @@ class Judge:
         self._completed: set[str] = set()
         """Completed keys judged so far: a later message of one is a replayed duplicate."""
 
-    def __call__(self, seen: Seen, record: Record | None) -> Verdict:
+    def __call__(self, seen: Seen, record: Record | None) -> Judgement:
         if seen.key is None:
             return self._unusable(seen)
         if record is None:
             if seen.timestamp is not None and self.now - seen.timestamp > self.retention:
-                return Verdict("beyond_retention")
-            return Verdict("lost", "its key has no record: never claimed, or forgotten")
+                return Judgement("beyond_retention")
+            return Judgement("lost", "its key has no record: never claimed, or forgotten")
         if record.status is Status.FAILED:
             if record.retriable:  # consume dead-letters a key only once it failed for good
-                return Verdict("lost", "its key failed and awaits a retry no delivery will bring")
+                return Judgement("lost", "its key failed and awaits a retry no delivery will bring")
             return self._dead_lettered(seen, f"its key failed: {record.error or 'an error'}")
         if record.status is Status.IN_PROGRESS:
             if record.lease_live(self.now):
-                return Verdict("in_flight")
+                return Judgement("in_flight")
             if record.owner is None:
-                return Verdict("lost", "its key was released and never claimed again")
-            return Verdict("lost", "its key is in progress with an expired lease")
+                return Judgement("lost", "its key was released and never claimed again")
+            return Judgement("lost", "its key is in progress with an expired lease")
         if seen.fingerprint and record.fingerprint and seen.fingerprint != record.fingerprint:
             return self._dead_lettered(seen, "its key was completed for another payload")
         if seen.key in self._completed:  # a duplicate: consume replayed it
-            return Verdict("done")
+            return Judgement("done")
         self._completed.add(seen.key)
         if seen.order is not None:
             entity, sequence = seen.order.entity, seen.order.sequence
             last = self._applied.get(entity)
             if last is not None and sequence <= last and record.result is None:
-                return Verdict("stale")
+                return Judgement("stale")
             self._applied[entity] = sequence if last is None else max(last, sequence)
-        return Verdict("done")
+        return Judgement("done")
 
-    def _unusable(self, seen: Seen) -> Verdict:
+    def _unusable(self, seen: Seen) -> Judgement:
         if self.on_missing_key == "skip":
-            return Verdict("skipped")
+            return Judgement("skipped")
         if self.on_missing_key in ("stop", "fail"):
-            return Verdict("lost", f"{seen.unusable}; consume stops before such a message")
+            return Judgement("lost", f"{seen.unusable}; consume stops before such a message")
         return self._dead_lettered(seen, seen.unusable or "no usable key")
 
-    def _dead_lettered(self, seen: Seen, why: str) -> Verdict:
+    def _dead_lettered(self, seen: Seen, why: str) -> Judgement:
         if self.dead_letters is None or (seen.partition, seen.offset) in self.dead_letters:
-            return Verdict("dead_lettered")
-        return Verdict("lost", f"{why}, and it is not in the dead-letter topic")
+            return Judgement("dead_lettered")
+        return Judgement("lost", f"{why}, and it is not in the dead-letter topic")

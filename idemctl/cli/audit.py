@@ -110,7 +110,7 @@ def audit(
     """
     from idemctl import operate
     from idemctl.audit import FAIL_ON, AuditOptions
-    from idemctl.documents import audit as audit_document
+    from idemctl.operate.documents import audit as audit_document
 
     current = settings(ctx)
     failing_on = _classes(fail_on, FAIL_ON)

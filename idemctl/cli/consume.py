@@ -35,10 +35,10 @@ from idemctl.cli.running import (
     use_log_format,
 )
 from idemctl.cli.workers import processes_wanted, supervise
-from idemctl.documents import consume as consume_document
-from idemctl.documents import demo as demo_document
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
+from idemctl.operate.documents import consume as consume_document
+from idemctl.operate.documents import demo as demo_document
 from idemctl.processes import set_name
 
 
@@ -109,11 +109,11 @@ def consume(
         typer.Option(
             "--dlq-oversize",
             metavar="ACTION",
-            help="A dead letter refused as too large: hold (its partition waits, with back-off, "
+            help="A dead letter refused as too large: pause (its partition waits, with back-off, "
             "until the topic takes it) or truncate (write it with the payload cut to 64 KiB "
             "and a header saying so)",
         ),
-    ] = "hold",
+    ] = "pause",
     dlq_timeout: Annotated[
         str,
         typer.Option(

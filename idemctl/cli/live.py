@@ -113,7 +113,7 @@ def consume_status(
     """``consume``'s live view for the ``Settings`` given: one process's, a worker's (a
     progress line every second, for its supervisor), or a supervisor's with a row per
     worker (``rows``)."""
-    from idemctl.documents.consume import fields as consume_fields
+    from idemctl.operate.documents.consume import fields as consume_fields
 
     return LiveStatus(
         current.err,

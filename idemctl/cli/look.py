@@ -19,9 +19,9 @@ from idemctl.cli.common import (
     usage_error,
 )
 from idemctl.cli.exitcodes import ExitCode
-from idemctl.operate.doctor import Verdict, diagnose
-from idemctl.documents import doctor as doctor_document
 from idemctl.model import Entity, Record, Status
+from idemctl.operate.doctor import diagnose
+from idemctl.operate.documents import doctor as doctor_document
 from idemctl.powertools import PowertoolsRecord
 
 if TYPE_CHECKING:
@@ -216,8 +216,8 @@ def stats(
     `-` or null, on a store provisioned before the guard: `idemctl init` adds it).
     """
     from idemctl import operate
-    from idemctl.documents import powertools_stats
-    from idemctl.documents import stats as stats_document
+    from idemctl.operate.documents import powertools_stats
+    from idemctl.operate.documents import stats as stats_document
 
     current = settings(ctx)
     with cli_target(ctx) as target:
@@ -252,15 +252,5 @@ def doctor(ctx: typer.Context) -> None:
     else:
         current.out.print(render.findings_table(report.findings))
         current.err.print(render.doctor_summary(report))
-    code = DOCTOR_EXIT[report.verdict]
-    if code is not ExitCode.OK:
-        raise typer.Exit(int(code))
-
-
-DOCTOR_EXIT = {
-    Verdict.OK: ExitCode.OK,
-    Verdict.REFUSED: ExitCode.USAGE,
-    Verdict.UNREACHABLE: ExitCode.STORE_UNREACHABLE,
-    Verdict.NOT_PROVISIONED: ExitCode.NOT_PROVISIONED,
-    Verdict.PROBLEM: ExitCode.UNEXPECTED,
-}
+    if report.exit_code is not ExitCode.OK:
+        raise typer.Exit(int(report.exit_code))

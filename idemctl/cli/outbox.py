@@ -38,9 +38,9 @@ from idemctl.cli.running import (
     run_to_end,
     use_log_format,
 )
-from idemctl.documents import action as action_document
-from idemctl.documents import outbox as outbox_documents
-from idemctl.documents import outbox_status
+from idemctl.operate.documents import action as action_document
+from idemctl.operate.documents import outbox as outbox_documents
+from idemctl.operate.documents import outbox_status
 from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
 
 outbox_app = typer.Typer(

@@ -13,7 +13,7 @@ from idemctl.cli.common import (
     settings,
     store_fields,
 )
-from idemctl.documents import init as init_document
+from idemctl.operate.documents import init as init_document
 
 
 @command()

@@ -1,5 +1,5 @@
 """What every command shows on a terminal: its tables and lines (the ``--json`` documents
-are ``idemctl.documents``'). Command modules call these and print what they return."""
+are ``idemctl.operate.documents``'). Command modules call these and print what they return."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from idemctl.model import Entity, Finding, Record, Stats, Status
 if TYPE_CHECKING:
     from rich.console import JustifyMethod, RenderableType
 
-    from idemctl.operate.doctor import DoctorReport
     from idemctl.harness.demo import Report
     from idemctl.harness.verify import Report as VerifyReport
+    from idemctl.operate.doctor import DoctorReport
     from idemctl.outbox.table import OutboxRow, OutboxStatus
 
 STYLE = {Status.IN_PROGRESS: "yellow", Status.COMPLETED: "green", Status.FAILED: "red"}

@@ -22,7 +22,7 @@ from idemctl.cli.common import (
     store_fields,
     usage_error,
 )
-from idemctl.documents import action as action_document
+from idemctl.operate.documents import action as action_document
 from idemctl.powertools import PowertoolsRecord
 
 if TYPE_CHECKING:

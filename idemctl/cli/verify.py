@@ -26,8 +26,8 @@ from idemctl.cli.running import (
     kafka_settings,
     use_log_format,
 )
-from idemctl.documents import verify as verify_document
 from idemctl.drivers import require
+from idemctl.operate.documents import verify as verify_document
 from idemctl.stores import refuse_powertools
 from idemctl.urls import redact_url
 

@@ -29,8 +29,8 @@ from idemctl.cli.running import stop_on_signals
 from idemctl.consume.metrics import OUTCOMES
 from idemctl.consume.options import Summary
 from idemctl.consume.supervisor import Supervisor, Worker
-from idemctl.documents import consume as consume_document
 from idemctl.errors import ConfigError, IdemctlError
+from idemctl.operate.documents import consume as consume_document
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

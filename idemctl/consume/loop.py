@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from idemctl.consume.event import Handler
     from idemctl.stores.base import Store
 
-HOLD_AFTER = 1.0
+PRESS_AFTER = 1.0
 """Seconds the loop goes without fetching (every lane busy, the next round waiting) before
 it pauses the partitions in hand and polls only to stay in the group."""
 
@@ -94,8 +94,8 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         self._waiting: dict[Partition, list[Item]] = {}
         """Fetched, not handed to a lane yet: the next round."""
         self._in_lane: dict[Partition, Lane] = {}
-        self._held: set[Partition] = set()
-        """Paused while every lane is busy (``HOLD_AFTER``), resumed when one frees."""
+        self._pressed: set[Partition] = set()
+        """Paused while every lane is busy (``PRESS_AFTER``), resumed when one frees."""
         self._fetched_at = time.monotonic()
         self._kafka: Any = None
         self._dlq: DeadLetters | None = None
@@ -156,9 +156,9 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         return list(self._stalls.stalled.values()) + list(self._overdue.overdue.values())
 
     def _not_stalled(self) -> set[Partition]:
-        """Partitions the stall watchdog leaves alone: paused or held by idemctl, or with
+        """Partitions the stall watchdog leaves alone: paused by idemctl, or with
         messages in hand (a lane's handler that does not return is the other watchdog's)."""
-        return {*self._paused, *self._held, *self._in_lane, *self._waiting}
+        return {*self._paused, *self._pressed, *self._in_lane, *self._waiting}
 
     def stop(self) -> None:
         """Drain and return (signal-safe): the running handlers finish (for at most
@@ -230,7 +230,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
 
     def _fetch(self) -> None:
         """Fetch the next round while the lanes run theirs: at most a batch waits. With
-        every lane busy and a round waiting, wait for a lane; past ``HOLD_AFTER``, pause
+        every lane busy and a round waiting, wait for a lane; past ``PRESS_AFTER``, pause
         every partition and poll only to stay in the group."""
         o = self.options
         busy = any(lane.busy for lane in self._lanes)
@@ -242,12 +242,12 @@ class Consumer(Rounds, Acting, Pausing, Watch):
             self._idle_since = now  # work in hand is not idling
         if want <= 0:
             if self._finished.empty():
-                self._wake.wait(o.poll_timeout if now - self._fetched_at < HOLD_AFTER else 0.1)
+                self._wake.wait(o.poll_timeout if now - self._fetched_at < PRESS_AFTER else 0.1)
             self._wake.clear()
-            if time.monotonic() - self._fetched_at < HOLD_AFTER:
+            if time.monotonic() - self._fetched_at < PRESS_AFTER:
                 return
-            self._hold()
-            want = 1  # nothing comes from a held partition: the poll keeps the membership
+            self._press()
+            want = 1  # nothing comes from a paused partition: the poll keeps the membership
         fetched = self._kafka.consume(
             num_messages=want, timeout=min(o.poll_timeout, 0.02) if busy else o.poll_timeout
         )
@@ -262,7 +262,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         self._idle_since = time.monotonic()
         for m in messages:
             tp = (m.topic(), m.partition())
-            if tp in self._paused or tp in self._held:
+            if tp in self._paused or tp in self._pressed:
                 continue  # fetched before the partition was paused
             if tp in self._resume_at:
                 if m.offset() != self._resume_at[tp]:
@@ -331,7 +331,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
                 item, (seconds, _) = stop
                 self._waiting.pop(tp, None)  # fetched past it: it comes again
                 self._pause(item, seconds)
-        self._unhold()
+        self._unpress()
 
     def _abandon(self, lane: Lane) -> None:
         """The watchdog abandoned ``lane`` past the hard limit: fail the stuck key as timed
@@ -421,9 +421,10 @@ class Consumer(Rounds, Acting, Pausing, Watch):
             if lane.round is None:
                 continue
             running = lane.running
-            held = running.item if running is not None else lane.round.first_unfinished()
-            if held is not None:
-                left.append(held.key or f"{held.tp[0]}[{held.tp[1]}]@{held.offset}")
+            unfinished = running.item if running is not None else lane.round.first_unfinished()
+            if unfinished is not None:
+                u = unfinished
+                left.append(u.key or f"{u.tp[0]}[{u.tp[1]}]@{u.offset}")
             self._store_offsets(list(lane.round.partitions.values()))  # what finished
         if left:
             log.warning(
@@ -486,7 +487,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         for p in partitions:
             tp = (p.topic, p.partition)
             self._waiting.pop(tp, None)
-            self._held.discard(tp)
+            self._pressed.discard(tp)
 
 
 def _keys(keys: list[str]) -> str:

@@ -55,8 +55,8 @@ class ConsumeOptions:
     """Seconds from the start to the first partition, else KafkaUnavailable (0: wait for
     ever). Under ``exit_when_idle`` also how long lost brokers are waited for, and how long
     a member left without partitions waits for some before it exits."""
-    dlq_oversize: str = "hold"
-    """A dead letter the broker refuses as too large: hold (its partition waits, with
+    dlq_oversize: str = "pause"
+    """A dead letter the broker refuses as too large: pause (its partition waits, with
     back-off, until the topic takes it) or truncate (write it with the payload cut and
     headers saying so and where the original sits)."""
     dlq_timeout: float = 30.0
@@ -119,8 +119,8 @@ class ConsumeOptions:
             raise ConfigError(f"--concurrency {self.concurrency}: at most {MAX_CONCURRENCY}")
         if self.lease is not None:
             in_range("--lease", self.lease, LEASE_RANGE)
-        if self.dlq_oversize not in ("hold", "truncate"):
-            raise ConfigError(f"--dlq-oversize {self.dlq_oversize!r}: use hold or truncate")
+        if self.dlq_oversize not in ("pause", "truncate"):
+            raise ConfigError(f"--dlq-oversize {self.dlq_oversize!r}: use pause or truncate")
         if self.complete_wait < 0:
             raise ConfigError("--complete-wait cannot be negative")
         if not 0 < self.dlq_timeout <= MAX_TIMEOUT_MS:

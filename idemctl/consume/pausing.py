@@ -1,6 +1,6 @@
 """Where the consume loop stops partitions and where it stores their offsets: a partition
-paused at a message (sought back to it, resumed after a back-off), partitions held while
-every lane is busy, and offsets past each partition's finished messages."""
+paused at a message (sought back to it, resumed after a back-off), partitions paused while
+every lane is busy (back-pressure), and offsets past each partition's finished messages."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class Pausing:
     _kafka: Any
     _paused: dict[Partition, float]
     _resume_at: dict[Partition, int]
-    _held: set[Partition]
+    _pressed: set[Partition]
     _partitions: set[Partition]
 
     def _pause(self, item: Item, seconds: float) -> None:
@@ -34,9 +34,9 @@ class Pausing:
             self._kafka.pause([tp])
             self._kafka.seek(tp)
         except KafkaException as exc:  # revoked meanwhile: its new owner starts from the commit
-            log.debug("hold %s[%d]: %s", m.topic(), m.partition(), kafka_text(exc))
+            log.debug("pause %s[%d]: %s", m.topic(), m.partition(), kafka_text(exc))
             return
-        self._held.discard(item.tp)
+        self._pressed.discard(item.tp)
         self._paused[item.tp] = time.monotonic() + min(seconds, MAX_BACKOFF)
         self._resume_at[item.tp] = m.offset()
 
@@ -49,16 +49,16 @@ class Pausing:
             for tp in due:
                 del self._paused[tp]
             try:
-                self._kafka.resume([TopicPartition(*tp) for tp in due if tp not in self._held])
+                self._kafka.resume([TopicPartition(*tp) for tp in due if tp not in self._pressed])
             except KafkaException as exc:  # revoked meanwhile
                 log.debug("resume: %s", kafka_text(exc))
 
-    def _hold(self) -> None:
+    def _press(self) -> None:
         """Every lane busy for a while: pause the assigned partitions not paused yet, each
         sought to where it stands, so the polls that keep the membership bring nothing."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        tps = [tp for tp in self._partitions if tp not in self._paused and tp not in self._held]
+        tps = [tp for tp in self._partitions if tp not in self._paused and tp not in self._pressed]
         if not tps:
             return
         try:
@@ -69,18 +69,18 @@ class Pausing:
                     self._kafka.seek(tp)
                     self._resume_at[(tp.topic, tp.partition)] = tp.offset
         except KafkaException as exc:  # revoked meanwhile
-            log.debug("hold: %s", kafka_text(exc))
-        self._held.update(tps)
+            log.debug("pause: %s", kafka_text(exc))
+        self._pressed.update(tps)
 
-    def _unhold(self) -> None:
+    def _unpress(self) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
-        if not self._held:
+        if not self._pressed:
             return
-        held, self._held = self._held, set()
+        pressed, self._pressed = self._pressed, set()
         try:
             self._kafka.resume(
-                [TopicPartition(t, p) for t, p in held if (t, p) not in self._paused]
+                [TopicPartition(t, p) for t, p in pressed if (t, p) not in self._paused]
             )
         except KafkaException as exc:  # revoked meanwhile
             log.debug("resume: %s", kafka_text(exc))

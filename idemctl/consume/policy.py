@@ -208,7 +208,7 @@ def log_line(decision: Decision, where: str, key: str | None) -> tuple[str, str,
         return "warning", "store unavailable, will retry: %s", (d.error,)
     if d.outcome == "retried":
         return "info", "%s failed (attempt %d), retrying: %s", (key, d.attempt, d.detail)
-    return "debug", "%s %s: key %r; holding its partition %.1fs", (d.outcome, where, key, d.delay)
+    return "debug", "%s %s: key %r; pausing its partition %.1fs", (d.outcome, where, key, d.delay)
 
 
 class Breaker:
@@ -256,7 +256,7 @@ class Refusals:
 
 
 REFUSED = (
-    "%s (%s) is neither handled nor dead-lettered: %s; holding its partition there, trying "
+    "%s (%s) is neither handled nor dead-lettered: %s; pausing its partition there, trying "
     "again in %.1fs; nothing past it is committed"
 )
 """The warning for a refused dead letter: where, reason, the broker's answer, the wait."""

@@ -127,7 +127,7 @@ class Rounds(_Base):
                             item.claim_ns = ask.sent
                 except StoreUnavailable as exc:
                     log.warning(
-                        "store unavailable, holding every partition: %s",
+                        "store unavailable, pausing every partition: %s",
                         exc,
                         extra=fields(outcome="store_unavailable"),
                     )

@@ -77,7 +77,7 @@ class Stalls:
         self,
         kafka: Any,
         partitions: set[Partition],
-        held: Container[Partition],
+        ours: Container[Partition],
         polls: int,
         now: float,
     ) -> None:
@@ -92,7 +92,7 @@ class Stalls:
             else:
                 self.lags[tp] = lag
             seen = self._seen.get(tp)
-            if tp in held or lag is None or lag <= 0 or seen is None or seen.offset != offset:
+            if tp in ours or lag is None or lag <= 0 or seen is None or seen.offset != offset:
                 self._seen[tp] = _Seen(offset, now, polls)
                 self.stalled.pop(tp, None)
                 if seen is not None and seen.offset != offset:
@@ -128,7 +128,7 @@ class Stalls:
             return
         self._sent_back[tp] = back
         log.warning(
-            "%s, though idemctl does not hold it; resumed it and went back to its committed "
+            "%s, though idemctl did not pause it; resumed it and went back to its committed "
             "offset %d",
             self.stalled[tp],
             back,

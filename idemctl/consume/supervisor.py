@@ -34,14 +34,17 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from idemctl.consume.metrics import OUTCOMES
+from idemctl.exitcodes import ExitCode
 from idemctl.processes import term_with_parent
 
-FINAL = frozenset({2, 4, 7, 8})
+FINAL = frozenset(
+    {ExitCode.USAGE, ExitCode.NOT_PROVISIONED, ExitCode.KAFKA_UNREACHABLE, ExitCode.CONSUME_STOPPED}
+)
 """Worker exit codes a restart cannot mend, and the command's own exit codes for them:
-a usage or configuration error (2), a store not provisioned (4), Kafka unreachable for
-``--join-timeout`` (7), a dead-letter storm or ``--on-missing-key stop`` (8)."""
+a usage or configuration error, a store not provisioned, Kafka unreachable for
+``--join-timeout``, a dead-letter storm or ``--on-missing-key stop``."""
 
-STUCK = 9
+STUCK = ExitCode.HANDLERS_STUCK
 """A worker's exit code when handlers did not return (its --drain-timeout passed, or one
 passed the hard limit): replaced while the run goes on; the run's own code while it stops."""
 

@@ -91,7 +91,7 @@ class Watch:
                 return True
             return False
         if self._paused or self._down_since is not None or self._stalls.lagging():
-            self._idle_since = now  # held, cut off or behind is not drained
+            self._idle_since = now  # paused, cut off or behind is not drained
             return False
         return now - self._idle_since >= o.exit_when_idle
 

@@ -68,12 +68,12 @@ class _Pauses:
             self.consumer.pause(*tps)
             self.consumer.seek(tp, item.offset)
         except IllegalStateError as exc:  # revoked meanwhile: its new owner goes on from the commit
-            log.debug("hold %s: %s", item.where, exc)
+            log.debug("pause %s: %s", item.where, exc)
             return
         loop = asyncio.get_running_loop()
         at = loop.time() + seconds
-        for held in tps:
-            self.until[held] = max(self.until.get(held, 0.0), at)
+        for paused in tps:
+            self.until[paused] = max(self.until.get(paused, 0.0), at)
         self._schedule(loop)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:

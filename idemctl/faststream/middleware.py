@@ -1,5 +1,5 @@
 """``IdempotencyMiddleware``: a FastStream Kafka subscriber's messages keyed, claimed, run
-and committed or held by the shared policy (``idemctl.consume.policy``)."""
+and committed or paused by the shared policy (``idemctl.consume.policy``)."""
 
 from __future__ import annotations
 
@@ -248,12 +248,12 @@ class IdempotencyMiddleware:
             )
         except StoreUnavailable as exc:
             log.warning(
-                "store unavailable, holding every partition: %s",
+                "store unavailable, pausing every partition: %s",
                 exc,
                 extra=_about(item, "store_unavailable"),
             )
             self._pause(item, o.backoff, "store_unavailable", everything=True)
-            return _Done.HELD
+            return _Done.PAUSED
         except IdemctlError as exc:  # not provisioned, a setting the store refuses, ...
             _refuse(item.consumer, [item.record], f"the store cannot run {item.key!r}: {exc}")
         return await self._act(item, result)
@@ -279,7 +279,7 @@ class IdempotencyMiddleware:
             self._count(d.outcome)
             return _Done.FINISHED
         self._pause(item, d.delay, d.outcome)
-        return _Done.HELD
+        return _Done.PAUSED
 
     async def _unusable(self, item: _Item) -> _Done:
         """A message without a usable key: dead-lettered, or passed by (``skip``)."""
@@ -330,7 +330,7 @@ class IdempotencyMiddleware:
                 extra=_about(item, "dead_letter_refused", reason=reason),
             )
             self._pause(item, wait, "dead_letter_refused")
-            return _Done.HELD
+            return _Done.PAUSED
         self._refusals.accepted(tp)
         self._count("dead_lettered")
         self.summary.dead_letters[reason] += 1
@@ -378,7 +378,7 @@ class _Done(StrEnum):
     """Its handler ran, or ran before: finished, with a result to publish."""
     FINISHED = "finished"
     """Finished without a result (dead-lettered, skipped, stale): nothing to publish."""
-    HELD = "held"
+    PAUSED = "paused"
     """Not finished: its partition is paused at it and it comes again."""
 
 
@@ -392,7 +392,7 @@ class _Unpublished(Exception):
 
 
 class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
-    """One message's passage: keyed on receipt, run in ``consume_scope``, committed or held
+    """One message's passage: keyed on receipt, run in ``consume_scope``, committed or paused
     on exit (after FastStream published the handler's result)."""
 
     def __init__(self, msg: Any, /, *, context: ContextRepo, idem: IdempotencyMiddleware) -> None:
@@ -461,7 +461,7 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
             # The key is completed, but publishing its result failed: the message comes
             # again, replays, and its result is published then.
             log.warning(
-                "publishing the result of %s failed, holding its partition: %s",
+                "publishing the result of %s failed, pausing its partition: %s",
                 item.where,
                 exc_val,
                 extra=_about(item, "publish_failed"),
@@ -471,7 +471,7 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
             return True
         if self.entered:  # not the handler's (run() returns those): a fault on idemctl's side
             log.error(
-                "%s: %s; holding its partition",
+                "%s: %s; pausing its partition",
                 item.where,
                 exc_val,
                 exc_info=exc_val,
@@ -498,7 +498,7 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
 
     async def _commit(self, item: _Item) -> None:
         """Commit the consumer's position: past this message and every one it finished
-        before (its handlers run one at a time), not past a held one (sought back)."""
+        before (its handlers run one at a time), not past a paused one (sought back)."""
         try:
             if self.message is not None:
                 await self.message.ack()  # commits, and tells FastStream it is acknowledged

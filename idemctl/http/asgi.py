@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from idemctl.aio.http import attempt
 from idemctl.http import policy
+from idemctl.http.attempt_aio import attempt
 from idemctl.http.policy import Attempt, Options, Problem, Request, Response
 from idemctl.http.stats import STATS
 from idemctl.http.tracing import observed

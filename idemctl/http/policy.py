@@ -3,7 +3,7 @@ the fingerprint, the problems it answers, what is stored and how it is replayed.
 
 No I/O and no framework: ``idemctl.http.asgi`` and ``idemctl.http.wsgi`` read a request
 into a ``Request``, ask this module what to do, and drive the store with
-``idemctl.runner.http`` (the way ``consume.policy`` is shared by consume and FastStream).
+``idemctl.http.attempt`` (the way ``consume.policy`` is shared by consume and FastStream).
 
 Semantics: draft-ietf-httpapi-idempotency-key-header-07 and Stripe's documented behaviour;
 the table is in docs/guides/http.md.
@@ -33,8 +33,8 @@ from idemctl.model import (
     Mismatch,
     canonical_json,
 )
-from idemctl.runner.waiting import MAX_WAIT
 from idemctl.stores.base import checked
+from idemctl.stores.waiting import MAX_WAIT
 
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"

@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from idemctl.http import policy
+from idemctl.http.attempt import attempt
 from idemctl.http.policy import Attempt, Options, Problem, Request, Response
 from idemctl.http.stats import STATS
 from idemctl.http.tracing import observed
-from idemctl.runner.http import attempt
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store

@@ -13,7 +13,7 @@ own tooling call the same functions)::
 
 A store of another layout (``layout=powertools``) is a target of its own kind: the same
 calls work on it, with its states, and options that mean nothing there raise
-``OptionError``. Nothing here prints. ``idemctl.documents`` turns the results into the
+``OptionError``. Nothing here prints. ``idemctl.operate.documents`` turns the results into the
 ``--json`` documents."""
 
 from idemctl.operate.doctor import DoctorReport, diagnose

@@ -16,7 +16,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 
+from idemctl import backends
 from idemctl.errors import ConfigError, NotProvisioned, StoreUnavailable
+from idemctl.exitcodes import ExitCode
 from idemctl.model import Finding
 from idemctl.operate.targets import Target, open_target
 from idemctl.urls import redact_url
@@ -27,7 +29,7 @@ NOT_PROVISIONED = frozenset({"schema", "table", "scripts"})
 UNREACHABLE_FIX = "is the server running, and are the URL's host, port and credentials right?"
 
 
-class Verdict(StrEnum):
+class Diagnosis(StrEnum):
     """What the findings add up to; the first that holds, in this order, wins."""
 
     OK = "ok"
@@ -58,19 +60,33 @@ class DoctorReport:
         return [f for f in self.findings if f.level == "warn"]
 
     @property
-    def verdict(self) -> Verdict:
+    def diagnosis(self) -> Diagnosis:
         failed = {f.name for f in self.failed}
         if "credentials" in failed:
-            return Verdict.REFUSED
+            return Diagnosis.REFUSED
         if "connection" in failed:
-            return Verdict.UNREACHABLE
+            return Diagnosis.UNREACHABLE
         if failed & NOT_PROVISIONED:
-            return Verdict.NOT_PROVISIONED
-        return Verdict.PROBLEM if failed else Verdict.OK
+            return Diagnosis.NOT_PROVISIONED
+        return Diagnosis.PROBLEM if failed else Diagnosis.OK
 
     @property
     def ok(self) -> bool:
-        return self.verdict is Verdict.OK
+        return self.diagnosis is Diagnosis.OK
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """``idemctl doctor``'s exit code for this report."""
+        return EXIT[self.diagnosis]
+
+
+EXIT = {
+    Diagnosis.OK: ExitCode.OK,
+    Diagnosis.REFUSED: ExitCode.USAGE,
+    Diagnosis.UNREACHABLE: ExitCode.STORE_UNREACHABLE,
+    Diagnosis.NOT_PROVISIONED: ExitCode.NOT_PROVISIONED,
+    Diagnosis.PROBLEM: ExitCode.UNEXPECTED,
+}
 
 
 def diagnose(
@@ -91,11 +107,6 @@ def diagnose(
     """
     shown = redact_url(url)
     findings = [Finding("store", True, f"{shown} (from {source})")]
-    refused_fix = (
-        "check the AWS credentials (environment, profile or role) and the region"
-        if shown.startswith("dynamodb:")
-        else "check the URL's user, password and database name"
-    )
     try:
         with (opener or (lambda: open_target(url)))() as target:  # a cluster connects here
             try:
@@ -103,7 +114,8 @@ def diagnose(
             except NotProvisioned as exc:
                 findings.append(Finding("schema", False, str(exc), target.unprovisioned_fix))
             except ConfigError as exc:  # refused credentials, no such database
-                findings.append(Finding("credentials", False, str(exc), refused_fix))
+                fix = backends.for_url(url).credentials_fix
+                findings.append(Finding("credentials", False, str(exc), fix))
     except StoreUnavailable as exc:
         findings.append(Finding("connection", False, str(exc), UNREACHABLE_FIX))
     return DoctorReport(shown, source, findings)

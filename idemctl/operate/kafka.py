@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from idemctl import backends
 from idemctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,9 +24,9 @@ def audit(
     consumers wrote (``idemctl.audit.audit``), once the store is known to answer."""
     from idemctl.audit import audit as run
 
-    if store.url.startswith("memory:"):
+    if not backends.for_url(store.url).shared:
         raise ConfigError(
-            "audit reads the store the group's consumers wrote, and a memory:// store "
+            f"audit reads the store the group's consumers wrote, and a {store.url} store "
             "lives in one process: give that store's URL (--store, IDEMCTL_STORE)"
         )
     store.get("idemctl:probe")  # an unreachable or unprovisioned store fails here

@@ -18,7 +18,6 @@ does not run on this layout: ``idemctl.stores.open_store`` refuses it.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl
 
 from idemctl.errors import ConfigError, MissingDriver
 from idemctl.powertools.keys import powertools_key
@@ -50,10 +49,9 @@ __all__ = [
 
 def is_powertools(url: str) -> bool:
     """Whether ``url`` asks for Powertools' layout (``layout=powertools``)."""
-    if "://" not in url:
-        return False
-    layout = dict(parse_qsl(split_url(url).query, keep_blank_values=True)).get("layout")
-    return layout is not None and layout.lower() == LAYOUT
+    from idemctl.backends import layout_of
+
+    return layout_of(url) == LAYOUT
 
 
 def open_table(url: str) -> PowertoolsTable:
@@ -75,22 +73,21 @@ def open_table(url: str) -> PowertoolsTable:
             f"{layout.key_attr!r} (Powertools refuses that too)"
         )
     scheme = parts.scheme.lower()
+    from idemctl import backends
+
     try:
-        if scheme == "dynamodb":
-            from idemctl.powertools.dynamodb import DynamoDBPowertoolsTable
-
-            return DynamoDBPowertoolsTable.from_url(url, options, layout)
-        if scheme in ("redis", "rediss", "redis+cluster"):
-            from idemctl.powertools.redis import RedisPowertoolsTable
-
-            return RedisPowertoolsTable.from_url(url, options, layout)
-    except ModuleNotFoundError as exc:
-        extra = "dynamodb" if scheme == "dynamodb" else "redis"
+        backend = backends.for_url(url)
+        table_class = backend.load_layout(LAYOUT)
+    except (ConfigError, KeyError):
+        names = sorted(b.name for b in backends.families() if LAYOUT in b.layouts)
+        raise ConfigError(
+            f"layout=powertools is for {' and '.join(f'{n}://' for n in names)} URLs, not "
+            f"{scheme}:// ({redact_url(url)})"
+        ) from None
+    except MissingDriver as exc:
         raise MissingDriver(
-            f"Powertools tables on {scheme}:// need the {extra} extra: "
-            f"pip install 'idemctl[{extra}]'"
+            f"Powertools tables on {scheme}:// need the {backend.extra} extra: "
+            f"pip install 'idemctl[{backend.extra}]'"
         ) from exc
-    raise ConfigError(
-        f"layout=powertools is for dynamodb:// and redis:// URLs, not {scheme}:// "
-        f"({redact_url(url)})"
-    )
+    table: PowertoolsTable = table_class.from_url(url, options, layout)
+    return table

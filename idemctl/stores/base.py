@@ -61,7 +61,7 @@ BATCH = 500
 
 
 if TYPE_CHECKING:
-    from idemctl.runner.waiting import Watch
+    from idemctl.stores.waiting import Watch
 
 _WATCHES = Lock()
 """Makes each store's watch once."""
@@ -462,7 +462,7 @@ class BaseStore(ABC):
         """This process's waiters on the store (``wait=``): made at the first wait, with the
         store's own notifications (``_listen``) started before it is returned."""
         if self._watch is None:
-            from idemctl.runner.waiting import Watch
+            from idemctl.stores.waiting import Watch
 
             with _WATCHES:
                 if self._watch is None:

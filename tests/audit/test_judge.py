@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from idemctl.audit import AuditOptions, Judge, Seen, Verdict
+from idemctl.audit import AuditOptions, Judge, Judgement, Seen
 from idemctl.errors import ConfigError
 from idemctl.model import Order, Record, Status
 
@@ -48,9 +48,9 @@ def judge(**kw: Any) -> Judge:
 
 
 def test_a_completed_key_is_done() -> None:
-    assert judge()(seen(), record(Status.COMPLETED, result={"ok": 1})) == Verdict("done")
+    assert judge()(seen(), record(Status.COMPLETED, result={"ok": 1})) == Judgement("done")
     # a null result is done too, without the sequence guard
-    assert judge()(seen(), record(Status.COMPLETED)) == Verdict("done")
+    assert judge()(seen(), record(Status.COMPLETED)) == Judgement("done")
 
 
 def test_a_key_completed_for_another_payload_was_dead_lettered() -> None:
@@ -62,12 +62,12 @@ def test_a_key_completed_for_another_payload_was_dead_lettered() -> None:
 
 
 def test_a_failed_key_was_dead_lettered() -> None:
-    assert judge()(seen(), record(Status.FAILED)) == Verdict("dead_lettered")
+    assert judge()(seen(), record(Status.FAILED)) == Judgement("dead_lettered")
 
 
 def test_an_in_progress_key_with_a_live_lease_is_in_flight() -> None:
     live = record(Status.IN_PROGRESS, owner="worker-2", lease_expires_at=NOW + timedelta(seconds=1))
-    assert judge()(seen(), live) == Verdict("in_flight")
+    assert judge()(seen(), live) == Judgement("in_flight")
 
 
 def test_an_in_progress_key_whose_lease_expired_is_lost() -> None:
@@ -89,9 +89,9 @@ def test_an_absent_key_is_lost_while_young_and_beyond_retention_once_older() -> 
     assert young.kind == "lost"
     assert young.why is not None and "no record" in young.why
     old = judge()(seen(age=timedelta(days=7, seconds=1)), None)
-    assert old == Verdict("beyond_retention")
+    assert old == Judgement("beyond_retention")
     # the store's retention decides, not a fixed week
-    assert Judge(NOW, 60.0)(seen(age=timedelta(minutes=2)), None) == Verdict("beyond_retention")
+    assert Judge(NOW, 60.0)(seen(age=timedelta(minutes=2)), None) == Judgement("beyond_retention")
     assert Judge(NOW, 600.0)(seen(age=timedelta(minutes=2)), None).kind == "lost"
 
 
@@ -116,8 +116,8 @@ def test_a_message_without_a_usable_key_is_judged_by_on_missing_key(
 def test_a_dead_lettered_message_missing_from_the_dead_letter_topic_is_lost() -> None:
     checked = judge(dead_letters={(0, 1), (0, 3)})
     unusable: dict[str, Any] = {"key": None, "fingerprint": None, "unusable": "no idempotency key"}
-    assert checked(seen(1, **unusable), None) == Verdict("dead_lettered")
-    assert checked(seen(3), record(Status.FAILED)) == Verdict("dead_lettered")
+    assert checked(seen(1, **unusable), None) == Judgement("dead_lettered")
+    assert checked(seen(3), record(Status.FAILED)) == Judgement("dead_lettered")
     for verdict in (
         checked(seen(2, **unusable), None),
         checked(seen(4), record(Status.FAILED)),
@@ -128,7 +128,7 @@ def test_a_dead_lettered_message_missing_from_the_dead_letter_topic_is_lost() ->
     # another partition's offset 1 is not this one's
     assert Judge(NOW, RETENTION, dead_letters={(1, 1)})(seen(1, **unusable), None).kind == "lost"
     # the rest is judged as without the cross-check
-    assert checked(seen(6), record(Status.COMPLETED)) == Verdict("done")
+    assert checked(seen(6), record(Status.COMPLETED)) == Judgement("done")
     assert checked(seen(7), None).kind == "lost"
 
 
@@ -144,7 +144,7 @@ def test_the_sequence_guard_finds_an_event_completed_without_a_result_after_a_ne
     assert j(event(0, 1), record(Status.COMPLETED, result=applied)).kind == "done"
     assert j(event(1, 3), record(Status.COMPLETED, result=applied)).kind == "done"
     # 2 came after 3: the guard completed its key with a null result
-    assert j(event(2, 2), record(Status.COMPLETED, result=None)) == Verdict("stale")
+    assert j(event(2, 2), record(Status.COMPLETED, result=None)) == Judgement("stale")
     # another entity's history is its own
     assert j(event(3, 2, "account:2"), record(Status.COMPLETED, result=None)).kind == "done"
     # a later sequence of the first entity is done
@@ -155,12 +155,12 @@ def test_an_event_at_a_lower_sequence_completed_with_a_result_stays_done() -> No
     j = judge()
     assert j(event(0, 1), record(Status.COMPLETED, result=None)).kind == "done"
     assert j(event(1, 3), record(Status.COMPLETED, result=None)).kind == "done"
-    assert j(event(2, 2), record(Status.COMPLETED, result={"balance": 2})) == Verdict("done")
+    assert j(event(2, 2), record(Status.COMPLETED, result={"balance": 2})) == Judgement("done")
     # and it does not lower what the entity applied: another event at 2, without a result,
     # is stale (the same key again would be a replayed duplicate: done)
     again = seen(3, key="ev-account:1-2-again", order=Order("account:1", 2))
-    assert j(again, record(Status.COMPLETED, result=None)) == Verdict("stale")
-    assert j(event(4, 2), record(Status.COMPLETED, result=None)) == Verdict("done")
+    assert j(again, record(Status.COMPLETED, result=None)) == Judgement("stale")
+    assert j(event(4, 2), record(Status.COMPLETED, result=None)) == Judgement("done")
 
 
 def test_without_the_sequence_guard_nothing_is_stale() -> None:
@@ -207,7 +207,7 @@ def test_a_redelivered_duplicate_of_an_applied_event_is_done_not_stale() -> None
     j = judge()
     assert j(event(0, 1), record(Status.COMPLETED, result=None)).kind == "done"
     assert j(event(1, 3), record(Status.COMPLETED, result=None)).kind == "done"
-    assert j(event(2, 3), record(Status.COMPLETED, result=None)) == Verdict("done")
+    assert j(event(2, 3), record(Status.COMPLETED, result=None)) == Judgement("done")
 
 
 def test_a_key_that_failed_retriably_and_was_passed_is_lost() -> None:

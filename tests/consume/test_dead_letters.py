@@ -1,6 +1,6 @@
 """The dead-letter path never crashes the consumer: a message too large for librdkafka's
 default producer limit still reaches the dead-letter topic (whole, or cut with
-``--dlq-oversize truncate``), and a dead-letter topic that refuses writes holds the message's
+``--dlq-oversize truncate``), and a dead-letter topic that refuses writes pauses the message's
 partition, with back-off, until it takes the dead letter; nothing past it is committed."""
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def test_a_dead_letter_topic_refusing_writes_holds_the_partition_until_it_takes_
         time.sleep(0.2)
     held = [line for line in lines if refusals in line]
     assert len(held) >= 3, "".join(lines)
-    assert "holding its partition there" in held[0] and "@2 " in held[0]
+    assert "pausing its partition there" in held[0] and "@2 " in held[0]
     waits = [float(line.split("trying again in ")[1].split("s")[0]) for line in held[:3]]
     assert waits == sorted(waits) and waits[2] > waits[0]  # back-off grows
     assert gate.cut > 0

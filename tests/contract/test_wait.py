@@ -11,8 +11,8 @@ import pytest
 from idemctl.errors import ConfigError
 from idemctl.model import Acquired
 from idemctl.runner import Outcome
-from idemctl.runner.waiting import STATS
 from idemctl.stores.base import Store
+from idemctl.stores.waiting import STATS
 from tests.backends import expire_lease
 from tests.contract.api import run, waiting
 

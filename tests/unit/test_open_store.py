@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from idemctl import stores
+from idemctl import backends
 from idemctl.errors import ConfigError, MissingDriver, NotProvisioned, StoreUnavailable
 from idemctl.model import Acquired, Completed
 from idemctl.stores import open_store
@@ -199,12 +200,26 @@ def test_store_url_is_redacted() -> None:
 # Missing drivers -------------------------------------------------------------------------
 
 
-def test_missing_driver_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(
-        stores.BACKENDS,
-        "fake",
-        ("idemctl_tests_missing_module:X", "idemctl_tests_missing_module", "fake"),
-    )
+Join = Callable[[str, str, str], None]
+
+
+@pytest.fixture
+def join() -> Iterator[Join]:
+    """Registers a backend ``scheme`` (its store, its driver; its extra named as the scheme)
+    for the test only."""
+    joined: list[backends.Backend] = []
+
+    def register(scheme: str, store: str, driver: str) -> None:
+        joined.append(backends.Backend(scheme, (scheme,), store, driver=driver, extra=scheme))
+        backends.register(joined[-1])
+
+    yield register
+    for backend in joined:
+        backends.unregister(backend)
+
+
+def test_missing_driver_names_the_extra_to_install(join: Join) -> None:
+    join("fake", "idemctl_tests_missing_module:X", "idemctl_tests_missing_module")
     with pytest.raises(MissingDriver) as info:
         open_store("fake://host/0")
     assert "pip install 'idemctl[fake]'" in str(info.value)
@@ -212,30 +227,20 @@ def test_missing_driver_names_the_extra_to_install(monkeypatch: pytest.MonkeyPat
 
 
 def test_backend_whose_driver_import_fails_gives_missing_driver(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, join: Join
 ) -> None:
     # A backend module that exists but imports a driver package that is not installed.
     (tmp_path / "idemctl_tests_fake_backend.py").write_text(
         "import idemctl_tests_absent_driver.client\n\nclass FakeStore:\n    pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(
-        stores.BACKENDS,
-        "fakedb",
-        ("idemctl_tests_fake_backend:FakeStore", "idemctl_tests_absent_driver", "fakedb"),
-    )
+    join("fakedb", "idemctl_tests_fake_backend:FakeStore", "idemctl_tests_absent_driver")
     with pytest.raises(MissingDriver, match=r"pip install 'idemctl\[fakedb\]'"):
         open_store("fakedb://user:s3cret@host/0")
 
 
-def test_other_missing_modules_are_not_disguised_as_a_missing_driver(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(
-        stores.BACKENDS,
-        "fake",
-        ("idemctl_tests_missing_backend_module:X", "some_other_driver", "fake"),
-    )
+def test_other_missing_modules_are_not_disguised_as_a_missing_driver(join: Join) -> None:
+    join("fake", "idemctl_tests_missing_backend_module:X", "some_other_driver")
     with pytest.raises(ModuleNotFoundError) as info:
         open_store("fake://host/0")
     assert not isinstance(info.value, MissingDriver)

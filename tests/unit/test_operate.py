@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from idemctl import operate
-from idemctl.documents import action as action_document
 from idemctl.errors import ConfigError, EntityNotFound, KeyNotFound, OptionError, Refused
 from idemctl.model import Acquired, Finding, Record, Status
 from idemctl.operate import look
+from idemctl.operate.documents import action as action_document
 from idemctl.powertools.model import COMPLETED, INPROGRESS, PowertoolsRecord, State
 from idemctl.powertools.table import Delete, PowertoolsTable, holds
 from tests.backends import expire_lease

@@ -110,7 +110,7 @@ def test_a_failure_is_retried_with_a_doubling_back_off_then_dead_lettered() -> N
 def test_log_lines_name_where_and_why() -> None:
     hold = Decision(Act.PAUSE, "busy", 1.5)
     level, text, args = log_line(hold, "t[1]@7", "k")
-    assert (level, text % args) == ("debug", "busy t[1]@7: key 'k'; holding its partition 1.5s")
+    assert (level, text % args) == ("debug", "busy t[1]@7: key 'k'; pausing its partition 1.5s")
     retried = Decision(Act.PAUSE, "retried", 1.0, detail="RuntimeError: boom", attempt=2)
     level, text, args = log_line(retried, "t[1]@7", "k")
     assert (level, text % args) == ("info", "k failed (attempt 2), retrying: RuntimeError: boom")

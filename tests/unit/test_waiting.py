@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from idemctl.model import Record, Status
-from idemctl.runner.waiting import Watch, moved
+from idemctl.stores.waiting import Watch, moved
 
 NOW = datetime.now(UTC)
 HELD = Record(

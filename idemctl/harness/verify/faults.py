@@ -10,9 +10,8 @@ import time
 from contextlib import suppress
 
 from idemctl.errors import ConfigError
-from idemctl.harness.scratch import Scratch, option
+from idemctl.harness.scratch import Scratch
 from idemctl.harness.verify.plan import Fault, Plan
-from idemctl.urls import split_url
 
 
 def listening_pids(port: int) -> list[int]:
@@ -44,13 +43,11 @@ def listening_pids(port: int) -> list[int]:
 
 class _StoreFault:
     """Takes the store away for ``plan.store_pause`` seconds: the user's command, SIGSTOP
-    of a server listening on this machine, or (SQLite) an exclusive lock on the file."""
+    of a server listening on this host, or (SQLite) an exclusive lock on the file."""
 
     def __init__(self, plan: Plan, scratch: Scratch) -> None:
         self.plan, self.scratch = plan, scratch
-        self.kind = (
-            "command" if plan.store_fault_cmd else "lock" if scratch.scheme == "sqlite" else "pause"
-        )
+        self.kind = "command" if plan.store_fault_cmd else scratch.room.fault
         if plan.store_fault_cmd and "{action}" not in plan.store_fault_cmd:
             raise ConfigError(
                 "--store-fault-cmd must hold {action}, run as 'stop' then 'start', e.g. "
@@ -58,13 +55,7 @@ class _StoreFault:
             )
         self.pids: list[int] = []
         if self.kind == "pause":
-            parts = split_url(scratch.url)
-            host = parts.hostname
-            port = parts.port
-            if scratch.scheme == "dynamodb":
-                endpoint = option(scratch.url, "endpoint_url")
-                parts = split_url(endpoint) if endpoint else parts
-                host, port = parts.hostname, parts.port
+            host, port = scratch.room.server()
             if host not in ("127.0.0.1", "localhost", "::1") or port is None:
                 raise ConfigError(
                     "--store-pause on a store that is not on this machine needs "

@@ -8,9 +8,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from idemctl import backends
 from idemctl.errors import ConfigError
 from idemctl.stores.base import LEASE_RANGE, in_range
-from idemctl.urls import split_url
 
 HANDLER = "idemctl.harness.recorder:record"
 POISON = "idemctl.harness.recorder.Poison"
@@ -63,8 +63,9 @@ class Plan:
             raise ConfigError("--duplicates is a share of --messages, between 0 and 0.9")
         if self.poison < 0 or self.poison > self.messages // 10:
             raise ConfigError("--poison must be between 0 and a tenth of --messages")
-        if self.transactional and split_url(self.store).scheme not in ("postgresql", "postgres"):
-            raise ConfigError("--transactional needs a postgresql:// store")
+        if self.transactional and not backends.for_url(self.store).transactional:
+            kinds = " or ".join(f"{s}://" for s in backends.transactional())
+            raise ConfigError(f"--transactional needs a {kinds} store")
         if self.sabotage is not None and self.sabotage not in SABOTAGE:
             raise ConfigError(f"--sabotage must be one of {', '.join(SABOTAGE)}")
         if self.run_id is not None and not self.run_id.replace("-", "").isalnum():
@@ -181,7 +182,7 @@ def guarantee_of(plan: Plan) -> tuple[str, str]:
     )
 
 
-class Verdict(NamedTuple):
+class Duplicates(NamedTuple):
     duplicate_effects: int
     duplicates_allowed: int
     duplicates_unexplained: int
@@ -193,7 +194,7 @@ def judge(
     killed: dict[int, float],
     faults: list[Fault],
     plan: Plan,
-) -> Verdict:
+) -> Duplicates:
     """The duplicate effects, those the guarantee allows, the unexplained ones and the kills
     that landed mid-handler, for the ledger's ``effects`` in the order written, ``killed`` PID ->
     when it was SIGKILLed (wall clock). Every effect of a key but its last was repeated: it is
@@ -215,10 +216,10 @@ def judge(
             else:
                 unexplained += 1
     if plan.transactional:
-        return Verdict(duplicates, 0, duplicates, len(cut_off))
+        return Duplicates(duplicates, 0, duplicates, len(cut_off))
     over = sum(max(0, n - plan.batch_size) for n in cut_off.values())
     allowed = sum(min(n, plan.batch_size) for n in cut_off.values()) + by_fault
-    return Verdict(duplicates, allowed, unexplained + over, len(cut_off))
+    return Duplicates(duplicates, allowed, unexplained + over, len(cut_off))
 
 
 def percentile(values: list[float], p: float) -> float | None:

@@ -26,7 +26,7 @@ from idemctl.stores.postgres.sql import (
 )
 
 if TYPE_CHECKING:
-    from idemctl.runner.waiting import Watch
+    from idemctl.stores.waiting import Watch
 
 ADMIN_LOCK_WAIT = 3.0
 """Seconds unlock and forget (of a key or an entity) wait for a row that another

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
     import psycopg
 
-    from idemctl.runner.waiting import Watch
     from idemctl.stores.postgres.core import PostgresCore
+    from idemctl.stores.waiting import Watch
 
 log = logging.getLogger("idemctl.stores")
 

@@ -23,7 +23,7 @@ from idemctl.stores.redis.records import server_time
 from idemctl.stores.redis.scripts import ScriptRunner
 
 if TYPE_CHECKING:
-    from idemctl.runner.waiting import Watch
+    from idemctl.stores.waiting import Watch
 
 T = TypeVar("T")
 

@@ -20,8 +20,8 @@ from redis.exceptions import RedisError, ResponseError
 if TYPE_CHECKING:
     from redis.client import PubSub
 
-    from idemctl.runner.waiting import Watch
     from idemctl.stores.redis.core import RedisCore
+    from idemctl.stores.waiting import Watch
 
 log = logging.getLogger("idemctl.stores")
 

@@ -1,8 +1,8 @@
-"""A partition idemctl holds survives a rebalance, and a stall behind idemctl's back is
+"""A partition idemctl pauses survives a rebalance, and a stall behind idemctl's back is
 found and recovered (real broker; SQLite and Redis).
 
 librdkafka keeps a partition paused across a revoke and a new assignment. Before the fix, a
-consumer that held its partition (a busy key, say) while a second member joined and left
+consumer that paused its partition (a busy key, say) while a second member joined and left
 never fetched it again: 0 of 20 messages ran, with every health signal green."""
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def test_a_held_partition_runs_again_after_a_member_joins_and_leaves(
 def test_a_partition_paused_behind_idemctls_back_is_reported_and_recovered(
     kafka_broker: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The client pauses a partition idemctl does not hold: the watchdog finds it stalled
+    """The client pauses a partition idemctl did not pause: the watchdog finds it stalled
     (its warning, idemctl_stalled_partitions, /readyz 503 naming it), resumes it and goes
     back to the committed offset; every key runs once, and --exit-when-idle waits for it."""
     from confluent_kafka import TopicPartition

@@ -1,0 +1,16 @@
+"""``postgresql://`` (``postgres://``)."""
+
+from idemctl.backends import Backend, register
+
+register(
+    Backend(
+        "postgresql",
+        ("postgresql", "postgres"),
+        store="idemctl.stores.postgres:PostgresStore",
+        driver="psycopg",
+        extra="postgres",
+        async_store="idemctl.aio.postgres:AsyncPostgresStore",
+        transactional=True,
+        scratch="idemctl.harness.rooms:PostgresRoom",
+    )
+)

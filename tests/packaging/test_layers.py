@@ -1,0 +1,48 @@
+"""The layers of ARCHITECTURE.md hold in the import graph: data flows one way (front ends,
+then operations, then attempts, then stores), the library never imports the CLI, consume
+asks the runner and never the store. The contracts are pyproject.toml's
+``[tool.importlinter]``; import-linter checks them, and fails on an import that breaks one
+(shown on a copy of the package with one such import added)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports on the package under ``root`` with the repository's contracts."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(LINT), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_every_contract_is_kept() -> None:
+    done = lint(REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+def test_a_store_that_imports_the_cli_breaks_them(tmp_path: Path) -> None:
+    shutil.copytree(
+        REPO / "idemctl", tmp_path / "idemctl", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    base = tmp_path / "idemctl" / "stores" / "base.py"
+    base.write_text(base.read_text() + "\nfrom idemctl.cli import render  # noqa\n")
+    done = lint(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "idemctl.stores is not allowed to import idemctl.cli" in done.stdout
+    assert "the library never imports the CLI" in done.stdout
