@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import math
 import sys
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
@@ -35,6 +38,7 @@ from idemctl.cli.running import (
     use_log_format,
 )
 from idemctl.cli.workers import processes_wanted, supervise
+from idemctl.consume import protocol
 from idemctl.errors import ConfigError
 from idemctl.harness.demo import run_demo
 from idemctl.operate.documents import consume as consume_document
@@ -50,7 +54,38 @@ class TraceKeys(StrEnum):
     NONE = "none"
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+WRITER = "idemctl.worker"
+"""Where a worker's line protocol writer is kept in the command's context (``ctx.meta``)."""
+
+
+def said_to_supervisor(func: F) -> F:
+    """A worker of --processes (``--worker-index``) says its progress, error and summary to
+    its supervisor on stdout (``idemctl.consume.protocol``): an error that stops it there
+    too, then handled as every command's."""
+
+    @functools.wraps(func)
+    def wrapper(ctx: typer.Context, **params: Any) -> Any:
+        if params.get("worker_index") is None:
+            return func(ctx, **params)
+        from idemctl.operate.documents.consume import fields
+
+        writer = ctx.meta[WRITER] = protocol.Writer(sys.stdout, fields)
+        try:
+            return func(ctx, **params)
+        except typer.Exit as exc:
+            if exc.exit_code:
+                writer.error(f"exit {exc.exit_code}")
+            raise
+        except BaseException as exc:
+            writer.error(str(exc) or type(exc).__name__)
+            raise
+
+    return cast(F, wrapper)
+
+
 @command()
+@said_to_supervisor
 def consume(
     ctx: typer.Context,
     handler: Annotated[
@@ -346,16 +381,18 @@ def consume(
                 metrics_host, metrics_port,
             )  # fmt: skip
             return
-        status = consume_status(
-            current,
-            {"topics": ", ".join(topic), "group": group, "store": store.url},
-            every=10.0 if worker_index is None else 1.0,  # a worker's, for its supervisor
-        )
-        consumer = Consumer(store, run, options, on_progress=status.update)
+        header = {"topics": ", ".join(topic), "group": group, "store": store.url}
+        writer: protocol.Writer | None = ctx.meta.get(WRITER)  # a worker of --processes
+        # A worker's progress goes to its supervisor, in the line protocol, not to a log.
+        status = consume_status(current, header, every=math.inf if writer else 10.0)
+        progress = status.update if writer is None else writer.progress
+        consumer = Consumer(store, run, options, on_progress=progress)
         consumer.open()  # a Kafka setting librdkafka refuses fails here, before the store
         store.get("idemctl:probe")  # an unreachable or unprovisioned store fails fast, here
         summary = run_to_end(current, consumer, status, consume_metrics, metrics_host, metrics_port)
-    if current.json:
+    if writer is not None:
+        writer.summary(summary)
+    elif current.json:
         emit_json(consume_document.document(store_fields(ctx, store.url), topic, group, summary))
     else:
         counts = sorted(summary.counts.items())

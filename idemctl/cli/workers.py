@@ -103,7 +103,7 @@ def worker_setup(
         path.write_text(json.dumps(config))  # JSON is YAML
         command = [sys.executable, "-m", "idemctl", "--config", str(path)]
         command += [f"-{'v' * current.verbose}"] if current.verbose else []
-        command += ["consume", "--brokers", brokers, "--log-format", "json", "--json"]
+        command += ["consume", "--brokers", brokers, "--log-format", "json"]
         yield command, env
 
 
@@ -176,10 +176,8 @@ def worker_rows(workers: list[Worker]) -> Any:
 
 class WorkerLines:
     """What a worker writes, on the supervisor's stderr: its log lines with its index (in the
-    command's ``--log-format``), its store and summary lines left out (the supervisor
-    writes one of each for the whole)."""
-
-    QUIET = ("consume progress", "consumed ")
+    command's ``--log-format``), its ``store:`` line left out (the supervisor writes one for
+    the whole). Its progress and summary come in the line protocol, not as log lines."""
 
     def __init__(self, current: Settings) -> None:
         self.current = current
@@ -189,7 +187,7 @@ class WorkerLines:
             print_line(self.current.err, f"[worker {worker.index}] {line}")
             return
         msg = str(line.get("msg", ""))
-        if msg.startswith(("store: ", *self.QUIET)):
+        if msg.startswith("store: "):
             return
         fields = {k: v for k, v in line.items() if k not in ("ts", "level", "logger", "msg")}
         level = str(line.get("level", "info"))

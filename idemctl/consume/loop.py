@@ -55,7 +55,7 @@ from idemctl.errors import (
     StuckHandlers,
 )
 from idemctl.keys import Message
-from idemctl.runner import Batch, Outcome
+from idemctl.runner import Batch, Step
 from idemctl.runner.limits import stack_of
 
 if TYPE_CHECKING:
@@ -384,7 +384,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
             if other.key is None or other.key == item.key or other.key in rnd.started:
                 continue
             claim = rnd.claimed.get(other.key)
-            if claim is not None and claim.outcome is Outcome.HELD:
+            if claim is not None and claim.outcome is Step.HELD:
                 batch.give_back(other.key)
         self._completed(rnd, rnd.current, batch.end_round())
         wait = self._act(item, result)

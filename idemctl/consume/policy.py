@@ -31,7 +31,7 @@ from idemctl.errors import (
 )
 from idemctl.keys import Message, MissingField, key_strategy, order_strategy, unusable_reason
 from idemctl.model import Order
-from idemctl.runner import Outcome, RunResult
+from idemctl.runner import Outcome, RunResult, Step
 
 if TYPE_CHECKING:
     from idemctl.consume.options import ConsumeOptions
@@ -163,11 +163,11 @@ def decide(
     outcome = result.outcome
     if outcome in (Outcome.EXECUTED, Outcome.REPLAYED):
         return Decision(Act.FINISH, outcome.value)
-    if outcome in (Outcome.RAN, Outcome.RELEASED, Outcome.HELD):
+    if outcome in (Step.RAN, Step.RELEASED, Step.HELD):
         return Decision(Act.PENDING, outcome.value)
     if outcome in (Outcome.BUSY, Outcome.LEASE_LOST):
         return Decision(Act.PAUSE, outcome.value, options.backoff)
-    if outcome is Outcome.UNAVAILABLE:
+    if outcome is Step.UNAVAILABLE:
         return Decision(Act.PAUSE, "store_unavailable", options.backoff, error=result.error)
     if outcome is Outcome.MISMATCH:
         detail = f"key {key!r} was seen before with another payload"

@@ -22,7 +22,7 @@ from idemctl.consume.watch import log
 from idemctl.durations import format_duration
 from idemctl.errors import HandlerTimeout, IdemctlError, LeaseLost, StoreUnavailable
 from idemctl.model import ClaimRequest
-from idemctl.runner import Context, Outcome, RunResult, stored_form
+from idemctl.runner import Context, Outcome, RunResult, Step, stored_form
 from idemctl.runner.limits import Abandoned
 from idemctl.runner.ordering import missing_predecessor
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-HELD, RAN, EXECUTED = Outcome.HELD, Outcome.RAN, Outcome.EXECUTED
+HELD, RAN, EXECUTED = Step.HELD, Step.RAN, Outcome.EXECUTED
 
 
 class Rounds(_Base):

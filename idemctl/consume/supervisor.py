@@ -1,7 +1,8 @@
 """``consume --processes N``: N worker processes of one consumer group, kept running.
 
 Each worker is an ``idemctl consume`` process of its own (one interpreter, one GIL), started
-with the same options, writing JSON log lines on stderr and its summary as JSON on stdout.
+with the same options, writing its log lines on stderr and its progress, error and summary
+on stdout in a versioned line protocol (``idemctl.consume.protocol``).
 The supervisor
 
 - replaces a worker that dies (a signal, a crash), after a back-off that doubles while
@@ -31,8 +32,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
+from idemctl.consume import protocol
 from idemctl.consume.metrics import OUTCOMES
 from idemctl.exitcodes import ExitCode
 from idemctl.processes import term_with_parent
@@ -62,13 +64,14 @@ class Worker:
     done: bool = False
     """Its process exited 0: drained or stopped; it is not restarted."""
     progress: dict[str, Any] = field(default_factory=dict)
-    """The fields of its process's last progress line (state, partitions, counts)."""
+    """Its process's last progress line (the line protocol): its fields (state, partitions,
+    ...) and its counts, in one mapping."""
     counts: dict[str, int] = field(default_factory=dict)
     """Counts of its processes that ended, summed (from their summaries, or the last
     progress line of one that died without one)."""
     dead_letters: dict[str, int] = field(default_factory=dict)
     last_error: str | None = None
-    """The last ``error`` line its process wrote."""
+    """The message of the ``error`` line its process wrote (the line protocol)."""
 
     @property
     def pid(self) -> int | None:
@@ -124,8 +127,8 @@ class Supervisor:
         self._lock = threading.RLock()  # a signal handler may take it in the main thread
         self._readers: dict[int, threading.Thread] = {}
         """PID -> the thread reading its output."""
-        self._summaries: dict[int, bytes] = {}
-        """PID -> what it wrote on stdout: its summary, as JSON."""
+        self._summaries: dict[int, protocol.Line] = {}
+        """PID -> its summary line (the line protocol), once it wrote one."""
 
     # -- control, from signal handlers or other threads ----------------------------------
 
@@ -247,70 +250,60 @@ class Supervisor:
         self.on_change(worker, "started")
 
     def _read(self, worker: Worker, proc: subprocess.Popen[bytes]) -> None:
-        """Each line the process writes on stderr, parsed where it is JSON, to ``on_line``;
-        stdout (its summary) is kept for when it exits."""
+        """The process's stdout, the line protocol (``idemctl.consume.protocol``): its
+        progress, error and summary; its stderr, its log lines, each to ``on_line`` (parsed
+        where it is JSON, for relaying; nothing is read from it)."""
         assert proc.stderr is not None
         assert proc.stdout is not None
-        out: list[bytes] = []
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stderr, selectors.EVENT_READ)
             sel.register(proc.stdout, selectors.EVENT_READ)
-            open_streams = 2
-            pending = b""
-            while open_streams:
+            pending = {proc.stderr.fileno(): b"", proc.stdout.fileno(): b""}
+            while sel.get_map():
                 for key, _ in sel.select():
-                    stream: IO[bytes] = key.fileobj  # type: ignore[assignment]
-                    chunk = os.read(stream.fileno(), 65536)
+                    chunk = os.read(key.fd, 65536)
                     if not chunk:
-                        sel.unregister(stream)
-                        open_streams -= 1
-                        continue
-                    if stream is proc.stdout:
-                        out.append(chunk)
-                        continue
-                    pending += chunk
-                    *lines, pending = pending.split(b"\n")
+                        sel.unregister(key.fileobj)
+                        chunk = b"\n"  # the last line, unended
+                    *lines, pending[key.fd] = (pending[key.fd] + chunk).split(b"\n")
+                    reader = self._said if key.fileobj is proc.stdout else self._logged
                     for raw in lines:
-                        self._line(worker, raw)
-            if pending:
-                self._line(worker, pending)
-        self._summaries[proc.pid] = b"".join(out)
+                        reader(worker, proc, raw.decode("utf-8", "replace").rstrip())
 
-    def _line(self, worker: Worker, raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace").rstrip()
+    def _said(self, worker: Worker, proc: subprocess.Popen[bytes], text: str) -> None:
+        line = protocol.decode(text) if text else None
+        if line is None:
+            return
+        if line.type == "progress":
+            worker.progress = {**line.fields, **line.counts}
+        elif line.type == "error":
+            worker.last_error = line.message
+        else:
+            self._summaries[proc.pid] = line
+
+    def _logged(self, worker: Worker, proc: subprocess.Popen[bytes], text: str) -> None:
         if not text:
             return
         try:
             line: dict[str, Any] | str = json.loads(text)
         except ValueError:
             line = text
-        if isinstance(line, dict):
-            if line.get("msg") == "consume progress":
-                worker.progress = line
-            if line.get("level") == "error":
-                worker.last_error = str(line.get("msg"))
-        elif not isinstance(line, str):
-            line = text
-        self.on_line(worker, line)
+        self.on_line(worker, line if isinstance(line, dict) else text)
 
     def _collect(self, worker: Worker, proc: subprocess.Popen[bytes]) -> None:
         """Add the ended process's counts to its slot: its summary, else its last progress."""
         reader = self._readers.pop(proc.pid, None)
         if reader is not None:
             reader.join(timeout=5)
-        summary: dict[str, Any] = {}
-        raw = self._summaries.pop(proc.pid, b"")
-        if raw.strip():
-            try:
-                summary = json.loads(raw)
-            except ValueError:
-                summary = {}
-        counts = summary.get("counts")
-        if not isinstance(counts, dict):  # died without one: its last progress line
+        summary = self._summaries.pop(proc.pid, None)
+        if summary is not None:
+            counts, dead = summary.counts, summary.dead_letters
+        else:  # died without one: its last progress line
             counts = {k: v for k, v in worker.progress.items() if k in OUTCOMES}
+            dead = {}
         for name, n in counts.items():
             worker.counts[name] = worker.counts.get(name, 0) + int(n)
-        for reason, n in (summary.get("dead_letters") or {}).items():
+        for reason, n in dead.items():
             worker.dead_letters[reason] = worker.dead_letters.get(reason, 0) + int(n)
         worker.progress = {}
 

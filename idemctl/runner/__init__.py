@@ -7,7 +7,7 @@ from idemctl.runner.batch import Batch
 from idemctl.runner.context import NO_OUTBOX, Context, current_context
 from idemctl.runner.decorator import idempotent
 from idemctl.runner.heartbeat import Heartbeat
-from idemctl.runner.outcome import NEVER_RETRIED, Invocation, Outcome, RunResult, stored_form
+from idemctl.runner.outcome import NEVER_RETRIED, Invocation, Outcome, RunResult, Step, stored_form
 
 __all__ = [
     "NEVER_RETRIED",
@@ -18,6 +18,7 @@ __all__ = [
     "Invocation",
     "Outcome",
     "RunResult",
+    "Step",
     "current_context",
     "idempotent",
     "invoke",

@@ -16,7 +16,7 @@ from idemctl.runner.attempt import invoke, let_go, not_run, record_failure, run
 from idemctl.runner.context import Context
 from idemctl.runner.heartbeat import Heartbeat
 from idemctl.runner.ordering import guard_of, settle_of
-from idemctl.runner.outcome import Outcome, RunResult, last_attempt, not_acquired
+from idemctl.runner.outcome import Outcome, RunResult, Step, last_attempt, not_acquired
 from idemctl.stores.base import TransactionalStore
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class Batch:
     def _ask(self, requests: Sequence[ClaimRequest], orders: Sequence[Order | None]) -> _Asked:
         """The round trips of a claim, which touch nothing of the round: any thread."""
         if self.transactional or not requests:
-            return {r.key: RunResult(Outcome.HELD, r.key) for r in requests}, {}, None
+            return {r.key: RunResult(Step.HELD, r.key) for r in requests}, {}, None
         by_key = {r.key: o for r, o in zip(requests, orders, strict=False) if o is not None}
         timed, started, sent = self.timed, time.perf_counter(), time.time_ns()
         outcomes = self.store.claim_many(requests, self._lease)
@@ -128,7 +128,7 @@ class Batch:
             if isinstance(outcome, Acquired):
                 held[r.key] = outcome
                 results[r.key] = RunResult(
-                    Outcome.HELD,
+                    Step.HELD,
                     r.key,
                     attempt=outcome.attempt,
                     fencing_token=outcome.fencing_token,
@@ -200,7 +200,7 @@ class Batch:
                     logger=self.logger,
                 )
             except StoreUnavailable as exc:
-                return RunResult(Outcome.UNAVAILABLE, key, error=exc)
+                return RunResult(Step.UNAVAILABLE, key, error=exc)
         a = self._held[key]
         try:
             did = invoke(
@@ -216,7 +216,7 @@ class Batch:
                 logger=self.logger,
             )
         except StoreUnavailable as exc:  # recording a failure
-            return RunResult(Outcome.UNAVAILABLE, key, None, None, exc, a.attempt, a.fencing_token)
+            return RunResult(Step.UNAVAILABLE, key, None, None, exc, a.attempt, a.fencing_token)
         failed = did.failed(a)
         if failed is not None:
             self._heartbeat.done([key])
@@ -226,7 +226,7 @@ class Batch:
             Completion(key, a.owner, a.fencing_token, did.value),
             None if order is None else settle_of(a, order),
         )
-        return RunResult(Outcome.RAN, key, did.value, None, None, a.attempt, a.fencing_token)
+        return RunResult(Step.RAN, key, did.value, None, None, a.attempt, a.fencing_token)
 
     def give_back(self, key: str, *, ran: bool = False) -> RunResult:
         """Give back a key this round holds and will not run now: its attempt is not
@@ -235,7 +235,7 @@ class Batch:
         self._heartbeat.done([key])
         a = self._held.get(key)
         if a is None:  # transactional: nothing was claimed
-            return RunResult(Outcome.RELEASED, key)
+            return RunResult(Step.RELEASED, key)
         order = self._orders.get(key)
         if order is not None:
             let_go(self.store, a, order, self.logger)
@@ -243,7 +243,7 @@ class Batch:
             self.store.release(a.key, a.owner, a.fencing_token, handler_ran=ran)
         except IdemctlError as exc:  # its lease runs out by itself
             self.logger.debug("release %s: %s", key, exc)
-        return RunResult(Outcome.RELEASED, key, attempt=a.attempt, fencing_token=a.fencing_token)
+        return RunResult(Step.RELEASED, key, attempt=a.attempt, fencing_token=a.fencing_token)
 
     def abandon(self, key: str, error: Exception) -> RunResult:
         """A held key whose handler passed its hard time limit in a thread left to itself:
@@ -260,7 +260,7 @@ class Batch:
                 self.store, a, error, True, self._retention, final=final, order=order
             )
         except StoreUnavailable as exc:
-            return RunResult(Outcome.UNAVAILABLE, key, None, None, exc, a.attempt, a.fencing_token)
+            return RunResult(Step.UNAVAILABLE, key, None, None, exc, a.attempt, a.fencing_token)
         failed = did.failed(a)
         assert failed is not None
         return failed
@@ -335,7 +335,7 @@ class Ahead:
             self._batch.logger.debug("claims dropped: %s", exc)
             return
         for r in taken:
-            if r.outcome is Outcome.HELD:
+            if r.outcome is Step.HELD:
                 self._batch.give_back(r.key)
 
 
@@ -440,7 +440,7 @@ class _Completer:
             if timed is not None:
                 timed("complete", time.perf_counter() - started)
         except StoreUnavailable as exc:
-            return [RunResult(Outcome.UNAVAILABLE, c.key, c.result, error=exc) for c in sending]
+            return [RunResult(Step.UNAVAILABLE, c.key, c.result, error=exc) for c in sending]
         except BaseException as exc:  # raised again by drain(), in the consumer's thread
             with self._cond:
                 self._failure = exc

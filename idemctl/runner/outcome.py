@@ -46,7 +46,12 @@ class Outcome(StrEnum):
     STALE = "stale"
     """The sequence guard: the entity already applied this event's sequence or a later
     one, so the handler did not run (the key is completed with a null result)."""
-    # What only a Batch answers: ``run()`` settles every key in one call.
+
+
+class Step(StrEnum):
+    """Where a key of a ``Batch`` stands between its steps: what only a Batch answers
+    (``run()`` settles every key in one call, and answers an ``Outcome``)."""
+
     HELD = "held"
     """Batch.claim: this batch holds the key now; run it (Batch.run) or give it back."""
     RAN = "ran"
@@ -61,7 +66,8 @@ class Outcome(StrEnum):
 class RunResult(NamedTuple):
     """What running a key came to (a named tuple: consume makes three per message)."""
 
-    outcome: Outcome
+    outcome: Outcome | Step
+    """An ``Outcome``; a ``Step`` only in a ``Batch``'s answers."""
     key: str
     result: JSON = None
     record: Record | None = None

@@ -10,7 +10,7 @@ import pytest
 
 from idemctl.errors import ConfigError
 from idemctl.model import Acquired, Busy, ClaimRequest, Order, Status
-from idemctl.runner import Batch, Context, Outcome, RunResult
+from idemctl.runner import Batch, Context, Outcome, RunResult, Step
 from idemctl.stores.memory import MemoryStore
 
 
@@ -32,16 +32,16 @@ def test_a_round_claims_runs_gives_back_and_completes_each_with_a_run_result() -
     store.complete("old", done.owner, done.fencing_token, {"was": "before"})
     with Batch(store, max_attempts=3) as batch:
         claimed = claim(batch, [ClaimRequest(k) for k in ("old", "a", "b", "c")])
-        assert [r.outcome for r in claimed] == [Outcome.REPLAYED] + [Outcome.HELD] * 3
+        assert [r.outcome for r in claimed] == [Outcome.REPLAYED] + [Step.HELD] * 3
         assert claimed[0].result == {"was": "before"}
         assert all(r.fencing_token is not None and r.attempt == 1 for r in claimed[1:])
 
         ran = batch.run("a", lambda ctx: {"key": ctx.key})
-        assert (ran.outcome, ran.result) == (Outcome.RAN, {"key": "a"})
+        assert (ran.outcome, ran.result) == (Step.RAN, {"key": "a"})
         failed = batch.run("b", boom)
         assert failed.outcome is Outcome.ERROR and failed.retriable
         assert isinstance(failed.error, ValueError)
-        assert batch.give_back("c").outcome is Outcome.RELEASED
+        assert batch.give_back("c").outcome is Step.RELEASED
 
         completed = batch.end_round()
     assert [(r.outcome, r.key, r.result) for r in completed] == [
@@ -62,7 +62,7 @@ def test_one_heartbeat_keeps_every_held_key_alive_while_a_slow_handler_runs() ->
         batch.run("slow", lambda ctx: time.sleep(0.9))  # three leases long
         other = store.claim("waiting")  # still held by the batch: its lease was extended
         assert isinstance(other, Busy)
-        assert batch.run("waiting", lambda ctx: "ok").outcome is Outcome.RAN
+        assert batch.run("waiting", lambda ctx: "ok").outcome is Step.RAN
         results = {r.key: r.outcome for r in batch.end_round()}
     assert results == {"slow": Outcome.EXECUTED, "waiting": Outcome.EXECUTED}
 
@@ -72,7 +72,7 @@ def test_a_completion_the_store_refuses_comes_back_as_lease_lost() -> None:
     with Batch(store) as batch:
         claim(batch, [ClaimRequest("k")])
         store.unlock("k", force=True)  # an operator frees it meanwhile
-        assert batch.run("k", lambda ctx: 1).outcome is Outcome.RAN
+        assert batch.run("k", lambda ctx: 1).outcome is Step.RAN
         [result] = batch.end_round()
     assert result.outcome is Outcome.LEASE_LOST
 
@@ -91,16 +91,16 @@ def test_a_round_with_orders_asks_the_guard_and_settles_what_ran() -> None:
     store.guard_many([Guard("acct:busy", 1, "other", other.fencing_token)])
     with Batch(store) as batch:
         done = claim(batch, [ClaimRequest("first")], [Order("acct:1", 3)])
-        assert done[0].outcome is Outcome.HELD and done[0].last is None
-        assert batch.run("first", lambda ctx: ctx.sequence).outcome is Outcome.RAN
+        assert done[0].outcome is Step.HELD and done[0].last is None
+        assert batch.run("first", lambda ctx: ctx.sequence).outcome is Step.RAN
         assert [r.outcome for r in batch.end_round()] == [Outcome.EXECUTED]
         orders = [Order("acct:1", 2), Order("acct:1", 5), Order("acct:busy", 2), None]
         claimed = claim(batch, [ClaimRequest(k) for k in ("late", "next", "held", "plain")], orders)
         assert [r.outcome for r in claimed] == [
-            Outcome.STALE, Outcome.HELD, Outcome.BUSY, Outcome.HELD
+            Outcome.STALE, Step.HELD, Outcome.BUSY, Step.HELD
         ]  # fmt: skip
         assert (claimed[0].last, claimed[1].last) == (3, 3)
-        assert batch.give_back("next").outcome is Outcome.RELEASED
+        assert batch.give_back("next").outcome is Step.RELEASED
         batch.end_round()
     entity = store.get_entity("acct:1")
     assert entity is not None and (entity.sequence, entity.key, entity.holder) == (3, "first", None)
@@ -133,8 +133,8 @@ def test_claims_ahead_are_taken_in_order_and_dropped_ones_leave_nothing_held() -
         ahead = batch.start_round([ClaimRequest(f"{c}-{i}") for c in "abcd" for i in range(5)])
         assert [r.key for r in ahead[0].take()] == [f"a-{i}" for i in range(5)]
         taken = ahead[1].take()
-        assert all(r.outcome is Outcome.HELD for r in taken)
-        assert batch.run("b-0", lambda ctx: ctx.key).outcome is Outcome.RAN
+        assert all(r.outcome is Step.HELD for r in taken)
+        assert batch.run("b-0", lambda ctx: ctx.key).outcome is Step.RAN
         for rest in ahead[2:]:  # sent or not yet: either way nothing stays claimed
             rest.drop()
         for key in [f"a-{i}" for i in range(5)] + [f"b-{i}" for i in range(1, 5)]:

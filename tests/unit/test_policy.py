@@ -21,7 +21,7 @@ from idemctl.consume.policy import (
 from idemctl.errors import AttemptsExhausted, ConfigError, ConsumeAborted
 from idemctl.keys import Message
 from idemctl.model import Order
-from idemctl.runner import Outcome, RunResult
+from idemctl.runner import Outcome, RunResult, Step
 
 
 def options(**kw: object) -> ConsumeOptions:
@@ -66,12 +66,12 @@ def test_a_template_the_first_message_cannot_fill_refuses_but_a_later_one_dead_l
     [
         (Outcome.EXECUTED, Act.FINISH, "executed"),
         (Outcome.REPLAYED, Act.FINISH, "replayed"),
-        (Outcome.RAN, Act.PENDING, "ran"),
-        (Outcome.RELEASED, Act.PENDING, "released"),
-        (Outcome.HELD, Act.PENDING, "held"),
+        (Step.RAN, Act.PENDING, "ran"),
+        (Step.RELEASED, Act.PENDING, "released"),
+        (Step.HELD, Act.PENDING, "held"),
         (Outcome.BUSY, Act.PAUSE, "busy"),
         (Outcome.LEASE_LOST, Act.PAUSE, "lease_lost"),
-        (Outcome.UNAVAILABLE, Act.PAUSE, "store_unavailable"),
+        (Step.UNAVAILABLE, Act.PAUSE, "store_unavailable"),
         (Outcome.MISMATCH, Act.DEAD_LETTER, ""),
         (Outcome.FAILED, Act.DEAD_LETTER, ""),
     ],
