@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from idemctl.consume.acts import about
 from idemctl.model import Order
 
 Pause = tuple[float, str]
@@ -32,19 +33,20 @@ class Item:
     """With tracing: its claim's time, and its process span while it is open."""
     ran_ns: int = 0
 
+    @property
+    def topic(self) -> str:
+        return self.tp[0]
+
+    @property
+    def partition(self) -> int:
+        return self.tp[1]
+
 
 Stop = tuple[Item, Pause] | None
 """Where a partition's run stopped, and why: None when it went through."""
 
 
-def about(item: Item, outcome: str, **more: Any) -> dict[str, Any]:
-    """A log call's ``extra`` about ``item``: its key, topic, partition and offset, and
-    ``outcome``, the name ``Summary.counts`` counts it under (the CLI's JSON and logfmt
-    lines carry them as fields)."""
-    topic, partition = item.tp
-    return fields(
-        key=item.key, topic=topic, partition=partition, offset=item.offset, outcome=outcome, **more
-    )
+__all__ = ["Item", "Pause", "Stop", "about", "chunks", "fields", "while_done"]
 
 
 def fields(**fields: Any) -> dict[str, Any]:

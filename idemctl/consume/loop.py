@@ -35,13 +35,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.acting import Acting
+from idemctl.consume.acts import Acts
 from idemctl.consume.deadletter import DeadLetters, kafka_text
 from idemctl.consume.item import Item, about
 from idemctl.consume.lanes import Lane, Partition, Round
 from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.consume.overdue import Overdue
 from idemctl.consume.pausing import Pausing
-from idemctl.consume.policy import Breaker, Keying, Refusals
+from idemctl.consume.policy import Keying, flag
 from idemctl.consume.rounds import Rounds
 from idemctl.consume.traced import Tracing
 from idemctl.consume.watch import Watch, kafka_log, log
@@ -86,7 +87,6 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         """--contiguous: when the partition was first paused at each message whose
         predecessor is missing."""
         self._stop = threading.Event()
-        self._counting = threading.Lock()
         self._paused: dict[Partition, float] = {}
         self._resume_at: dict[Partition, int] = {}
         """The offset a paused partition was sought back to: anything else fetched for it
@@ -99,8 +99,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         self._fetched_at = time.monotonic()
         self._kafka: Any = None
         self._dlq: DeadLetters | None = None
-        self._refusals = Refusals(options.backoff)
-        self._breaker = Breaker(options.dlq_breaker)
+        self._acts = Acts(options, self.summary, log, flag)
         self._storm_tripped: str | None = None
         self._closing = False
         self._failure: BaseException | None = None

@@ -12,25 +12,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any
 
 from idemctl import aio
+from idemctl.consume.acts import Acts, DeadLetter, Finished, Paused, about
 from idemctl.consume.deadletter import (
     dead_letter_headers,
     dead_letter_topic,
     fqcn,
 )
 from idemctl.consume.options import ConsumeOptions, Summary
-from idemctl.consume.policy import (
-    DEAD_LETTERED,
-    MAX_BACKOFF,
-    REFUSED,
-    SKIPPED,
-    Act,
-    Breaker,
-    Keying,
-    Refusals,
-    decide,
-    keyword,
-    log_line,
-)
+from idemctl.consume.policy import MAX_BACKOFF, Keying, keyword
 from idemctl.errors import (
     ConfigError,
     ConsumeAborted,
@@ -156,8 +145,7 @@ class IdempotencyMiddleware:
         self._groupless: set[int] = set()
         self._pauses: weakref.WeakKeyDictionary[Any, _Pauses] = weakref.WeakKeyDictionary()
         self._dead_letters = _DeadLetters(dlq_timeout, dict(dlq_config or {}))
-        self._refusals = Refusals(backoff)
-        self._breaker = Breaker(dlq_breaker)
+        self._acts = Acts(self.options, self.summary, log, keyword)
 
     def __call__(
         self, msg: Any | None, /, *, context: ContextRepo
@@ -250,7 +238,7 @@ class IdempotencyMiddleware:
             log.warning(
                 "store unavailable, pausing every partition: %s",
                 exc,
-                extra=_about(item, "store_unavailable"),
+                extra=about(item, "store_unavailable"),
             )
             self._pause(item, o.backoff, "store_unavailable", everything=True)
             return _Done.PAUSED
@@ -259,52 +247,36 @@ class IdempotencyMiddleware:
         return await self._act(item, result)
 
     async def _act(self, item: _Item, result: RunResult) -> _Done:
-        """What a RunResult comes to in Kafka: the policy's ``decide``, as for consume."""
-        d = decide(result, self.options, item.key, item.order)
-        if d.act is Act.DEAD_LETTER:
-            done = await self._dead_letter(item, d.reason, d.detail, d.error)
-            if done is _Done.FINISHED and d.outcome:
-                self._count(d.outcome)
-            return done
-        if d.act is Act.FINISH and d.outcome != "stale":
-            item.result = result.result
-            self._count(d.outcome)
-            return _Done.RESULT
-        if d.act is Act.PENDING:  # the single runner never leaves a key to a batch
+        """What a RunResult comes to in Kafka: the shared act layer's answer, as for consume."""
+        next_ = self._acts.after(item, result)
+        if next_ is None:  # the single runner never leaves a key to a batch
             raise AssertionError(f"run() does not answer {result.outcome}")
-        level, text, args = log_line(d, item.where, item.key)
-        more = {"attempt": d.attempt} if d.outcome == "retried" else {}
-        getattr(log, level)(text, *args, extra=_about(item, d.outcome, **more))
-        if d.act is Act.FINISH:  # stale, skipped
-            self._count(d.outcome)
-            return _Done.FINISHED
-        self._pause(item, d.delay, d.outcome)
-        return _Done.PAUSED
+        if isinstance(next_, Finished) and next_.ran:
+            item.result = result.result
+        return await self._do(item, next_)
 
     async def _unusable(self, item: _Item) -> _Done:
         """A message without a usable key: dead-lettered, or passed by (``skip``)."""
-        assert item.bad is not None
-        reason, detail = item.bad
-        if self.options.on_missing_key != "skip":
-            return await self._dead_letter(item, reason, detail)
-        self._count("skipped")
-        log.warning(
-            SKIPPED,
-            item.where,
-            reason,
-            detail,
-            keyword("on_missing_key", "skip"),
-            extra=_about(item, "skipped", reason=reason),
-        )
-        return _Done.FINISHED
+        return await self._do(item, self._acts.unusable(item))
+
+    async def _do(self, item: _Item, next_: Finished | Paused | DeadLetter) -> _Done:
+        if isinstance(next_, DeadLetter):
+            done = await self._dead_letter(item, next_.reason, next_.detail, next_.error)
+            if done is _Done.FINISHED and next_.then:
+                self._acts.count(next_.then)
+            return done
+        if isinstance(next_, Finished):
+            return _Done.RESULT if next_.ran else _Done.FINISHED
+        self._pause(item, next_.seconds, next_.why)
+        return _Done.PAUSED
 
     async def _dead_letter(
         self, item: _Item, reason: str, detail: str, exc: BaseException | None = None
     ) -> _Done:
         """Write the message to its dead-letter topic and wait for the broker: only then is
-        it finished. A refused dead letter pauses the partition, the back-off doubling with
-        each refusal in a row; the ``dlq_breaker``-th dead letter in a row for one reason
-        stops the app (that last one is not committed)."""
+        it finished. A refused dead letter pauses the partition; the ``dlq_breaker``-th
+        dead letter in a row for one reason stops the app (that last one is not
+        committed)."""
         o, record = self.options, item.record
         topic = dead_letter_topic(o.dlq_topic, record.topic)
         headers = dead_letter_headers(
@@ -318,50 +290,26 @@ class IdempotencyMiddleware:
             exc,
         )
         refused = await self._dead_letters.send(item, topic, headers)
-        tp = (record.topic, record.partition)
         if refused is not None:
-            wait = self._refusals.refused(tp)
-            log.warning(
-                REFUSED,
-                item.where,
-                reason,
-                refused,
-                wait,
-                extra=_about(item, "dead_letter_refused", reason=reason),
-            )
-            self._pause(item, wait, "dead_letter_refused")
+            paused = self._acts.refused(item, reason, refused)
+            self._pause(item, paused.seconds, paused.why)
             return _Done.PAUSED
-        self._refusals.accepted(tp)
-        self._count("dead_lettered")
-        self.summary.dead_letters[reason] += 1
-        log.warning(
-            DEAD_LETTERED,
-            item.where,
-            topic,
-            reason,
-            detail,
-            extra=_about(item, "dead_lettered", reason=reason, dlq_topic=topic),
-        )
-        if self._breaker.dead_lettered(reason):
+        storm = self._acts.dead_lettered(item, reason, detail, topic)
+        if storm is not None:
             _refuse(
                 item.consumer,
                 [record],
-                f"{self._breaker.storm(detail, topic, keyword)}, and the last was not "
-                "committed. Fix the cause (often key= or the handler) and start again",
+                f"{storm}, and the last was not committed. Fix the cause (often key= or the "
+                "handler) and start again",
             )
         return _Done.FINISHED
-
-    def _count(self, outcome: str) -> None:
-        self.summary.counts[outcome] += 1
-        if outcome in ("executed", "replayed"):
-            self._breaker.ran()
 
     # Kafka's part ----------------------------------------------------------------------------
 
     def _pause(self, item: _Item, seconds: float, why: str, *, everything: bool = False) -> None:
         """Stop the message's partition at it (every partition of its consumer with
         ``everything``): seek back, pause, resume after ``seconds`` (at most 60)."""
-        self._count(why)
+        self._acts.count(why)
         consumer = item.consumer
         if not hasattr(consumer, "pause"):  # FastStream's test client: nothing to pause
             return
@@ -464,7 +412,7 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
                 "publishing the result of %s failed, pausing its partition: %s",
                 item.where,
                 exc_val,
-                extra=_about(item, "publish_failed"),
+                extra=about(item, "publish_failed"),
             )
             self.idem._pause(item, self.idem.options.backoff, "publish_failed")
             await self._nack()
@@ -475,7 +423,7 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
                 item.where,
                 exc_val,
                 exc_info=exc_val,
-                extra=_about(item, "unexpected"),
+                extra=about(item, "unexpected"),
             )
             self.idem._pause(item, self.idem.options.backoff, "unexpected")
             await self._nack()
@@ -506,7 +454,7 @@ class _Middleware(BaseMiddleware[KafkaPublishCommand, Any]):
                 await item.consumer.commit()
         except KafkaError as exc:  # a rebalance took the partition: it comes again, replays
             log.warning(
-                "could not commit %s: %s", item.where, exc, extra=_about(item, "commit_failed")
+                "could not commit %s: %s", item.where, exc, extra=about(item, "commit_failed")
             )
 
     async def _nack(self) -> None:
@@ -541,17 +489,3 @@ def _jsonable(value: Any) -> Any:
         return convert(value)
     except (TypeError, ValueError):
         return value
-
-
-def _about(item: _Item, outcome: str, **more: Any) -> dict[str, Any]:
-    """A log call's ``extra``: the message's key, topic, partition, offset and ``outcome``
-    (the fields ``idemctl consume``'s lines carry)."""
-    fields = dict(
-        key=item.key,
-        topic=item.topic,
-        partition=item.partition,
-        offset=item.offset,
-        outcome=outcome,
-        **more,
-    )
-    return {"idemctl": fields}
