@@ -22,6 +22,7 @@ from idemctl.cli.exitcodes import ExitCode
 from idemctl.model import Entity, Record, Status
 from idemctl.operate.doctor import diagnose
 from idemctl.operate.documents import doctor as doctor_document
+from idemctl.operate.documents import item as item_document
 from idemctl.powertools import PowertoolsRecord
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def inspect(
             found = operate.inspect(target, key)
     at = render.now()
     if current.json:
-        emit_json(found.to_json(at) if isinstance(found, PowertoolsRecord) else found.to_json())
+        emit_json(item_document.document(found, at))
     else:
         current.out.print(_detail(found, at))
 
@@ -168,8 +169,7 @@ def list_(
         for page in pages:
             if current.json:
                 for item in page.items:
-                    emit_json(item.to_json(at) if isinstance(item, PowertoolsRecord)
-                              else item.to_json())  # fmt: skip
+                    emit_json(item_document.document(item, at))
             shown += page.items
             skipped = page.skipped or 0
             cursor = page.cursor

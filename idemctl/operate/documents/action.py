@@ -4,8 +4,10 @@ did, or would do (``--dry-run``), with ``--json``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from idemctl.operate.documents import item
 
 if TYPE_CHECKING:
     from idemctl.model import Entity, Record
@@ -33,7 +35,7 @@ def document(
         "dry_run": dry_run,
         "count": count,
         "keys": keys,
-        "record": None if record is None else _record(record, at),
+        "record": None if record is None else item.document(record, at or datetime.now(UTC)),
         "entity": None if entity is None else entity.to_json(),
         **({} if skipped is None else {"skipped": skipped}),
     }
@@ -52,12 +54,3 @@ def of(done: Action, where: Mapping[str, str]) -> dict[str, Any]:
         skipped=done.skipped,
         at=done.at,
     )
-
-
-def _record(record: Record | PowertoolsRecord, at: datetime | None) -> dict[str, Any]:
-    from idemctl.model import Record
-
-    if isinstance(record, Record):
-        return record.to_json()
-    assert at is not None, "a Powertools record's state is judged at a time"
-    return record.to_json(at)
