@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from idemctl import backends
 from idemctl.errors import ConfigError, Refused
-from idemctl.harness.rooms import option, with_option
+from idemctl.harness.rooms import with_option
 from idemctl.stores import open_store
 from idemctl.urls import redact_url, split_url
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from idemctl.harness.rooms import Room
     from idemctl.stores.base import Store
 
-__all__ = ["Scratch", "option", "with_option"]
+__all__ = ["Scratch", "with_option"]  # with_option: the tests build URLs with it
 
 
 class Scratch:
