@@ -1,6 +1,7 @@
 """Chaos: three `idemctl consume --transactional` processes in one group on PostgreSQL,
 a topic with duplicates (some in other partitions) and planted poison messages, and a
-random consumer SIGKILLed and restarted every 2 seconds until the topic is drained. Then
+random consumer SIGKILLed and restarted each time the group committed another fifteenth of
+the topic (2 seconds apart at least) until the topic is drained. Then
 the ledger holds exactly one row per key, none missing, and the dead-letter topic holds
 exactly the poison messages."""
 
@@ -29,24 +30,43 @@ REPO = Path(__file__).resolve().parents[2]
 MESSAGES = int(os.environ.get("IDEMCTL_CHAOS_MESSAGES", "20000"))
 PARTITIONS = 6
 KILL_EVERY = 2.0
+# Without a kill limit, a kill waits for the group to commit 1/KILLS of the topic since the
+# last one: as many rebalances on a slow machine as on a fast one. Killing at a fixed pace
+# instead left a loaded machine (CI) rebalancing most of the time, not drained after 420 s.
+KILLS = 15
 DEADLINE = 420.0
 # The hang bound lies past the test's own DEADLINE: on a loaded machine the chaos runs long
 # (pyproject's 300 s cut one off at 300 s in CI, its own deadline still ahead).
 pytestmark = pytest.mark.timeout(DEADLINE + 180)
 
 
+def slow_payments(folder: Path, seconds: float) -> str:
+    """Writes a module whose handler sleeps ``seconds`` before the demo's charge, so that
+    kills land mid-run; returns the handler's path."""
+    (folder / "slow_payments.py").write_text(
+        "import time\nfrom payments import charge as fast\n\n\n"
+        f"def charge(event, ctx):\n    time.sleep({seconds})\n    return fast(event, ctx)\n"
+    )
+    return "slow_payments:charge"
+
+
 def consumers_under_chaos(
     broker: KafkaBroker, url: str, topic: str, group: str, handler: str, *options: str,
     cwd: Path, env: dict[str, str], rng: random.Random, done: Callable[[], bool],
-    settle: float = 0.0, kill_limit: int | None = None,
+    total: int, settle: float = 0.0, kill_limit: int | None = None,
 ) -> int:  # fmt: skip
-    """Three `idemctl consume` processes; every KILL_EVERY seconds a random one is
-    SIGKILLed and started again (``kill_limit`` times at most; without a limit, only once
-    the group committed more since the last kill), until ``done()``. After
+    """Three `idemctl consume` processes on a topic of ``total`` messages; every KILL_EVERY
+    seconds a random one is SIGKILLed and started again (``kill_limit`` times at most;
+    without a limit, only once the group committed ``total / KILLS`` more messages since
+    the last kill), until ``done()``. After
     ``settle`` seconds the rest get SIGTERM (drain and exit), each stopped by its PID.
     Returns the number of kills."""
     # A killed member holds its partitions until its session times out: keep that short.
-    config = broker.client_config(**{"session.timeout.ms": 2000, "heartbeat.interval.ms": 300})
+    # Offsets committed every 500 ms: the kills follow the group's progress closely.
+    config = broker.client_config(
+        **{"session.timeout.ms": 2000, "heartbeat.interval.ms": 300,
+           "auto.commit.interval.ms": 500}
+    )  # fmt: skip
     kafka = [x for k, v in config.items() if k != "bootstrap.servers"
              for x in ("--kafka-config", f"{k}={v}")]  # fmt: skip
     command = [
@@ -62,7 +82,8 @@ def consumers_under_chaos(
     consumers = [start() for _ in range(3)]
     kills = 0
     started = time.monotonic()
-    offsets = -1
+    offsets = 0
+    step = max(total // KILLS, 1)
     try:
         while not done():
             assert time.monotonic() - started < DEADLINE, f"not drained after {DEADLINE}s"
@@ -70,11 +91,8 @@ def consumers_under_chaos(
             if kill_limit is not None and kills >= kill_limit:
                 continue  # the group drains by itself now
             if kill_limit is None:
-                # Kill again only once the group committed something since the last kill: on
-                # a loaded machine a restart can take longer than KILL_EVERY, and killing at
-                # a fixed pace would leave no time for work at all.
                 now = sum(o for o in committed(broker, topic, group, PARTITIONS).values() if o > 0)
-                if now == offsets:
+                if now < offsets + step:
                     continue
                 offsets = now
             victim = rng.randrange(len(consumers))
@@ -142,7 +160,7 @@ def test_killed_consumers_lose_nothing_and_book_nothing_twice(
     expected = set(keys) - poison
     kills = consumers_under_chaos(
         kafka_broker, url, topic, group, f"ledger_{tag}:record", "--transactional",
-        "--batch-size", "200", "--lease", "5s", cwd=tmp_path, rng=rng,
+        "--batch-size", "200", "--lease", "5s", cwd=tmp_path, rng=rng, total=len(messages),
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"},
         # every key booked, and every message (the poison ones too) finished and committed
         done=lambda: set(booked()) == expected
@@ -185,11 +203,13 @@ def test_killed_consumers_with_an_outside_effect_lose_nothing(
     def charged() -> Counter[str]:
         return Counter(line.split()[0] for line in ledger.read_text().splitlines() if line)
 
+    # 10 ms a charge: about 17 s of work for three consumers, so the kills land mid-run.
+    handler = slow_payments(tmp_path, 0.01)
     kills = consumers_under_chaos(
-        kafka_broker, url, topic, group, "payments:charge", "--batch-size", str(batch),
-        "--lease", "3s", cwd=tmp_path, rng=rng,
-        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'examples'}",
-             "IDEMCTL_DEMO_LEDGER": str(ledger)},
+        kafka_broker, url, topic, group, handler, "--batch-size", str(batch),
+        "--lease", "3s", cwd=tmp_path, rng=rng, total=len(messages),
+        env={**os.environ, "IDEMCTL_DEMO_LEDGER": str(ledger),
+             "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples"), str(tmp_path)])},
         done=lambda: set(charged()) == set(keys),
         settle=5.0,  # the survivors finish what they hold (leases of 3 s)
     )  # fmt: skip
@@ -198,6 +218,7 @@ def test_killed_consumers_with_an_outside_effect_lose_nothing(
     twice = [k for k, n in effects.items() if n > 1]
     print(f"{count} messages, {kills} kills, {len(twice)} keys charged twice")
     assert len(twice) <= kills * batch  # only what a kill cut off between charge and completion
+    assert kills >= 3, f"drained with only {kills} kills"
 
 
 @pytest.mark.parametrize("backend", QUICK_FAMILIES)
@@ -225,17 +246,14 @@ def test_ten_kills_then_the_group_drains_to_the_end(
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
     # 30 ms a charge: 20 s of work for three consumers, so the ten kills land mid-run.
-    (tmp_path / "slow_payments.py").write_text(
-        "import time\nfrom payments import charge as fast\n\n\n"
-        "def charge(event, ctx):\n    time.sleep(0.03)\n    return fast(event, ctx)\n"
-    )
+    handler = slow_payments(tmp_path, 0.03)
 
     def charged() -> set[str]:
         return {line.split()[0] for line in ledger.read_text().splitlines() if line}
 
     kills = consumers_under_chaos(
-        kafka_broker, url, topic, group, "slow_payments:charge", "--batch-size", "20",
-        "--lease", "3s", cwd=tmp_path, rng=random.Random(13), kill_limit=10,
+        kafka_broker, url, topic, group, handler, "--batch-size", "20",
+        "--lease", "3s", cwd=tmp_path, rng=random.Random(13), total=len(keys), kill_limit=10,
         env={**os.environ, "IDEMCTL_DEMO_LEDGER": str(ledger),
              "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples"), str(tmp_path)])},
         done=lambda: charged() == set(keys)
@@ -312,7 +330,7 @@ def test_killed_transactional_consumers_keep_each_entity_and_its_sequence_togeth
     kills = consumers_under_chaos(
         kafka_broker, url, topic, group, f"accounts_{tag}:apply", "--transactional",
         "--order-key", "account:{account}", "--sequence", "seq", "--batch-size", "100",
-        "--lease", "5s", cwd=tmp_path, rng=rng,
+        "--lease", "5s", cwd=tmp_path, rng=rng, total=len(messages),
         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}, done=looked_at,
     )  # fmt: skip
     with open_store(url) as store, postgres_server.connect() as conn:
