@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Derive idemctl's sync control flow from its async original, so it is written once.
+"""Derive idemctl's sync code from its async original, so it is written once.
 
-The runner's attempt (claim, handler, complete or fail; transactional mode), the protocol's
-steps on PostgreSQL and Redis, PostgreSQL's transactional unit, the outbox writer, and the
-HTTP middleware's attempt are written for asyncio (under ``idemctl/aio/``, the HTTP one in
-``idemctl/http/attempt_aio.py``); this script writes their sync modules by removing
-``async``/``await`` and renaming the async names (``AsyncStore`` -> ``Store``, ...), then
-formats them with ruff. Both heartbeats (a thread
-and a task) and both decorators stay hand-written.
+Every piece of idemctl that exists for both sync and async callers is written once, for
+asyncio (under ``idemctl/aio/``, the HTTP middleware's attempt in
+``idemctl/http/attempt_aio.py``): the stores' front (their callers' arguments checked), the
+runner's attempt and ``@idempotent``, the protocol's steps on PostgreSQL and Redis, the
+Redis script runner, the PostgreSQL flows' driver, PostgreSQL's transactional unit, the
+outbox writer, and the HTTP middleware's attempt. This script writes their sync modules by
+removing ``async``/``await`` and renaming the async names (``AsyncStore`` -> ``Store``,
+...), then formats them with ruff. What they run has no I/O and exists once (the Redis
+operations, the PostgreSQL flows, the script calls' plan). The two heartbeats (a thread, a
+task) are not a pair: each is its concurrency's own way to beat.
 
     scripts/unasync.py           write the sync modules
     scripts/unasync.py --check   exit 1, naming the files, when one differs from its original
@@ -30,35 +33,50 @@ FILES = {
     "idemctl/aio/unit.py": "idemctl/stores/postgres/unit.py",
     "idemctl/aio/outbox.py": "idemctl/outbox/writer.py",
     "idemctl/aio/postgres_steps.py": "idemctl/stores/postgres/steps.py",
+    "idemctl/aio/postgres_drive.py": "idemctl/stores/postgres/drive.py",
     "idemctl/aio/redis_steps.py": "idemctl/stores/redis/steps.py",
+    "idemctl/aio/redis_runner.py": "idemctl/stores/redis/runner.py",
+    "idemctl/aio/front.py": "idemctl/stores/front.py",
+    "idemctl/aio/decorator.py": "idemctl/runner/decorator.py",
     "idemctl/http/attempt_aio.py": "idemctl/http/attempt.py",
 }
 """Each async original and the sync module written from it."""
 
 MODULES = {
+    "idemctl.aio": "idemctl.stores",
     "idemctl.aio.attempt": "idemctl.runner.attempt",
     "idemctl.aio.context": "idemctl.runner.context",
+    "idemctl.aio.front": "idemctl.stores.front",
     "idemctl.aio.heartbeat": "idemctl.runner.heartbeat",
     "idemctl.http.attempt_aio": "idemctl.http.attempt",
     "idemctl.aio.outbox": "idemctl.outbox.writer",
     "idemctl.aio.postgres": "idemctl.stores.postgres.store",
     "idemctl.aio.postgres_core": "idemctl.stores.postgres.core",
+    "idemctl.aio.postgres_drive": "idemctl.stores.postgres.drive",
     "idemctl.aio.postgres_steps": "idemctl.stores.postgres.steps",
     "idemctl.aio.redis_core": "idemctl.stores.redis.core",
+    "idemctl.aio.redis_direct": "idemctl.stores.redis.connections",
+    "idemctl.aio.redis_runner": "idemctl.stores.redis.runner",
     "idemctl.aio.redis_steps": "idemctl.stores.redis.steps",
     "idemctl.aio.store": "idemctl.stores.base",
     "idemctl.aio.unit": "idemctl.stores.postgres.unit",
 }
 
 NAMES = {
+    "AsyncClient": "Client",
     "AsyncConnection": "Connection",
+    "AsyncCursor": "Cursor",
+    "AsyncFront": "Front",
+    "AsyncDirect": "Connections",
     "AsyncIterator": "Iterator",
     "AsyncOutbox": "Outbox",
+    "AsyncPipeline": "Pipeline",
     "AsyncPostgresCore": "PostgresCore",
     "AsyncPostgresSteps": "PostgresSteps",
     "AsyncPostgresStore": "PostgresStore",
     "AsyncRedisCore": "RedisCore",
     "AsyncRedisSteps": "RedisSteps",
+    "AsyncScriptRunner": "ScriptRunner",
     "AsyncStore": "Store",
     "AsyncTransactionalStore": "TransactionalStore",
     "AsyncUnit": "Unit",

@@ -354,7 +354,7 @@ def _shift(store: Any, name: str, seconds: float, *, entity: bool) -> None:
         assert changed == 1, name
     elif isinstance(target, RedisStore):
         rkey = target.ops.ekey(name) if entity else target.ops.rkey(name)
-        live = target._index_keys(rkey)[0]
+        live = target.index_keys(rkey)[0]
         client: Any = target._client
         assert client.eval(_SHIFT_LUA, 2, rkey, live, ms, *times["redis"]) == 1, name
     elif isinstance(target, DynamoDBStore):
@@ -466,7 +466,7 @@ def expire_retention(store: Any, name: str, ago: float = 60.0, *, entity: bool =
 
         rkey = target.ops.ekey(name) if entity else target.ops.rkey(name)
         client: Any = target._client
-        keys = (rkey, *target._index_keys(rkey))
+        keys = (rkey, *target.index_keys(rkey))
         assert client.eval(LIB + "\n" + _RETENTION_LUA, len(keys), *keys, ms) == 1, name
     elif isinstance(target, DynamoDBStore):
         from idemctl.stores.dynamodb.items import ENTITY_PREFIX

@@ -1,5 +1,8 @@
-"""``@idempotent`` on ``async def``: ``idemctl.idempotent``'s arguments, results and errors,
-with what it makes of a call's arguments and of its result shared with it."""
+"""``@idempotent``: a function made to run at most once to completion per key, with the
+same arguments, results and errors for plain and ``async def`` functions.
+
+This module is the original of ``idemctl.runner.decorator`` (scripts/unasync.py).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from idemctl.aio.attempt import run
-from idemctl.runner.decorator import Calls, answer, check_order
+from idemctl.runner.calls import Calls, answer, check_order
 
 if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
@@ -30,8 +33,29 @@ def idempotent(
     timeout: float | None = None,
     wait: float | None = None,
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
-    """``idemctl.idempotent`` for ``async def`` functions: the same arguments, results and
-    errors; ``store`` is an ``AsyncStore`` or a URL opened on first call."""
+    """Make a function run at most once to completion per idempotency key. ``store`` is a
+    store, or a URL opened on first call.
+
+    ``key`` is a template over the function's arguments (``"charge:{order_id}"``) or a
+    function of them. ``fingerprint`` guards against reusing a key with other arguments:
+    True fingerprints all arguments (they must be JSON-serializable), a function picks
+    what to fingerprint, False turns the check off. A repeated call returns the stored
+    (JSON) result without running the function; see ``idemctl.errors`` for what it raises
+    when the key is busy, mismatched or failed before.
+
+    ``order_key`` (a template or function like ``key``: the entity) and ``sequence`` (the
+    name of the argument holding it, or a function of the arguments) add the sequence
+    guard: a call whose sequence is not above the entity's last applied one does not run
+    and raises StaleEvent. Sequences are whole numbers or ISO 8601 timestamps.
+
+    ``timeout`` (seconds): past it, HandlerTimeout is raised inside the function (at its
+    next bytecode; a blocking C call sees it when it returns) and propagates from the call;
+    the key is failed as retriable, so the next call runs it again.
+
+    ``wait`` (seconds): a call that finds its key in flight waits up to ``wait`` for the
+    holder instead of raising KeyBusy at once: it returns the holder's result, or runs the
+    function itself if the holder failed, let go or lost its lease; KeyBusy at the deadline.
+    """
     check_order(order_key, sequence)
 
     def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:

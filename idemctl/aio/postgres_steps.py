@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from idemctl.aio.postgres_core import AsyncPostgresCore
+from idemctl.aio.postgres_drive import drive_async
 from idemctl.errors import NotProvisioned
 from idemctl.model import (
     Busy,
@@ -30,7 +31,7 @@ from idemctl.model import (
 )
 from idemctl.stores.postgres import flows
 from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT
-from idemctl.stores.postgres.flows import Flow, T, drive_async
+from idemctl.stores.postgres.flows import Flow, T
 from idemctl.stores.postgres.pool import LockTimeout
 from idemctl.stores.postgres.sql import lock_wait
 

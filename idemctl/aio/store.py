@@ -18,6 +18,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
 
+from idemctl.aio.front import AsyncFront
 from idemctl.model import (
     JSON,
     ClaimOutcome,
@@ -38,7 +39,7 @@ from idemctl.model import (
     Stats,
     Status,
 )
-from idemctl.stores.base import Progress, Store, check_claims, check_guards, checked
+from idemctl.stores.base import Progress, Store
 
 if TYPE_CHECKING:
     from idemctl.stores.waiting import Watch
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class AsyncStore:
+class AsyncStore(AsyncFront):
     """``store``'s operations as coroutines, each run in a worker thread of the store's own
     (``threads`` of them). ``sync`` is the store underneath: the same records, usable from
     sync code and from the CLI."""
@@ -61,15 +62,6 @@ class AsyncStore:
         self._threads = threads or self.threads
         self._executor: ThreadPoolExecutor | None = None
 
-    def lease_for(self, lease: float | None) -> float:
-        """As ``BaseStore.lease_for``: the seconds an operation given ``lease`` uses."""
-        return self.default_lease if lease is None else checked("lease", lease)
-
-    def retention_for(self, retention: float | None) -> float:
-        if retention is None:
-            return self.default_retention
-        return checked("retention", retention)
-
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in one of the store's worker threads."""
         if self._executor is None:
@@ -81,35 +73,12 @@ class AsyncStore:
 
     # The claim/complete protocol ---------------------------------------------------------------
 
-    async def claim(
-        self, key: str, fingerprint: str | None = None, lease: float | None = None
-    ) -> ClaimOutcome:
-        return (await self.claim_many([ClaimRequest(key, fingerprint)], lease))[0]
-
-    async def claim_many(
-        self, requests: Sequence[ClaimRequest], lease: float | None = None
-    ) -> list[ClaimOutcome]:
-        """Claim each key, in order: InvalidKey before anything is claimed."""
-        check_claims(requests)
-        return await self._claim_many(requests, self.lease_for(lease))
-
     async def _claim_many(
         self, requests: Sequence[ClaimRequest], lease: float
     ) -> list[ClaimOutcome]:
-        """``claim_many`` for keys already validated, ``lease`` in seconds; a store on an
-        async driver answers it natively (as ``_complete`` and the others below)."""
+        # A store on an async driver answers this natively (as ``_complete`` and the others
+        # below).
         return await self._thread(self.sync.claim_many, requests, lease)
-
-    async def complete(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        result: JSON = None,
-        retention: float | None = None,
-    ) -> Record:
-        done = Completion(key, owner, fencing_token, result)
-        return await self._complete(done, self.retention_for(retention))
 
     async def _complete(self, c: Completion, retention: float) -> Record:
         return await self._thread(
@@ -120,18 +89,6 @@ class AsyncStore:
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
         return await self._thread(self.sync.complete_many, completions, retention)
-
-    async def fail(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        error: str,
-        retriable: bool = True,
-        retention: float | None = None,
-    ) -> Record:
-        held = Holder(key, owner, fencing_token)
-        return await self._fail(held, error, retriable, self.retention_for(retention))
 
     async def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
         return await self._thread(
@@ -155,21 +112,8 @@ class AsyncStore:
 
     # The sequence guard --------------------------------------------------------------------------
 
-    async def guard_many(
-        self, guards: Sequence[Guard], lease: float | None = None
-    ) -> list[GuardReply]:
-        check_guards(guards)
-        return await self._guard_many(guards, self.lease_for(lease)) if guards else []
-
     async def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
         return await self._thread(self.sync.guard_many, guards, lease)
-
-    async def settle_many(
-        self, settles: Sequence[Settle], retention: float | None = None
-    ) -> list[bool]:
-        if not settles:
-            return []
-        return await self._settle_many(settles, self.retention_for(retention))
 
     async def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
         return await self._thread(self.sync.settle_many, settles, retention)
@@ -181,23 +125,6 @@ class AsyncStore:
         retention: float | None = None,
     ) -> list[bool]:
         return await self._thread(self.sync.finish_many, completions, settles, retention)
-
-    async def _settle_then_complete(
-        self,
-        completions: Sequence[Completion],
-        settles: Sequence[Settle],
-        retention: float | None,
-    ) -> list[bool]:
-        """``finish_many`` in two round trips on this store's own calls, as
-        ``BaseStore.finish_many``: the entities first, then the keys whose entity was
-        still held."""
-        held = dict.fromkeys((c.key for c in completions), True)
-        if settles:
-            answers = await self.settle_many(settles, retention)
-            held.update(zip((s.key for s in settles), answers, strict=True))
-        sending = [c for c in completions if held[c.key]]
-        done = iter(await self.complete_many(sending, retention) if sending else ())
-        return [held[c.key] and next(done) for c in completions]
 
     async def get_entity(self, entity: str) -> Entity | None:
         return await self._thread(self.sync.get_entity, entity)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.errors import ConfigError
 from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy, order_strategy
-from idemctl.stores.base import LEASE_RANGE, in_range
+from idemctl.stores.limits import LEASE_RANGE, in_range
 from idemctl.tracing import KEY_FORMS
 
 MAX_BATCH = 1_000_000

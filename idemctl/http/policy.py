@@ -33,7 +33,7 @@ from idemctl.model import (
     Mismatch,
     canonical_json,
 )
-from idemctl.stores.base import checked
+from idemctl.stores.limits import checked
 from idemctl.stores.waiting import MAX_WAIT
 
 HEADER = "Idempotency-Key"

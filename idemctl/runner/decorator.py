@@ -1,18 +1,19 @@
-"""``@idempotent``: a plain function made to run at most once to completion per key."""
+# Written by scripts/unasync.py from idemctl/aio/decorator.py: change that file and run the
+# script (scripts/test checks the two agree). Do not edit this one.
+"""``@idempotent``: a function made to run at most once to completion per key, with the
+same arguments, results and errors for plain and ``async def`` functions.
+
+Written by scripts/unasync.py from ``idemctl.aio.decorator``.
+"""
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from idemctl.errors import ConfigError, FingerprintMismatch, KeyBusy, PreviouslyFailed, StaleEvent
-from idemctl.model import Order, sequence_of
-from idemctl.model import fingerprint as fingerprint_of
 from idemctl.runner.attempt import run
-from idemctl.runner.outcome import Outcome, RunResult
-from idemctl.stores import open_store
+from idemctl.runner.calls import Calls, answer, check_order
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
@@ -34,7 +35,8 @@ def idempotent(
     timeout: float | None = None,
     wait: float | None = None,
 ) -> Callable[[Callable[P, T]], Callable[P, T]]:
-    """Make a function run at most once to completion per idempotency key.
+    """Make a function run at most once to completion per idempotency key. ``store`` is a
+    store, or a URL opened on first call.
 
     ``key`` is a template over the function's arguments (``"charge:{order_id}"``) or a
     function of them. ``fingerprint`` guards against reusing a key with other arguments:
@@ -59,19 +61,21 @@ def idempotent(
     check_order(order_key, sequence)
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
-        call = Calls(fn, key, fingerprint, order_key, sequence)
+        calls = Calls(fn, key, fingerprint, order_key, sequence)
         opened: list[Store] = []
 
         def the_store() -> Store:
             if not isinstance(store, str):
                 return store
             if not opened:
+                from idemctl.stores import open_store
+
                 opened.append(open_store(store))
             return opened[0]
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            k, fp, order = call.of(args, kwargs)
+            k, fp, order = calls.of(args, kwargs)
             result = run(
                 the_store(),
                 k,
@@ -90,77 +94,3 @@ def idempotent(
         return wrapper
 
     return decorate
-
-
-def check_order(order_key: object, sequence: object) -> None:
-    if (order_key is None) != (sequence is None):
-        raise ConfigError("order_key and sequence go together: give both or neither")
-
-
-class Calls:
-    """What ``@idempotent`` makes of a call's arguments: its key, fingerprint and order."""
-
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        key: str | Callable[..., str],
-        fingerprint: bool | Callable[..., Any],
-        order_key: str | Callable[..., str] | None,
-        sequence: str | Callable[..., Any] | None,
-    ) -> None:
-        self.signature = inspect.signature(fn)
-        self.key, self.fingerprint = key, fingerprint
-        self.order_key, self.sequence = order_key, sequence
-
-    def of(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[str, str | None, Order | None]:
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = bound.arguments
-        key = self.key
-        k = key.format(**arguments) if isinstance(key, str) else key(*args, **kwargs)
-        fp: str | None = None
-        if self.fingerprint is True:
-            fp = fingerprint_of(arguments)
-        elif callable(self.fingerprint):
-            fp = fingerprint_of(self.fingerprint(*args, **kwargs))
-        order = None
-        order_key, sequence = self.order_key, self.sequence
-        if order_key is not None and sequence is not None:
-            entity = (
-                order_key.format(**arguments)
-                if isinstance(order_key, str)
-                else order_key(*args, **kwargs)
-            )
-            seq = arguments[sequence] if isinstance(sequence, str) else sequence(*args, **kwargs)
-            order = Order(entity, sequence_of(seq))
-        return k, fp, order
-
-
-def answer(result: RunResult, order: Order | None) -> Any:
-    """What the decorated function returns for ``result``, or the error it raises."""
-    k = result.key
-    match result.outcome:
-        case Outcome.EXECUTED | Outcome.REPLAYED:
-            return result.result
-        case Outcome.BUSY:
-            raise KeyBusy(
-                f"key {k!r} is being processed by another worker; retry later", result.record
-            )
-        case Outcome.MISMATCH:
-            raise FingerprintMismatch(
-                f"key {k!r} was used before with different arguments", result.record
-            )
-        case Outcome.STALE:
-            assert order is not None
-            raise StaleEvent(
-                f"entity {order.entity!r} applied sequence {result.last} already; "
-                f"{k!r} (sequence {order.sequence}) did not run",
-                result.record,
-            )
-        case Outcome.FAILED:
-            error = result.record.error if result.record else None
-            raise PreviouslyFailed(f"key {k!r} failed permanently before: {error}", result.record)
-    assert result.error is not None
-    raise result.error

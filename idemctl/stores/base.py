@@ -9,15 +9,14 @@ protocol themselves and must pass the same contract suite.
 from __future__ import annotations
 
 import secrets
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from threading import Lock
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeAlias, runtime_checkable
 
-from idemctl.durations import MAX_DURATION, check_duration
-from idemctl.errors import ConfigError, LeaseLost
+from idemctl.errors import LeaseLost
 from idemctl.model import (
     JSON,
     ClaimOutcome,
@@ -28,7 +27,6 @@ from idemctl.model import (
     Finding,
     Guard,
     GuardReply,
-    Holder,
     Order,
     Page,
     Provisioning,
@@ -37,21 +35,17 @@ from idemctl.model import (
     Stale,
     Stats,
     Status,
-    validate_key,
-    validate_sequence,
+)
+from idemctl.stores.front import Front
+from idemctl.stores.limits import (
+    DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+    LEASE_RANGE,
+    RETENTION_RANGE,
+    in_range,
 )
 from idemctl.stores.queries import Scan
 from idemctl.urls import redact_url
-
-DEFAULT_LEASE = 30.0
-"""Seconds a claim holds a key before another worker may take it over."""
-DEFAULT_RETENTION = 7 * 86400.0
-"""Seconds a completed or failed key is remembered: Kafka's default topic retention."""
-LEASE_RANGE = (0.001, 7 * 86400.0)
-"""A lease from 1 ms (what Redis counts in) to 7 days (a heartbeat extends a longer run)."""
-RETENTION_RANGE = (0.001, MAX_DURATION)
-"""A retention from 1 ms to 10 years: 0 would remember no key at all."""
-
 
 Progress: TypeAlias = Callable[[int], None]
 """Called by long admin operations after each batch with the number of keys it handled."""
@@ -271,37 +265,11 @@ def new_owners(n: int) -> list[str]:
     return [f"{shared}{i:08x}" for i in range(n)]
 
 
-def check_claims(requests: Sequence[ClaimRequest]) -> None:
-    """InvalidKey for the first request whose key the rule refuses, before any is claimed."""
-    for r in requests:
-        validate_key(r.key)
-
-
-def check_guards(guards: Sequence[Guard]) -> None:
-    """InvalidKey or InvalidSequence for the first guard the rules refuse."""
-    for g in guards:
-        validate_key(g.entity, "entity")
-        validate_sequence(g.sequence)
-
-
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def in_range(what: str, seconds: float, bounds: tuple[float, float]) -> float:
-    """``seconds``, or ConfigError naming ``what`` and the range it must lie in."""
-    try:
-        return check_duration(what, seconds, *bounds)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def checked(name: str, seconds: float) -> float:
-    """A lease's or a retention's seconds (``name``), checked against its range."""
-    return in_range(name, seconds, LEASE_RANGE if name == "lease" else RETENTION_RANGE)
-
-
-class BaseStore(ABC):
+class BaseStore(Front):
     """What every backend shares: defaults, batch fallbacks, context management."""
 
     scheme: ClassVar[str]
@@ -321,33 +289,6 @@ class BaseStore(ABC):
         self.default_lease = in_range("lease", lease, LEASE_RANGE)
         self.default_retention = in_range("retention", retention, RETENTION_RANGE)
 
-    def lease_for(self, lease: float | None) -> float:
-        """The lease in seconds that an operation given ``lease`` uses: the store's default
-        for None, else ``lease`` checked against LEASE_RANGE."""
-        return self.default_lease if lease is None else checked("lease", lease)
-
-    def retention_for(self, retention: float | None) -> float:
-        """As ``lease_for``, for retention."""
-        if retention is None:
-            return self.default_retention
-        return checked("retention", retention)
-
-    def claim(
-        self, key: str, fingerprint: str | None = None, lease: float | None = None
-    ) -> ClaimOutcome:
-        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
-
-    def claim_many(
-        self, requests: Sequence[ClaimRequest], lease: float | None = None
-    ) -> list[ClaimOutcome]:
-        """Claim each key, in order: InvalidKey before anything is claimed."""
-        check_claims(requests)
-        return self._claim_many(requests, self.lease_for(lease))
-
-    @abstractmethod
-    def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
-        """``claim_many`` for keys already validated, ``lease`` in seconds."""
-
     def scan(
         self,
         status: Status | None = None,
@@ -365,52 +306,6 @@ class BaseStore(ABC):
     def _scan_page(self, scan: Scan) -> Page:
         """``scan`` for filters that can match something."""
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        result: JSON = None,
-        retention: float | None = None,
-    ) -> Record:
-        done = Completion(key, owner, fencing_token, result)
-        return self._complete(done, self.retention_for(retention))
-
-    @abstractmethod
-    def _complete(self, c: Completion, retention: float) -> Record:
-        """``complete``, ``retention`` in seconds."""
-
-    def fail(
-        self,
-        key: str,
-        owner: str,
-        fencing_token: int,
-        error: str,
-        retriable: bool = True,
-        retention: float | None = None,
-    ) -> Record:
-        held = Holder(key, owner, fencing_token)
-        return self._fail(held, error, retriable, self.retention_for(retention))
-
-    @abstractmethod
-    def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
-        """``fail``, ``retention`` in seconds."""
-
-    def guard_many(self, guards: Sequence[Guard], lease: float | None = None) -> list[GuardReply]:
-        check_guards(guards)
-        return self._guard_many(guards, self.lease_for(lease)) if guards else []
-
-    @abstractmethod
-    def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
-        """``guard_many`` for valid entities and sequences, ``lease`` in seconds."""
-
-    def settle_many(self, settles: Sequence[Settle], retention: float | None = None) -> list[bool]:
-        return self._settle_many(settles, self.retention_for(retention)) if settles else []
-
-    @abstractmethod
-    def _settle_many(self, settles: Sequence[Settle], retention: float) -> list[bool]:
-        """``settle_many``, ``retention`` in seconds."""
-
     def finish_many(
         self,
         completions: Sequence[Completion],
@@ -418,22 +313,6 @@ class BaseStore(ABC):
         retention: float | None = None,
     ) -> list[bool]:
         return self._settle_then_complete(completions, settles, retention)
-
-    def _settle_then_complete(
-        self,
-        completions: Sequence[Completion],
-        settles: Sequence[Settle],
-        retention: float | None,
-    ) -> list[bool]:
-        """``finish_many`` in two round trips: the entities first, then the keys whose
-        entity was still held."""
-        held = dict.fromkeys((c.key for c in completions), True)
-        if settles:
-            answers = self.settle_many(settles, retention)
-            held.update(zip((s.key for s in settles), answers, strict=True))
-        sending = [c for c in completions if held[c.key]]
-        done = iter(self.complete_many(sending, retention) if sending else ())
-        return [held[c.key] and next(done) for c in completions]
 
     # One call per item: backends with a cheaper round trip override this.
 
@@ -487,7 +366,7 @@ class BaseStore(ABC):
         if self._watch is not None:
             self._watch.close()
 
-    def close(self) -> None:  # noqa: B027 - most stores hold something to close, not all
+    def close(self) -> None:
         pass
 
     def __enter__(self) -> Self:

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from idemctl.model import Entity, Finding, Provisioning, Record, canonical_json
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
+from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
 from idemctl.stores.queries import Query
 from idemctl.stores.rows import RowStore
 from idemctl.urls import UrlOptions

@@ -22,7 +22,7 @@ from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.errors import ConfigError, NotProvisioned, StoreError, StoreUnavailable
 from idemctl.model import Entity, Finding, Provisioning, Record, Stats, Status
 from idemctl.resources import read_resource
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
+from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
 from idemctl.stores.queries import Query
 from idemctl.stores.rows import RowStore
 from idemctl.urls import UrlOptions, redact_url

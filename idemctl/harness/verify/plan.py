@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from idemctl import backends
 from idemctl.errors import ConfigError
-from idemctl.stores.base import LEASE_RANGE, in_range
+from idemctl.stores.limits import LEASE_RANGE, in_range
 
 HANDLER = "idemctl.harness.recorder:record"
 POISON = "idemctl.harness.recorder.Poison"

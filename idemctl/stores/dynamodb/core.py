@@ -12,9 +12,10 @@ from typing import Any, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from idemctl.errors import ConfigError
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, BaseStore
+from idemctl.stores.base import BaseStore
 from idemctl.stores.dynamodb.client import condition_failed, make_client, translate
 from idemctl.stores.dynamodb.items import names_in, s, to_ms
+from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION
 
 T = TypeVar("T")
 

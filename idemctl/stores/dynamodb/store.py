@@ -20,13 +20,7 @@ from idemctl.model import (
     Record,
     canonical_json,
 )
-from idemctl.stores.base import (
-    DEFAULT_LEASE,
-    DEFAULT_RETENTION,
-    LEASE_RANGE,
-    RETENTION_RANGE,
-    new_owner,
-)
+from idemctl.stores.base import new_owner
 from idemctl.stores.dynamodb.admin import DynamoDBAdmin
 from idemctl.stores.dynamodb.core import DEFAULT_CONCURRENCY
 from idemctl.stores.dynamodb.items import (
@@ -41,6 +35,7 @@ from idemctl.stores.dynamodb.items import (
     value_of,
 )
 from idemctl.stores.dynamodb.provision import DynamoDBProvisioning
+from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
 from idemctl.stores.machine import decide_claim, lease_lost
 from idemctl.urls import UrlOptions, redact_url
 

@@ -11,11 +11,8 @@ from typing import TYPE_CHECKING, Any, Self
 import psycopg
 
 from idemctl.errors import ConfigError, NotProvisioned
-from idemctl.stores.base import (
-    DEFAULT_LEASE,
-    DEFAULT_RETENTION,
-    BaseStore,
-)
+from idemctl.stores.base import BaseStore
+from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION
 from idemctl.stores.postgres import url as postgres_url
 from idemctl.stores.postgres.pool import Pool, PoolSettings
 from idemctl.stores.postgres.sql import (

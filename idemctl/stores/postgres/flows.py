@@ -1,12 +1,9 @@
 """The protocol's logic on PostgreSQL without the I/O: each operation is a flow, a generator
 that yields the statements to run (``Statement``) and is sent what each gave (``Reply``),
-and returns the operation's answer. ``drive`` runs a flow on a sync connection (the
-``PostgresStore``), ``drive_async`` on an async one (``idemctl.aio``'s store): both stores
-send the same statements with the same parameters and read the rows the same way.
-
-A driver throws a driver error back into the flow at the statement that raised it, so a
-flow may catch it (transactional mode catches ``LockNotAvailable``); what the flow does not
-catch leaves the driver as it came, for the connection's translation into idemctl's errors.
+and returns the operation's answer. ``drive`` (``stores.postgres.drive``) runs a flow on a
+sync connection (the ``PostgresStore``), ``drive_async`` on an async one (``idemctl.aio``'s
+store): both stores send the same statements with the same parameters and read the rows
+the same way.
 """
 
 from __future__ import annotations
@@ -14,9 +11,6 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, TypeAlias, TypeVar
-
-import psycopg
-from psycopg import pq
 
 from idemctl.errors import LeaseLost, StoreUnavailable
 from idemctl.model import (
@@ -61,48 +55,6 @@ class Reply(NamedTuple):
 
 Flow: TypeAlias = Generator[Statement, Reply, T]
 """Yields statements, is sent their replies, returns ``T``."""
-
-
-def drive(conn: psycopg.Connection[Any], flow: Flow[T]) -> T:
-    """Run ``flow``'s statements on ``conn``, one after the other; its answer."""
-    try:
-        step = next(flow)
-        while True:
-            try:
-                cur = conn.execute(step.sql, step.params)
-                reply = Reply(cur.fetchall() if _has_rows(cur) else [], cur.rowcount)
-            except psycopg.Error as exc:
-                step = flow.throw(exc)
-            else:
-                step = flow.send(reply)
-    except StopIteration as stop:
-        answer: T = stop.value
-        return answer
-
-
-async def drive_async(conn: psycopg.AsyncConnection[Any], flow: Flow[T]) -> T:
-    """``drive`` on an async connection."""
-    try:
-        step = next(flow)
-        while True:
-            try:
-                cur = await conn.execute(step.sql, step.params)
-                rows = await cur.fetchall() if _has_rows(cur) else []
-                reply = Reply(rows, cur.rowcount)
-            except psycopg.Error as exc:
-                step = flow.throw(exc)
-            else:
-                step = flow.send(reply)
-    except StopIteration as stop:
-        answer: T = stop.value
-        return answer
-
-
-def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
-    """Whether the statement gave rows (RETURNING, SELECT): its result's status, not
-    ``cur.description``, which builds every column's description each time it is read."""
-    result = cur.pgresult
-    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
 def rounds_of(names: Sequence[str]) -> list[list[int]]:

@@ -21,7 +21,7 @@ import psycopg
 
 from idemctl.errors import StoreError
 from idemctl.model import JSON, Acquired, ClaimOutcome, Order, Record, Stale, validate_key
-from idemctl.stores.postgres.flows import drive
+from idemctl.stores.postgres.drive import drive
 from idemctl.stores.postgres.transactional import (
     NOT_ACQUIRED,
     complete_unit,

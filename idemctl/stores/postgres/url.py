@@ -8,7 +8,7 @@ from urllib.parse import urlencode, urlunsplit
 
 from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.errors import ConfigError
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
+from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
 from idemctl.stores.postgres.sql import DEFAULT_SCHEMA
 from idemctl.urls import UrlOptions, redact_url
 

@@ -7,9 +7,18 @@ redis.cluster.RedisCluster against them where the store takes its client (``core
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from redis.retry import Retry
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    import redis.asyncio.client
+    import redis.asyncio.cluster
+
+AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.RedisCluster"
+"""The async clients (``idemctl.aio``); their typing is redis-py's own."""
+AsyncPipeline: TypeAlias = "redis.asyncio.client.Pipeline | redis.asyncio.cluster.ClusterPipeline"
 
 
 class Queue(Protocol):

@@ -1,13 +1,17 @@
-"""The redis-py client a store URL asks for: its client options, and the retry policy."""
+"""The redis-py client a store URL asks for, sync or on ``redis.asyncio``: its client
+options, and the retry policy."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlunsplit
 
 import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncCluster
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
@@ -15,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from idemctl.errors import ConfigError
-from idemctl.stores.redis.client import PlainClient
+from idemctl.stores.redis.client import AsyncClient, PlainClient
 from idemctl.stores.redis.errors import translate
 from idemctl.urls import UrlOptions, redact_url
 
@@ -65,13 +69,24 @@ def target(url: str, options: UrlOptions) -> Target:
 
 def connect(url: str, to: Target) -> PlainClient | RedisCluster:
     """The client for ``to`` (``url`` is what errors name, redacted)."""
+    client: PlainClient | RedisCluster = _made(url, to, redis.Redis, RedisCluster, _Retry)
+    return client
+
+
+def connect_async(url: str, to: Target) -> AsyncClient:
+    """``connect``'s client on ``redis.asyncio`` (``idemctl.aio``), with the same options."""
+    client: AsyncClient = _made(url, to, redis.asyncio.Redis, AsyncCluster, _AsyncRetry)
+    return client
+
+
+def _made(url: str, to: Target, plain: Any, cluster: Any, retry: type[Any]) -> Any:
+    """A client of class ``plain``, or ``cluster``, for ``to``, with ``retry``'s policy."""
     # A few quick retries ride out a reconnect; a dead server is reported in about a second,
     # a closed port or refused credentials at once.
-    retry = _Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+    policy = retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
     try:
-        if to.cluster:
-            return RedisCluster.from_url(to.url, decode_responses=True, retry=retry, **to.options)
-        return redis.Redis.from_url(to.url, decode_responses=True, retry=retry, **to.options)
+        kind = cluster if to.cluster else plain
+        return kind.from_url(to.url, decode_responses=True, retry=policy, **to.options)
     except (RedisClusterException, RedisError) as exc:
         raise translate(exc, redact_url(url)) from exc
 
@@ -89,6 +104,19 @@ class _Retry(Retry):
         with_failure_count: bool = False,
     ) -> T:
         return super().call_with_retry(do, fail, mendable(is_retryable), with_failure_count)
+
+
+class _AsyncRetry(AsyncRetry):
+    """``_Retry`` for ``redis.asyncio``."""
+
+    async def call_with_retry(
+        self,
+        do: Callable[[], Awaitable[T]],
+        fail: Callable[[Exception], Any] | Callable[[Exception, int], Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        return await super().call_with_retry(do, fail, mendable(is_retryable), with_failure_count)
 
 
 def mendable(is_retryable: Callable[[Exception], bool] | None) -> Callable[[Exception], bool]:

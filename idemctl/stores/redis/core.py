@@ -13,14 +13,16 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from idemctl.errors import ConfigError
-from idemctl.stores.base import DEFAULT_LEASE, DEFAULT_RETENTION, BaseStore
+from idemctl.stores.base import BaseStore
+from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION
 from idemctl.stores.redis.client import Client, ClusterClient, ClusterNode, PlainClient
 from idemctl.stores.redis.connect import Target
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import guard
+from idemctl.stores.redis.nodes import ClusterRunner
 from idemctl.stores.redis.ops import Op, Ops, ms
 from idemctl.stores.redis.records import server_time
-from idemctl.stores.redis.scripts import ScriptRunner
+from idemctl.stores.redis.runner import ScriptRunner
 
 if TYPE_CHECKING:
     from idemctl.stores.waiting import Watch
@@ -71,7 +73,6 @@ class RedisCore(BaseStore):
         self._cluster: ClusterClient | None = client if isinstance(client, RedisCluster) else None
         self.prefix = prefix
         self.cluster = self._cluster is not None
-        direct = None if isinstance(client, RedisCluster) else Connections(client.connection_pool)
         if durable and self.cluster:
             raise ConfigError(
                 "durable=1 is not available on redis+cluster: WAIT only covers writes sent on "
@@ -82,15 +83,17 @@ class RedisCore(BaseStore):
         self.durable_timeout = durable_timeout
         self.ops = Ops(prefix, durable, self.default_retention)
         """The claim/complete path's operations, sans-IO (run by ``_do`` here)."""
-        self.script_runner = ScriptRunner(
-            client,
-            self._cluster,
-            direct,
-            self.url,
-            index=self._index_keys,
-            replicas=replicas,
-            timeout=durable_timeout,
-        )
+        self.script_runner: ScriptRunner
+        if isinstance(client, RedisCluster):
+            self.script_runner = ClusterRunner(
+                client, self.url, index=self.index_keys, replicas=replicas, timeout=durable_timeout
+            )
+        else:
+            direct = Connections(client.connection_pool)
+            self.script_runner = ScriptRunner(
+                client, direct, self.url, index=self.index_keys, replicas=replicas,
+                timeout=durable_timeout,
+            )  # fmt: skip
         self.scripts = self.script_runner.scripts
         self._all_indexes: list[tuple[str, ...]] | None = None
         self.target: Target | None = None
@@ -102,7 +105,7 @@ class RedisCore(BaseStore):
     def _key_of(self, rkey: str) -> str:
         return rkey[len(self.prefix) + 1 : -1]
 
-    def _index_keys(self, rkey: str) -> tuple[str, ...]:
+    def index_keys(self, rkey: str) -> tuple[str, ...]:
         """The index's keys (lua/_lib.lua's LIVE, COUNTS, DUE, GONE) for Redis key
         ``rkey``: the store's own on one server; on a cluster, those of rkey's hash slot."""
         if self._cluster is None:
@@ -139,14 +142,7 @@ class RedisCore(BaseStore):
 
     def _read(self, rkey: str) -> tuple[Any, datetime]:
         """What Redis key ``rkey`` holds, and the server's clock when it was read."""
-        with self._guard():
-            if self.cluster:  # a cluster pipeline refuses TIME, which has no key to route by
-                return self._client.get(rkey), self._now()
-            pipe = self._client.pipeline(transaction=False)  # both in one round trip
-            pipe.get(rkey)
-            pipe.time()
-            raw, (seconds, micros) = pipe.execute()
-            return raw, server_time(seconds, micros)
+        return self.script_runner.read(rkey)
 
     def _do(self, op: Op[T]) -> T:
         """Run an operation's script call and read its replies (``idemctl.aio`` awaits the

@@ -1,10 +1,11 @@
-"""The Lua scripts from ``lua/``, and how a store runs them.
+"""The Lua scripts from ``lua/``, and how a store's calls of them are made (no I/O here:
+``runner`` sends them).
 
 A call is one EVALSHA per group of keys: over the store's own connections on one server
-(see ``connections``), or in one pipelined round trip (one per node on a cluster), then
-what confirms the writes under durable=1. Every script is safe to repeat with the same
-arguments, so the calls a server that lost its scripts refused (NOSCRIPT) are simply sent
-again after loading them.
+(see ``connections``), or in one pipelined round trip (one per node on a cluster, see
+``nodes``), then what confirms the writes under durable=1. Every script is safe to repeat
+with the same arguments, so the calls a server that lost its scripts refused (NOSCRIPT) are
+simply sent again after loading them.
 """
 
 from __future__ import annotations
@@ -14,13 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import NoScriptError
 
 from idemctl.errors import StoreError
 from idemctl.resources import read_resource
-from idemctl.stores.redis.client import Client, ClusterClient, Queue
-from idemctl.stores.redis.connections import Connections
-from idemctl.stores.redis.errors import translate
+from idemctl.stores.redis.client import Queue
 
 SCRIPT_NAMES = (
     "claim",
@@ -54,7 +53,7 @@ Item = tuple[str | tuple[str, str], Sequence[Any]]
 """A Redis key (or a pair of them, on one server) and its own values for the script."""
 
 
-def _keys(key: str | tuple[str, str]) -> tuple[str, ...]:
+def item_keys(key: str | tuple[str, str]) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else key
 
 
@@ -84,155 +83,43 @@ def has_waitaof(server_info: Mapping[str, Any]) -> bool:
     return tuple(int(p) for p in version.split(".")[:2]) >= (7, 2)
 
 
-class ScriptRunner:
-    """Runs the scripts for one store: on ``cluster`` when it is one, else on one server
-    through ``direct``; ``replicas`` and ``timeout`` are durable=1's."""
+class ScriptPlan:
+    """How a store's script calls are made, without I/O: the scripts, the EVALSHA commands
+    for a call's items (grouped by slot on a cluster, ``keyslot``), and how a pipeline's
+    replies and durable=1's confirmation (``replicas``, ``timeout``) are read. The runner
+    (``stores.redis.runner``, written from ``idemctl.aio.redis_runner``) sends them."""
 
     def __init__(
         self,
-        client: Client,
-        cluster: ClusterClient | None,
-        direct: Connections | None,
         url: str,
         *,
         index: IndexKeys,
         replicas: int,
         timeout: float,
+        keyslot: Callable[[str], int] | None = None,
     ) -> None:
-        self._client = client
-        self._cluster = cluster
-        self._direct = direct
         self.url = url
         self.replicas = replicas
         self.timeout = timeout
+        self.cluster = keyslot is not None
+        self._keyslot = keyslot
         self.waitaof: bool | None = None  # whether the server has WAITAOF, found on first use
-        self._nodes: dict[str, Connections] = {}
-        """A cluster's nodes' own connections, by node name."""
         self.scripts = load_scripts()
         self._by_sha = {script.sha: script.name for script in self.scripts.values()}
         self._index = index
 
-    def load(self) -> None:
-        for script in self.scripts.values():
-            if self._direct is not None:  # on the connection the scripts then run on
-                self._direct.execute(("SCRIPT", "LOAD", script.source))
-            else:
-                self._client.script_load(script.source)
-
-    def loaded(self) -> dict[str, bool]:
-        """Whether each script is loaded (on every primary of a cluster)."""
-        names = list(self.scripts)
-        answers = self._client.script_exists(*(self.scripts[n].sha for n in names))
-        if isinstance(answers, dict):  # a cluster answers per primary: loaded means everywhere
-            answers = [all(col) for col in zip(*answers.values(), strict=True)]
-        return dict(zip(names, (bool(a) for a in answers), strict=True))
-
-    def call(
-        self, name: str, shared: Sequence[Any], items: Sequence[Item], confirm: bool = False
-    ) -> list[Any]:
-        """Run script ``name`` over ``items``: one reply per item.
-
-        On one server, a plain EVALSHA over the store's own connections. Otherwise one
-        EVALSHA per group of keys (see _groups), all in one pipelined round trip (one per
-        node on a cluster), followed by what confirms them when ``confirm``."""
-        sha = self.scripts[name].sha
-        try:
-            if self._direct is not None and not confirm and len(items) <= MAX_CALL_KEYS:
-                command = ("EVALSHA", *self._evalsha_args(sha, shared, items, range(len(items))))
-                for _ in range(2):
-                    try:
-                        return list(self._direct.execute(command))
-                    except NoScriptError:
-                        self.load()
-            else:
-                if self._cluster is not None and not confirm:
-                    replies = self._on_nodes(sha, shared, items)
-                    if replies is not None:
-                        return replies
-                return self._pipelined(sha, shared, items, confirm)
-        except (RedisError, RedisClusterException) as exc:
-            raise translate(exc, self.url) from exc
-        raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
-
-    def close(self) -> None:
-        if self._direct is not None:
-            self._direct.close()
-        for node in self._nodes.values():
-            node.close()
-
-    def _on_nodes(self, sha: str, shared: Sequence[Any], items: Sequence[Item]) -> list[Any] | None:
-        """A cluster's script calls sent to each node over a connection of the store's own,
-        all nodes' calls written before any reply is read, so the nodes run theirs side by
-        side; redis-py's cluster pipeline costs the client about ten times as much a key.
-        None when anything but the replies came back (a slot moved, a script the node lost,
-        a node gone): the caller sends the whole call again through the pipeline, which
-        follows redirections and refreshes the cluster's map; every script may be repeated."""
-        assert self._cluster is not None
-        nodes = self._cluster.nodes_manager
-        plan: dict[str, tuple[Connections, list[list[int]], list[tuple[Any, ...]]]] = {}
-        for group in self._groups([key for key, _ in items]):
-            node = nodes.get_node_from_slot(self._cluster.keyslot(_keys(items[group[0]][0])[0]))
-            conns = self._nodes.get(node.name) or self._nodes.setdefault(
-                node.name, Connections(node.redis_connection.connection_pool)
-            )  # one per node, whichever thread (claimer, completer, heartbeat) comes first
-            _, groups, commands = plan.setdefault(node.name, (conns, [], []))
-            groups.append(group)
-            commands.append(("EVALSHA", *self._evalsha_args(sha, shared, items, group)))
-        sent: list[tuple[Connections, Any, list[list[int]]]] = []
-        replies: list[Any] = [None] * len(items)
-        failed = False
-        try:
-            for conns, groups, commands in plan.values():
-                sent.append((conns, conns.send(commands), groups))
-        except (RedisError, OSError):
-            failed = True
-        for conns, conn, groups in sent:
-            if failed:
-                conns.discard(conn)
-                continue
-            try:
-                answers = conns.receive(conn, len(groups))
-            except (RedisError, OSError):
-                failed = True
-                continue
-            for group, answer in zip(groups, answers, strict=True):
-                if isinstance(answer, Exception):
-                    failed = True
-                    break
-                for i, reply in zip(group, answer, strict=True):
-                    replies[i] = reply
-        return None if failed else replies
-
     def _groups(self, keys: Sequence[str | tuple[str, str]]) -> list[list[int]]:
         """Which items go in one script call: a script may only touch keys of one slot on a
         cluster; on one server, any keys, in chunks that keep each call short."""
-        if self._cluster is not None:
+        if self._keyslot is not None:
             by_slot: dict[int, list[int]] = {}
             for i, key in enumerate(keys):
-                by_slot.setdefault(self._cluster.keyslot(_keys(key)[0]), []).append(i)
+                by_slot.setdefault(self._keyslot(item_keys(key)[0]), []).append(i)
             return list(by_slot.values())
         return [
             list(range(i, min(i + MAX_CALL_KEYS, len(keys))))
             for i in range(0, len(keys), MAX_CALL_KEYS)
         ]
-
-    def _pipelined(
-        self, sha: str, shared: Sequence[Any], items: Sequence[Item], confirm: bool
-    ) -> list[Any]:
-        calls = self.commands(sha, shared, items)
-        replies: list[Any] = [None] * len(items)
-        for _ in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            for _, command in calls:
-                # The cluster pipeline refuses .evalsha() by name, but routes the
-                # command by its first key like any other.
-                pipe.execute_command("EVALSHA", *command)
-            confirmations = self.add_confirmation(pipe) if confirm else 0
-            calls = self.sort(calls, pipe.execute(raise_on_error=False), confirmations, replies)
-            if not calls:
-                return replies
-            self.load()
-        raise StoreError(f"Redis at {self.url} keeps losing idemctl's Lua scripts")
 
     def commands(
         self, sha: str, shared: Sequence[Any], items: Sequence[Item]
@@ -275,7 +162,7 @@ class ScriptRunner:
         whose key is a pair (finish.lua's entity and record) gives both keys, in order. A
         script that changes records gets the index's keys for their slot after them; one
         that reads the index alone gets those keys only."""
-        keys = [k for i in group for k in _keys(items[i][0])]
+        keys = [k for i in group for k in item_keys(items[i][0])]
         name = self._by_sha[sha]
         if name in INDEX_ONLY:
             keys = list(self._index(keys[0]))
@@ -291,14 +178,12 @@ class ScriptRunner:
     def add_confirmation(self, pipe: Queue) -> int:
         """Queue what confirms the writes before it on this connection; returns how many replies.
 
-        WAITAOF where the server has it (7.2+). Older servers have only WAIT, for replicas;
-        that the write reached their own disk is read from their fsync settings, in the same
-        round trip every time, since CONFIG SET can change them at any moment."""
+        WAITAOF where the server has it (7.2+, ``waitaof``, which the runner finds out
+        first). Older servers have only WAIT, for replicas; that the write reached their own
+        disk is read from their fsync settings, in the same round trip every time, since
+        CONFIG SET can change them at any moment."""
+        assert self.waitaof is not None, "the runner asks the server first"
         timeout_ms = int(self.timeout * 1000)
-        if self.waitaof is None:
-            self.waitaof = has_waitaof(self._client.info("server"))
-            if not self.waitaof:  # refuse a server that cannot confirm before writing to it
-                self.check_fsync(self._client.config_get("append*"))
         if self.waitaof:
             pipe.execute_command("WAITAOF", 1, self.replicas, timeout_ms)
             return 1

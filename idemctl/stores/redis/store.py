@@ -6,12 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from idemctl.durations import MAX_TIMEOUT_MS
-from idemctl.stores.base import (
-    DEFAULT_LEASE,
-    DEFAULT_RETENTION,
-    LEASE_RANGE,
-    RETENTION_RANGE,
-)
+from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
 from idemctl.stores.redis.admin import RedisAdmin
 from idemctl.stores.redis.connect import connect, target
 from idemctl.stores.redis.entities import RedisEntities

@@ -31,7 +31,7 @@ CONFIRM = 2.0
 
 def channel(store: RedisCore, rkey: str) -> str:
     """The channel the scripts publish ``rkey``'s wake-up on: its index's, plus ':wake'."""
-    return store._index_keys(rkey)[0] + ":wake"
+    return store.index_keys(rkey)[0] + ":wake"
 
 
 class Subscriber:
