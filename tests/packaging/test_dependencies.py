@@ -37,9 +37,12 @@ PACKAGE = REPO / "idemctl"
 NEEDS: dict[str, set[str]] = {
     "idemctl.aio.postgres": {"postgres"},
     "idemctl.aio.postgres_core": {"postgres"},
+    "idemctl.aio.postgres_drive": {"postgres"},
     "idemctl.aio.postgres_steps": {"postgres"},
     "idemctl.aio.redis": {"redis"},
     "idemctl.aio.redis_core": {"redis"},
+    "idemctl.aio.redis_direct": {"redis"},
+    "idemctl.aio.redis_runner": {"redis"},
     "idemctl.aio.redis_steps": {"redis"},
     "idemctl.aio.unit": {"postgres"},
     "idemctl.audit": {"kafka"},
