@@ -30,6 +30,7 @@ from faststream import FastStream
 from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
 
+from idemctl.consume import Handling
 from idemctl.faststream import IdemContext, IdempotencyMiddleware
 
 
@@ -64,8 +65,9 @@ class Ledger:
 ledger = Ledger(os.environ.get("PAYMENTS_LEDGER", "ledger.db"))
 idem = IdempotencyMiddleware(
     os.environ.get("IDEMCTL_STORE", "sqlite:///./idemctl.db"),
-    key="header:idempotency-key",
-    lease=float(os.environ.get("PAYMENTS_LEASE", "30")),
+    options=Handling(
+        key="header:idempotency-key", lease=float(os.environ.get("PAYMENTS_LEASE", "30"))
+    ),
 )
 broker = KafkaBroker(
     os.environ.get("KAFKA_BOOTSTRAP", "localhost:9092"),

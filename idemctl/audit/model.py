@@ -7,8 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from idemctl.consume.options import Keyed
 from idemctl.errors import ConfigError
-from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy, order_strategy
+from idemctl.keys import DEFAULT_KEY_STRATEGY
 
 CLASSES = ("done", "dead_lettered", "stale", "skipped", "lost", "beyond_retention", "in_flight")
 """What a message below the committed offset can be (see README, "idemctl audit")."""
@@ -25,16 +26,14 @@ key under ``--key``: the template is then likelier wrong than the messages."""
 
 
 @dataclass
-class AuditOptions:
+class AuditOptions(Keyed):
+    """What to audit: the group, its topic, where to look, how fast; the keys are derived
+    as ``consume`` was run (``Keyed``: ``key``, ``on_missing_key``, ``order_key``,
+    ``sequence``)."""
+
     brokers: str
     topic: str
     group: str
-    key: str = DEFAULT_KEY_STRATEGY
-    on_missing_key: str = "dlq"
-    """As ``consume`` was run: dlq (a message without a usable key was dead-lettered), offset
-    (topic-partition-offset was its key), skip (passed by) or stop (never passed)."""
-    order_key: str | None = None
-    sequence: str | None = None
     last: int = 10_000
     """Messages per partition, the last below the committed offset."""
     since: datetime | None = None
@@ -50,15 +49,7 @@ class AuditOptions:
     """Seconds a Kafka request, or a read that brings nothing, may take."""
 
     def __post_init__(self) -> None:
-        if self.on_missing_key not in ("dlq", "offset", "skip", "stop", "fail"):
-            raise ConfigError(
-                f"--on-missing-key {self.on_missing_key!r}: use dlq, offset, skip or stop"
-            )
-        key_strategy(self.key)
-        if (self.order_key is None) != (self.sequence is None):
-            raise ConfigError("--order-key and --sequence go together: give both or neither")
-        if self.order_key is not None and self.sequence is not None:
-            order_strategy(self.order_key, self.sequence)
+        super().__post_init__()
         if self.last < 1:
             raise ConfigError("--last must be at least 1")
         if not 1 <= self.batch <= MAX_BATCH:

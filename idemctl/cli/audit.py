@@ -19,12 +19,13 @@ from idemctl.cli.common import (
     settings,
     store_fields,
 )
-from idemctl.cli.keying import KeyOption, OnMissingKeyOption, OrderKeyOption, SequenceOption
+from idemctl.cli.declared import Given, declared
 from idemctl.cli.running import (
     BrokersOption,
     KafkaConfigOption,
     kafka_settings,
 )
+from idemctl.consume.options import Keyed
 from idemctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,16 +47,18 @@ LOST_PRINTED = 20
 
 
 @command()
+@declared(
+    Keyed,  # --key, --on-missing-key, --order-key, --sequence: as consume derives keys
+    ("topic", "group", "brokers", "kafka_config", "key", "on_missing_key", "order_key",
+     "sequence", "last", "since", "dlq_topic", "rate", "batch", "fail_on"),
+)  # fmt: skip
 def audit(
     ctx: typer.Context,
     topic: Annotated[str, typer.Option("--topic", metavar="TOPIC", help="The group's topic")],
     group: Annotated[str, typer.Option("--group", metavar="GROUP", help="Consumer group id")],
+    declared: Given,
     brokers: BrokersOption = None,
     kafka_config: KafkaConfigOption = None,
-    key: KeyOption = "header:idempotency-key",
-    on_missing_key: OnMissingKeyOption = "dlq",
-    order_key: OrderKeyOption = None,
-    sequence: SequenceOption = None,
     last: Annotated[
         int,
         typer.Option(
@@ -119,10 +122,7 @@ def audit(
         brokers=brokers,
         topic=topic,
         group=group,
-        key=key,
-        on_missing_key=on_missing_key,
-        order_key=order_key,
-        sequence=sequence,
+        **declared.values(),
         last=last,
         since=None if since is None else moment(since, "--since"),
         dlq_topic=dlq_topic,

@@ -1,9 +1,33 @@
-"""``idemctl consume``: run a handler against Kafka topics, effectively once per key."""
+"""``idemctl consume``: run a handler against Kafka topics, effectively once per key.
 
-from idemctl.consume.event import Event, Handler, adapt, load_handler
-from idemctl.consume.loop import Consumer
-from idemctl.consume.options import ConsumeOptions, Summary
-from idemctl.errors import ConsumeAborted
+The names below load on first use, so that the options' declaration
+(``idemctl.consume.options``) loads without the Kafka consumer (``audit``'s command line
+takes consume's keying options from it).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from idemctl.consume.event import Event, Handler, adapt, load_handler
+    from idemctl.consume.loop import Consumer
+    from idemctl.consume.options import ConsumeOptions, Handling, Keyed, Summary
+    from idemctl.errors import ConsumeAborted
+
+_EXPORTS = {
+    "ConsumeAborted": "idemctl.errors",
+    "ConsumeOptions": "idemctl.consume.options",
+    "Consumer": "idemctl.consume.loop",
+    "Event": "idemctl.consume.event",
+    "Handler": "idemctl.consume.event",
+    "Handling": "idemctl.consume.options",
+    "Keyed": "idemctl.consume.options",
+    "Summary": "idemctl.consume.options",
+    "adapt": "idemctl.consume.event",
+    "load_handler": "idemctl.consume.event",
+}
 
 __all__ = [
     "ConsumeAborted",
@@ -11,7 +35,18 @@ __all__ = [
     "Consumer",
     "Event",
     "Handler",
+    "Handling",
+    "Keyed",
     "Summary",
     "adapt",
     "load_handler",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'idemctl.consume' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

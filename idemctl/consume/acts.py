@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.options import Handling, Summary
 from idemctl.consume.policy import (
     DEAD_LETTERED,
     REFUSED,
@@ -101,7 +101,7 @@ class Acts:
     an option the way its users give it (``--on-missing-key skip``, ``on_missing_key=``)."""
 
     def __init__(
-        self, options: ConsumeOptions, summary: Summary, log: logging.Logger, spell: Spelling
+        self, options: Handling, summary: Summary, log: logging.Logger, spell: Spelling
     ) -> None:
         self.options, self.summary, self.log, self.spell = options, summary, log, spell
         self.refusals = Refusals(options.backoff)

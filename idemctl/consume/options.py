@@ -1,10 +1,18 @@
-"""What ``idemctl consume`` is asked to do, and what it did."""
+"""What ``idemctl consume`` is asked to do, and what it did.
+
+The two option classes are the one declaration of consume's options: ``Handling`` (what
+happens to each message; the FastStream middleware takes it too) and ``ConsumeOptions``
+(``Handling`` on a Kafka consumer of idemctl's own). Each field the command line takes
+carries its flag, help and command-line default (``idemctl.consume.flags``); the CLI's
+parameters are built from them.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
+from idemctl.consume.flags import option
 from idemctl.durations import MAX_TIMEOUT_MS
 from idemctl.errors import ConfigError
 from idemctl.keys import DEFAULT_KEY_STRATEGY, key_strategy, order_strategy
@@ -17,95 +25,236 @@ MAX_CONCURRENCY = 1024
 """Handler threads one consumer may run."""
 
 
-@dataclass
-class ConsumeOptions:
-    brokers: str
-    topics: list[str]
-    group: str
-    key: str = DEFAULT_KEY_STRATEGY
-    on_missing_key: str = "dlq"
+@dataclass(kw_only=True)
+class Keyed:
+    """How a message's key (and the sequence guard's entity and sequence) is derived:
+    ``idemctl consume`` and the FastStream middleware key messages so, ``audit`` looks the
+    keys up again so."""
+
+    key: str = option(
+        DEFAULT_KEY_STRATEGY, metavar="STRATEGY",
+        help="Key strategy: header:NAME, template:{field}:{field}, payload-hash, offset",
+    )  # fmt: skip
+    on_missing_key: str = option(
+        "dlq", metavar="ACTION",
+        help="A message without a usable key, or with an unreadable payload: dlq, offset "
+        "(topic-partition-offset as its key), skip or stop",
+    )  # fmt: skip
     """For a message without a usable key (none, or one ``validate_key`` refuses) or with a
     payload the fingerprint or the key template cannot read: dlq: dead-letter it; offset: use
     topic-partition-offset as its key; skip: pass it by (its offset is stored); stop (or
     fail): stop the consumer without storing its offset."""
-    lease: float | None = None
-    max_attempts: int = 5
-    backoff: float = 1.0
-    """Seconds before the first retry; doubled each attempt, at most 60 s."""
-    dlq_topic: str | None = None
-    """Default: ``<topic>.dlq`` for each input topic."""
-    batch_size: int = 100
-    complete_batch: int = 20
-    """Completions the completer sends in one round trip at most before it stops waiting."""
-    complete_wait: float = 0.005
-    """Seconds a finished key's completion waits for others to go with it, at most: with
-    ``complete_batch``, what a SIGKILL can cost beyond the handlers it cuts off."""
-    concurrency: int = 1
-    """Partitions whose handlers run side by side (each partition's in order), for
-    handlers that wait on I/O."""
-    max_messages: int | None = None
-    exit_when_idle: float | None = None
-    kafka_config: dict[str, str] = field(default_factory=dict)
-    permanent_errors: tuple[type[BaseException], ...] = ()
-    transactional: bool = False
-    """PostgreSQL: claim, the handler's SQL on ``ctx.connection`` and completion commit in
-    one transaction, a message at a time (no batched round trips)."""
-    poll_timeout: float = 0.5
-    join_timeout: float = 60.0
-    """Seconds from the start to the first partition, else KafkaUnavailable (0: wait for
-    ever). Under ``exit_when_idle`` also how long lost brokers are waited for, and how long
-    a member left without partitions waits for some before it exits."""
-    dlq_oversize: str = "pause"
-    """A dead letter the broker refuses as too large: pause (its partition waits, with
-    back-off, until the topic takes it) or truncate (write it with the payload cut and
-    headers saying so and where the original sits)."""
-    dlq_timeout: float = 30.0
-    """Seconds the broker has to acknowledge a dead letter; past it, the message's partition
-    waits (with back-off) and the dead letter is tried again."""
-    order_key: str | None = None
+    order_key: str | None = option(
+        None, metavar="TEMPLATE",
+        help="Sequence guard: the entity an event changes, e.g. account:{account_id} or "
+        "header:NAME; with --sequence, an event older than the entity's last applied one "
+        "is not run (stale)",
+    )  # fmt: skip
     """The sequence guard's entity (``account:{account_id}`` or ``header:NAME``); with
     ``sequence``, an event runs only if its sequence is above the entity's last applied."""
-    sequence: str | None = None
+    sequence: str | None = option(
+        None, metavar="FIELD",
+        help="Sequence guard: the event's sequence, a payload field or header:NAME "
+        "(whole numbers or ISO 8601 timestamps)",
+    )  # fmt: skip
     """Where the event's sequence is: a payload field or ``header:NAME`` (whole numbers,
     or ISO 8601 timestamps)."""
-    on_stale: str = "skip"
-    """An event the guard finds stale: skip (its offset is stored, logged at info) or dlq
-    (dead-lettered, then stored)."""
-    contiguous: bool = False
-    """Pause the partition at an event whose predecessor (sequence - 1) is not applied yet, up to
-    ``gap_timeout`` seconds, then apply it and count a gap."""
-    gap_timeout: float = 30.0
-    trace_keys: str = "hash"
-    """With tracing (the ``otel`` extra): ``idemctl.key`` on the spans as its SHA-256's
-    first 16 hex digits (hash), as it is (raw), or not at all (none)."""
-    stall_timeout: float = 30.0
-    """Seconds a partition may be assigned, not paused, behind its end and without progress
-    before it counts as stalled: it is reported and recovered (resumed, sent back to its
-    committed offset). 0: never."""
-    handler_timeout: float = 300.0
-    """Seconds a handler may run before ``HandlerTimeout`` is raised in its thread (the
-    soft limit), as ``max.poll.interval.ms`` judges a consumer dead after 5 minutes.
-    0: no limit."""
-    handler_grace: float = 30.0
-    """Seconds past the soft limit before the handler's thread is abandoned (the hard
-    limit): its key is failed as timed out and a fresh thread takes its lane."""
-    max_abandoned: int = 3
-    """Threads abandoned past the hard limit before the consumer stops (StuckHandlers), so
-    that its supervisor starts a fresh process; 0: stop at the first."""
-    drain_timeout: float = 30.0
-    """Seconds ``stop()`` waits for the handlers in hand (Kubernetes' default grace
-    period); those still running then are left uncommitted (StuckHandlers)."""
-    dlq_breaker: int = 20
-    """Stop (ConsumeStopped) when this many messages in a row are dead-lettered for the same
-    reason: a storm says the consumer is misconfigured, not that the messages are bad.
-    0: never."""
 
     def __post_init__(self) -> None:
         if self.on_missing_key not in ("dlq", "offset", "skip", "stop", "fail"):
             raise ConfigError(
                 f"--on-missing-key {self.on_missing_key!r}: use dlq, offset, skip or stop"
             )
-        if min(self.max_attempts, self.batch_size, self.concurrency, self.complete_batch) < 1:
+        key_strategy(self.key)  # fails early on a bad strategy
+        if (self.order_key is None) != (self.sequence is None):
+            raise ConfigError("--order-key and --sequence go together: give both or neither")
+        if self.order_key is not None and self.sequence is not None:
+            order_strategy(self.order_key, self.sequence)
+
+
+@dataclass(kw_only=True)
+class Handling(Keyed):
+    """What happens to each message: its key, its attempts, its dead letter, the sequence
+    guard. ``idemctl consume`` and the FastStream middleware take these alike."""
+
+    on_stale: str = option(
+        "skip", metavar="ACTION",
+        help="A stale event: skip (offset stored, logged at info) or dlq",
+    )  # fmt: skip
+    """An event the guard finds stale: skip (its offset is stored, logged at info) or dlq
+    (dead-lettered, then stored)."""
+    dlq_breaker: int = option(
+        20, least=0, metavar="N",
+        help="Stop (exit 8) when N messages in a row are dead-lettered for the same reason; "
+        "0: never",
+    )  # fmt: skip
+    """Stop (ConsumeStopped) when this many messages in a row are dead-lettered for the same
+    reason: a storm says the consumer is misconfigured, not that the messages are bad.
+    0: never."""
+    dlq_timeout: float = option(
+        30.0, kind="duration", given="30s", metavar="DURATION",
+        help="How long the broker has to acknowledge a dead letter before the partition "
+        "waits and it is tried again",
+    )  # fmt: skip
+    """Seconds the broker has to acknowledge a dead letter; past it, the message's partition
+    waits (with back-off) and the dead letter is tried again."""
+    lease: float | None = option(
+        None, kind="duration", given="30s", metavar="DUR", help="Lease per claim"
+    )
+    max_attempts: int = option(5, least=1, metavar="N", help="Runs before dead-lettering")
+    backoff: float = option(
+        1.0, kind="duration", given="1s", metavar="DUR", help="First retry delay, doubling"
+    )
+    """Seconds before the first retry; doubled each attempt, at most 60 s."""
+    dlq_topic: str | None = option(
+        None, metavar="TOPIC", help="Dead-letter topic [default: TOPIC.dlq]"
+    )
+    """Default: ``<topic>.dlq`` for each input topic."""
+    transactional: bool = option(
+        False, help="PostgreSQL: the handler's SQL on ctx.connection commits with its key"
+    )
+    """PostgreSQL: claim, the handler's SQL on ``ctx.connection`` and completion commit in
+    one transaction, a message at a time (no batched round trips)."""
+    permanent_errors: tuple[type[BaseException], ...] = option(
+        (), kind="exceptions", given=None, metavar="MODULE.CLASS",
+        help="Exceptions never retried",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_attempts < 1:
+            raise ConfigError("--max-attempts must be at least 1")
+        if self.lease is not None:
+            in_range("--lease", self.lease, LEASE_RANGE)
+        if not 0 < self.dlq_timeout <= MAX_TIMEOUT_MS:
+            raise ConfigError("--dlq-timeout must be more than 0 and at most 24d20h")
+        if self.dlq_breaker < 0:
+            raise ConfigError("--dlq-breaker cannot be negative")
+        if self.on_stale not in ("skip", "dlq"):
+            raise ConfigError(f"--on-stale {self.on_stale!r}: use skip or dlq")
+
+
+@dataclass
+class ConsumeOptions(Handling):
+    """``Handling`` on a Kafka consumer of idemctl's own: ``brokers``, ``topics`` and
+    ``group``, then (by keyword) how it polls, completes, dead-letters, times handlers and
+    stops."""
+
+    brokers: str
+    topics: list[str] = option(  # noqa: RUF009 - a field with its flag
+        name="--topic", metavar="TOPIC", help="Topic to read (repeatable)"
+    )
+    group: str = option(metavar="GROUP", help="Consumer group id")
+    _: KW_ONLY
+    contiguous: bool = option(
+        False,
+        help="Pause the partition at an event whose predecessor (sequence - 1) is not applied "
+        "yet, up to --gap-timeout, then apply it and count a gap",
+    )
+    """Pause the partition at an event whose predecessor (sequence - 1) is not applied yet, up to
+    ``gap_timeout`` seconds, then apply it and count a gap."""
+    gap_timeout: float = option(
+        30.0, kind="duration", given="30s", metavar="DURATION", help="How long --contiguous waits"
+    )
+    trace_keys: str = option(
+        "hash", choices=KEY_FORMS,
+        help="With OpenTelemetry (idemctl[otel] and a tracer provider): the idempotency "
+        "key on spans as its SHA-256's first 16 hex digits, as it is, or not at all",
+    )  # fmt: skip
+    """With tracing (the ``otel`` extra): ``idemctl.key`` on the spans as its SHA-256's
+    first 16 hex digits (hash), as it is (raw), or not at all (none)."""
+    dlq_oversize: str = option(
+        "pause", metavar="ACTION",
+        help="A dead letter refused as too large: pause (its partition waits, with back-off, "
+        "until the topic takes it) or truncate (write it with the payload cut to 64 KiB "
+        "and a header saying so)",
+    )  # fmt: skip
+    """A dead letter the broker refuses as too large: pause (its partition waits, with
+    back-off, until the topic takes it) or truncate (write it with the payload cut and
+    headers saying so and where the original sits)."""
+    join_timeout: float = option(
+        60.0, kind="duration", given="60s", metavar="DUR",
+        help="Exit 7 when no partition comes within DUR of starting (under --exit-when-idle, "
+        "also when the brokers stay lost that long); 0: wait for ever",
+    )  # fmt: skip
+    """Seconds from the start to the first partition, else KafkaUnavailable (0: wait for
+    ever). Under ``exit_when_idle`` also how long lost brokers are waited for, and how long
+    a member left without partitions waits for some before it exits."""
+    batch_size: int = option(
+        100, metavar="N", help="Messages per poll and store round trip (1 to 1000000)"
+    )
+    complete_batch: int = option(
+        20, least=1, metavar="N", help="A finished key's completion leaves once N are waiting ..."
+    )
+    """Completions the completer sends in one round trip at most before it stops waiting."""
+    complete_wait: float = option(
+        0.005, kind="duration", given="5ms", metavar="DUR",
+        help="... or it has waited DUR, whichever comes first: a SIGKILL repeats the "
+        "handlers it cuts off and the completions not sent yet",
+    )  # fmt: skip
+    """Seconds a finished key's completion waits for others to go with it, at most: with
+    ``complete_batch``, what a SIGKILL can cost beyond the handlers it cuts off."""
+    concurrency: int = option(
+        1, least=1, metavar="N",
+        help="Handler threads: partitions handled side by side (for I/O-bound handlers)",
+    )  # fmt: skip
+    """Partitions whose handlers run side by side (each partition's in order), for
+    handlers that wait on I/O."""
+    max_messages: int | None = option(
+        None, least=1, metavar="N",
+        help="Stop after N messages are finished; never claims more than it will run",
+    )  # fmt: skip
+    exit_when_idle: float | None = option(
+        None, kind="duration", metavar="DUR",
+        help="Stop once the assigned partitions gave nothing for DUR (time without "
+        "partitions, paused, behind their end or cut off from the brokers does not count; "
+        "in a group, more than session.timeout.ms: a dead member's partitions come free "
+        "only then)",
+    )  # fmt: skip
+    stall_timeout: float = option(
+        30.0, kind="duration", given="30s", metavar="DUR",
+        help="A partition assigned, not paused, behind its end and without progress for "
+        "DUR is stalled: a warning, idemctl_stalled_partitions, /readyz 503, then "
+        "resumed and sent back to its committed offset; 0: never",
+    )  # fmt: skip
+    """Seconds a partition may be assigned, not paused, behind its end and without progress
+    before it counts as stalled: it is reported and recovered (resumed, sent back to its
+    committed offset). 0: never."""
+    handler_timeout: float = option(
+        300.0, kind="duration", given="5m", metavar="DUR",
+        help="A handler running DUR gets HandlerTimeout raised in its thread (the attempt "
+        "fails and is retried); 0: no limit",
+    )  # fmt: skip
+    """Seconds a handler may run before ``HandlerTimeout`` is raised in its thread (the
+    soft limit), as ``max.poll.interval.ms`` judges a consumer dead after 5 minutes.
+    0: no limit."""
+    handler_grace: float = option(
+        30.0, kind="duration", given="30s", metavar="DUR",
+        help="DUR past --handler-timeout (a blocking call that ignores it), its thread is "
+        "abandoned: its key is failed as timed out and a fresh thread takes over",
+    )  # fmt: skip
+    """Seconds past the soft limit before the handler's thread is abandoned (the hard
+    limit): its key is failed as timed out and a fresh thread takes its lane."""
+    max_abandoned: int = option(
+        3, metavar="N",
+        help="Exit 9 when more than N threads were abandoned, for a fresh process "
+        "(under --processes, a worker exits at the first and is replaced)",
+    )  # fmt: skip
+    """Threads abandoned past the hard limit before the consumer stops (StuckHandlers), so
+    that its supervisor starts a fresh process; 0: stop at the first."""
+    drain_timeout: float = option(
+        30.0, kind="duration", given="30s", metavar="DUR",
+        help="SIGTERM or Ctrl-C waits DUR at most for the handlers in hand, then exits 9 "
+        "naming those left (uncommitted); a second signal exits at once",
+    )  # fmt: skip
+    """Seconds ``stop()`` waits for the handlers in hand (Kubernetes' default grace
+    period); those still running then are left uncommitted (StuckHandlers)."""
+    kafka_config: dict[str, str] = field(default_factory=dict)
+    poll_timeout: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if min(self.batch_size, self.concurrency, self.complete_batch) < 1:
             raise ConfigError(
                 "--max-attempts, --batch-size, --complete-batch and --concurrency must be at "
                 "least 1"
@@ -117,25 +266,14 @@ class ConsumeOptions:
             )
         if self.concurrency > MAX_CONCURRENCY:
             raise ConfigError(f"--concurrency {self.concurrency}: at most {MAX_CONCURRENCY}")
-        if self.lease is not None:
-            in_range("--lease", self.lease, LEASE_RANGE)
         if self.dlq_oversize not in ("pause", "truncate"):
             raise ConfigError(f"--dlq-oversize {self.dlq_oversize!r}: use pause or truncate")
         if self.complete_wait < 0:
             raise ConfigError("--complete-wait cannot be negative")
-        if not 0 < self.dlq_timeout <= MAX_TIMEOUT_MS:
-            raise ConfigError("--dlq-timeout must be more than 0 and at most 24d20h")
-        if self.dlq_breaker < 0 or self.join_timeout < 0:
+        if self.join_timeout < 0:
             raise ConfigError("--dlq-breaker and --join-timeout cannot be negative")
-        key_strategy(self.key)  # fails early on a bad strategy
-        if (self.order_key is None) != (self.sequence is None):
-            raise ConfigError("--order-key and --sequence go together: give both or neither")
-        if self.order_key is not None and self.sequence is not None:
-            order_strategy(self.order_key, self.sequence)
-        elif self.contiguous:
+        if self.contiguous and self.order_key is None:
             raise ConfigError("--contiguous needs --order-key and --sequence")
-        if self.on_stale not in ("skip", "dlq"):
-            raise ConfigError(f"--on-stale {self.on_stale!r}: use skip or dlq")
         if self.trace_keys not in KEY_FORMS:
             raise ConfigError(f"--trace-keys {self.trace_keys!r}: use hash, raw or none")
         if self.gap_timeout < 0:

@@ -34,7 +34,7 @@ from idemctl.model import Order
 from idemctl.runner import Outcome, RunResult, Step
 
 if TYPE_CHECKING:
-    from idemctl.consume.options import ConsumeOptions
+    from idemctl.consume.options import Handling
 
 MAX_BACKOFF = 60.0
 """Seconds a partition is paused at most, whatever the back-off doubled to."""
@@ -64,7 +64,8 @@ class Admission:
 
 
 class KeyOptions(Protocol):
-    """The options a message's key is derived by: ConsumeOptions, audit's AuditOptions."""
+    """The options a message's key is derived by: Handling (consume's, the FastStream
+    middleware's), audit's AuditOptions."""
 
     key: str
     on_missing_key: str
@@ -157,7 +158,7 @@ class Decision(NamedTuple):
 
 
 def decide(
-    result: RunResult, options: ConsumeOptions, key: str | None, order: Order | None = None
+    result: RunResult, options: Handling, key: str | None, order: Order | None = None
 ) -> Decision:
     """What ``result`` (the runner's answer for the message's ``key``) comes to in Kafka."""
     outcome = result.outcome

@@ -4,10 +4,11 @@ handler: the same key strategies, outcomes, dead letters and fail-closed pauses.
     from faststream import FastStream
     from faststream.kafka import KafkaBroker
     from faststream.middlewares import AckPolicy
+    from idemctl.consume import Handling
     from idemctl.faststream import IdempotencyMiddleware
     from idemctl.runner import current_context
 
-    idem = IdempotencyMiddleware("redis://127.0.0.1:6379/0", key="header:idempotency-key")
+    idem = IdempotencyMiddleware("redis://127.0.0.1:6379/0", options=Handling(max_attempts=3))
     broker = KafkaBroker("localhost:9092", middlewares=[idem], ack_policy=AckPolicy.ACK)
     app = FastStream(broker, after_shutdown=[idem.aclose])
 

@@ -3,6 +3,7 @@ and committed or paused by the shared policy (``idemctl.consume.policy``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import weakref
@@ -18,7 +19,7 @@ from idemctl.consume.deadletter import (
     dead_letter_topic,
     fqcn,
 )
-from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.options import Handling, Summary
 from idemctl.consume.policy import MAX_BACKOFF, Keying, keyword
 from idemctl.errors import (
     ConfigError,
@@ -27,10 +28,7 @@ from idemctl.errors import (
     MissingDriver,
     StoreUnavailable,
 )
-from idemctl.keys import (
-    DEFAULT_KEY_STRATEGY,
-    Message,
-)
+from idemctl.keys import Message
 from idemctl.runner import Context, RunResult
 
 try:
@@ -76,19 +74,19 @@ class IdempotencyMiddleware:
     per idempotency key: ``KafkaBroker(..., middlewares=[IdempotencyMiddleware(...)])``.
 
     ``store``: an ``idemctl.aio.AsyncStore``, or a store URL (opened here, and closed by
-    ``aclose``). The other arguments are ``idemctl consume``'s options of the same names
-    (``idemctl.consume.ConsumeOptions``): ``key`` (a key strategy: ``header:NAME``,
+    ``aclose``). ``options``: ``idemctl consume``'s options for each message
+    (``idemctl.consume.Handling``): ``key`` (a key strategy: ``header:NAME``,
     ``template:{field}:{field}``, ``payload-hash``, ``offset``), ``on_missing_key`` (dlq,
     offset, skip or stop), ``lease``, ``max_attempts``, ``backoff`` (seconds before the
     first retry, doubled each attempt, at most 60), ``dlq_topic`` (default
     ``<topic>.dlq``), ``dlq_timeout``, ``dlq_breaker``, ``order_key``/``sequence``/
-    ``on_stale`` (the sequence guard), ``transactional`` (PostgreSQL). ``timeout``: seconds
-    a handler may run before it is cancelled with HandlerTimeout (a failed, retried
-    attempt; dead-lettered after ``max_attempts``). ``permanent``:
-    exception types that fail a key for good (``idemctl.Permanent`` always does; so does
-    pydantic's ValidationError, a payload the handler's signature refuses). ``retention``:
-    seconds a completed key is remembered (the store's default if None). ``dlq_config``:
-    aiokafka producer settings for dead letters, over those taken from the subscriber's
+    ``on_stale`` (the sequence guard), ``transactional`` (PostgreSQL), ``permanent_errors``
+    (exception types that fail a key for good; ``idemctl.Permanent`` always does, and so
+    does pydantic's ValidationError here, a payload the handler's signature refuses).
+    ``timeout``: seconds a handler may run before it is cancelled with HandlerTimeout (a
+    failed, retried attempt; dead-lettered after ``max_attempts``). ``retention``: seconds
+    a completed key is remembered (the store's default if None). ``dlq_config``: aiokafka
+    producer settings for dead letters, over those taken from the subscriber's
     connection.
 
     ``summary`` counts what happened (the names ``idemctl consume`` reports). Give
@@ -99,43 +97,16 @@ class IdempotencyMiddleware:
         self,
         store: AsyncStore | str,
         *,
-        key: str = DEFAULT_KEY_STRATEGY,
-        on_missing_key: str = "dlq",
-        lease: float | None = None,
+        options: Handling | None = None,
         retention: float | None = None,
-        max_attempts: int = 5,
-        backoff: float = 1.0,
-        permanent: tuple[type[BaseException], ...] = (),
-        dlq_topic: str | None = None,
-        dlq_timeout: float = 30.0,
-        dlq_breaker: int = 20,
-        dlq_config: Mapping[str, Any] | None = None,
-        order_key: str | None = None,
-        sequence: str | None = None,
-        on_stale: str = "skip",
-        transactional: bool = False,
         timeout: float | None = None,
+        dlq_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.timeout = timeout
         # The Kafka connection, topics and group are the subscriber's: FastStream's.
-        self.options = ConsumeOptions(
-            "",
-            [],
-            "",
-            key=key,
-            on_missing_key=on_missing_key,
-            lease=lease,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            dlq_topic=dlq_topic,
-            dlq_timeout=dlq_timeout,
-            dlq_breaker=dlq_breaker,
-            permanent_errors=(*_permanent_by_default(), *permanent),
-            order_key=order_key,
-            sequence=sequence,
-            on_stale=on_stale,
-            transactional=transactional,
-        )
+        given = options or Handling()
+        permanent = (*_permanent_by_default(), *given.permanent_errors)
+        self.options = dataclasses.replace(given, permanent_errors=permanent)
         self.retention = retention
         self.summary = Summary(state="consuming")
         # A bad URL or a missing driver fails here; connections are made on first use.
@@ -144,7 +115,7 @@ class IdempotencyMiddleware:
         self._keying = Keying(self.options, keyword)
         self._groupless: set[int] = set()
         self._pauses: weakref.WeakKeyDictionary[Any, _Pauses] = weakref.WeakKeyDictionary()
-        self._dead_letters = _DeadLetters(dlq_timeout, dict(dlq_config or {}))
+        self._dead_letters = _DeadLetters(self.options.dlq_timeout, dict(dlq_config or {}))
         self._acts = Acts(self.options, self.summary, log, keyword)
 
     def __call__(

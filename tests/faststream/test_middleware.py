@@ -18,6 +18,7 @@ import pytest
 from faststream.kafka import KafkaBroker as FastStreamBroker
 from faststream.middlewares import AckPolicy
 
+from idemctl.consume import Handling
 from idemctl.faststream import IdemContext, IdempotencyMiddleware
 from idemctl.runner import current_context
 from tests.backends import unique_prefix
@@ -143,7 +144,7 @@ def test_each_key_runs_once_across_duplicates_and_offsets_reach_the_end(
     total = len(messages) + len(dupes)
     charged: Counter[str] = Counter()
     seen: list[tuple[str, int]] = []
-    idem = IdempotencyMiddleware(store_url, backoff=0.2)
+    idem = IdempotencyMiddleware(store_url, options=Handling(backoff=0.2))
 
     async def charge(body: dict[str, Any], ctx: IdemContext) -> dict[str, Any]:
         assert current_context() is ctx
@@ -174,7 +175,7 @@ def test_a_message_without_a_key_is_dead_lettered_with_its_reason_and_passed(
         ],
     )
     ran: list[str] = []
-    idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db", backoff=0.2)
+    idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db", options=Handling(backoff=0.2))
 
     consume(kafka_broker, idem, topic, group, recording_keys(ran), messages=3)
     assert ran == ["a", "c"]
@@ -203,7 +204,7 @@ def test_an_unreachable_store_commits_nothing_and_the_message_runs_once_it_is_ba
         kafka_broker.create_topic(topic, partitions=1)
         produce(kafka_broker, topic, [{"value": {"n": i}, "idem": f"k{i}"} for i in range(3)])
         ran: list[str] = []
-        idem = IdempotencyMiddleware(url, backoff=0.2)
+        idem = IdempotencyMiddleware(url, options=Handling(backoff=0.2))
 
         async def main() -> None:
             async with subscribed(kafka_broker, idem, topic, group, recording_keys(ran)):
@@ -244,7 +245,7 @@ def test_a_key_held_by_a_dead_worker_waits_for_its_lease_then_is_taken_over(
     produce(kafka_broker, topic, [{"value": {"n": 1}, "idem": "pay-1"},
                                   {"value": {"n": 2}, "idem": "pay-2"}])  # fmt: skip
     ran: list[tuple[str, bool, int]] = []
-    idem = IdempotencyMiddleware(url, backoff=0.2)
+    idem = IdempotencyMiddleware(url, options=Handling(backoff=0.2))
 
     async def handle(body: dict[str, Any], ctx: IdemContext) -> None:
         ran.append((ctx.key, ctx.takeover, ctx.fencing_token))
@@ -269,7 +270,9 @@ def test_failures_are_retried_up_to_max_attempts_then_dead_lettered_in_order(
     )
     runs: Counter[str] = Counter()
     order: list[str] = []
-    idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db", backoff=0.1, max_attempts=3)
+    idem = IdempotencyMiddleware(
+        f"sqlite:///{tmp_path}/keys.db", options=Handling(backoff=0.1, max_attempts=3)
+    )
 
     async def handle(body: dict[str, Any]) -> str:
         do = body["do"]
@@ -348,7 +351,7 @@ def test_messages_faststream_cannot_parse_are_dead_lettered_with_their_reason(
         ],
     )
     ran: list[str] = []
-    idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db", backoff=0.2)
+    idem = IdempotencyMiddleware(f"sqlite:///{tmp_path}/keys.db", options=Handling(backoff=0.2))
 
     consume(kafka_broker, idem, topic, group, recording_keys(ran), messages=4)
     assert ran == ["a", "d"]
@@ -379,7 +382,8 @@ def test_the_sequence_guard_skips_a_stale_event(kafka_broker: KafkaBroker, tmp_p
     )
     applied: list[tuple[str, int | None]] = []
     idem = IdempotencyMiddleware(
-        f"sqlite:///{tmp_path}/keys.db", order_key="account:{account}", sequence="seq"
+        f"sqlite:///{tmp_path}/keys.db",
+        options=Handling(order_key="account:{account}", sequence="seq"),
     )
 
     async def apply(body: dict[str, Any], ctx: IdemContext) -> None:
