@@ -3,14 +3,15 @@
 
 Every piece of idemctl that exists for both sync and async callers is written once, for
 asyncio (under ``idemctl/aio/``, the HTTP middleware's attempt in
-``idemctl/http/attempt_aio.py``): the stores' front (their callers' arguments checked), the
-runner's attempt and ``@idempotent``, the protocol's steps on PostgreSQL and Redis, the
-Redis script runner, the PostgreSQL flows' driver, PostgreSQL's transactional unit, the
-outbox writer, and the HTTP middleware's attempt. This script writes their sync modules by
-removing ``async``/``await`` and renaming the async names (``AsyncStore`` -> ``Store``,
-...), then formats them with ruff. What they run has no I/O and exists once (the Redis
-operations, the PostgreSQL flows, the script calls' plan). The two heartbeats (a thread, a
-task) are not a pair: each is its concurrency's own way to beat.
+``idemctl/http/attempt_aio.py``): the stores' front (their callers' arguments checked),
+the runner's attempt, ``@idempotent`` and a heartbeat's beat, the protocol's steps on
+PostgreSQL and Redis, the Redis script runner, the PostgreSQL flows' driver, PostgreSQL's
+transactional unit, the outbox writer, and the HTTP middleware's attempt. This script
+writes their sync modules by removing ``async``/``await`` and renaming the async names
+(``AsyncStore`` -> ``Store``, ...), then formats them with ruff. What they run has no I/O
+and exists once (the Redis operations, the PostgreSQL flows, the script calls' plan). The
+two heartbeats' schedules (a thread's scheduler, an event loop's timer) are each their
+concurrency's own.
 
     scripts/unasync.py           write the sync modules
     scripts/unasync.py --check   exit 1, naming the files, when one differs from its original
@@ -38,6 +39,7 @@ FILES = {
     "idemctl/aio/redis_runner.py": "idemctl/stores/redis/runner.py",
     "idemctl/aio/front.py": "idemctl/stores/front.py",
     "idemctl/aio/decorator.py": "idemctl/runner/decorator.py",
+    "idemctl/aio/beat.py": "idemctl/runner/beat.py",
     "idemctl/http/attempt_aio.py": "idemctl/http/attempt.py",
 }
 """Each async original and the sync module written from it."""
@@ -46,6 +48,7 @@ MODULES = {
     "idemctl.aio": "idemctl.stores",
     "idemctl.aio.attempt": "idemctl.runner.attempt",
     "idemctl.aio.context": "idemctl.runner.context",
+    "idemctl.aio.beat": "idemctl.runner.beat",
     "idemctl.aio.front": "idemctl.stores.front",
     "idemctl.aio.heartbeat": "idemctl.runner.heartbeat",
     "idemctl.http.attempt_aio": "idemctl.http.attempt",

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from idemctl.errors import LeaseLost, StoreError
+from idemctl.aio.beat import beat
 
 if TYPE_CHECKING:
     from idemctl.aio.store import AsyncStore
@@ -64,20 +64,4 @@ class Heartbeat:
             log.warning("heartbeat stopped: %r", task.exception())
 
     async def _beat(self) -> None:
-        """One beat: every lease extended (a lost one dropped), every hold asked again."""
-        unanswered: StoreError | None = None
-        if self._guards:  # asking again extends the hold; a lost one shows when it settles
-            try:
-                await self.store.guard_many(self._guards, self.lease)
-            except StoreError as exc:
-                unanswered = exc
-        for a in list(self._held):
-            try:
-                await self.store.extend(a.key, a.owner, a.fencing_token, self.lease)
-            except LeaseLost as exc:  # completed meanwhile, or taken: completion says
-                log.debug("heartbeat: %s", exc)
-                self._held.remove(a)
-            except StoreError as exc:
-                unanswered = exc
-        if unanswered is not None:
-            log.warning("heartbeat could not extend the leases it holds: %s", unanswered)
+        await beat(self.store, self.lease, list(self._held), self._guards, self._held.remove)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import os
 import threading
 import time
@@ -18,13 +17,12 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from idemctl.errors import LeaseLost, StoreError
+from idemctl.runner.beat import beat
 
 if TYPE_CHECKING:
     from idemctl.model import Acquired, Guard
     from idemctl.stores.base import Store
 
-log = logging.getLogger("idemctl.runner")
 
 BEAT_THREADS = 4
 """Beats of several heartbeats that fall due together run side by side, up to this many."""
@@ -192,19 +190,4 @@ class Heartbeat:
                     _scheduler.push(time.monotonic() + self.lease / 3, self)
 
     def _extend(self, held: list[Acquired], guards: list[Guard]) -> None:
-        unanswered: StoreError | None = None
-        if guards:  # asking again extends the hold; a lost one shows when it settles
-            try:
-                self.store.guard_many(guards, self.lease)
-            except StoreError as exc:
-                unanswered = exc
-        for a in held:
-            try:
-                self.store.extend(a.key, a.owner, a.fencing_token, self.lease)
-            except LeaseLost as exc:  # completed meanwhile, or taken: completion says
-                log.debug("heartbeat: %s", exc)
-                self.done([a.key])
-            except StoreError as exc:
-                unanswered = exc
-        if unanswered is not None:
-            log.warning("heartbeat could not extend the leases it holds: %s", unanswered)
+        beat(self.store, self.lease, held, guards, lambda a: self.done([a.key]))

@@ -1,0 +1,50 @@
+# Written by scripts/unasync.py from idemctl/aio/beat.py: change that file and run the
+# script (scripts/test checks the two agree). Do not edit this one.
+"""A heartbeat's beat: every lease it keeps extended (a lost one dropped), every hold on an
+entity asked again. The heartbeats themselves (a thread's scheduler, an event loop's timer)
+each beat with their own concurrency's copy of this.
+
+Written by scripts/unasync.py from ``idemctl.aio.beat``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from idemctl.errors import LeaseLost, StoreError
+
+if TYPE_CHECKING:
+    from idemctl.model import Acquired, Guard
+    from idemctl.stores.base import Store
+
+log = logging.getLogger("idemctl.runner")
+
+
+def beat(
+    store: Store,
+    lease: float,
+    held: Sequence[Acquired],
+    guards: Sequence[Guard],
+    dropped: Callable[[Acquired], None],
+) -> None:
+    """Extend ``held``'s leases and ask ``guards`` again, for ``lease`` seconds; a key whose
+    lease was lost (completed meanwhile, or taken) goes to ``dropped`` (completing it says
+    so); a store that does not answer is logged, and tried again at the next beat."""
+    unanswered: StoreError | None = None
+    if guards:  # asking again extends the hold; a lost one shows when it settles
+        try:
+            store.guard_many(guards, lease)
+        except StoreError as exc:
+            unanswered = exc
+    for a in held:
+        try:
+            store.extend(a.key, a.owner, a.fencing_token, lease)
+        except LeaseLost as exc:
+            log.debug("heartbeat: %s", exc)
+            dropped(a)
+        except StoreError as exc:
+            unanswered = exc
+    if unanswered is not None:
+        log.warning("heartbeat could not extend the leases it holds: %s", unanswered)
