@@ -23,6 +23,16 @@ MAX_BATCH = 1_000_000
 """Messages one poll may ask librdkafka for."""
 MAX_CONCURRENCY = 1024
 """Handler threads one consumer may run."""
+COMPLETE_BATCH = 20
+"""``--complete-batch``'s default."""
+
+
+def repeats_per_kill(concurrency: int = 1, complete_batch: int = COMPLETE_BATCH) -> int:
+    """The most effects a SIGKILL of one ``idemctl consume`` process can repeat, out of
+    transactional mode: the handlers running (``concurrency``) and the completions not
+    acknowledged yet (a full batch waiting behind one on its way: ``2 x complete_batch``;
+    see ``runner.batch``'s completer). ``verify`` and ``demo`` judge their kills by it."""
+    return concurrency + 2 * complete_batch
 
 
 @dataclass(kw_only=True)
@@ -184,7 +194,10 @@ class ConsumeOptions(Handling):
         100, metavar="N", help="Messages per poll and store round trip (1 to 1000000)"
     )
     complete_batch: int = option(
-        20, least=1, metavar="N", help="A finished key's completion leaves once N are waiting ..."
+        COMPLETE_BATCH,
+        least=1,
+        metavar="N",
+        help="A finished key's completion leaves once N are waiting ...",
     )
     """Completions the completer sends in one round trip at most before it stops waiting."""
     complete_wait: float = option(

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from idemctl.consume.options import repeats_per_kill
 from idemctl.drivers import require
 from idemctl.errors import ConfigError
 from idemctl.harness.broker import brokers_or_local
@@ -30,10 +31,10 @@ from idemctl.harness.broker import brokers_or_local
 HANDLER = "payments:charge"
 PARTITIONS = 3
 BATCH = 1
-"""Messages a consumer claims and completes together. A kill between a charge and its
-completion charges that payment again when its lease runs out; a batch of one keeps
-that window to the moment between the charge and its completion (batches trade it for
-fewer store round trips)."""
+"""Messages a consumer polls and claims together. A kill between a charge and its
+completion charges that payment again when its lease runs out: at most
+``repeats_per_kill()`` payments a kill, the charge running and the completions not
+acknowledged yet."""
 
 
 @dataclass
@@ -62,8 +63,8 @@ class Report:
     @property
     def ok(self) -> bool:
         # A consumer killed between its charges and their completion may charge those keys
-        # again: at most a batch per kill. None may be lost.
-        return not self.never and len(self.twice) <= self.kills * BATCH
+        # again: at most repeats_per_kill() a kill. None may be lost.
+        return not self.never and len(self.twice) <= self.kills * repeats_per_kill()
 
 
 def examples_dir() -> Path:

@@ -37,17 +37,17 @@ def effect(key: str, pid: int, at: float) -> Effect:
     return Effect(key, pid, at - 0.1, at)
 
 
-def test_only_the_effects_a_kill_cut_off_are_allowed_and_at_most_a_batch_a_kill() -> None:
+def test_only_the_effects_a_kill_cut_off_are_allowed_and_at_most_so_many_a_kill() -> None:
     effects = [
         effect("a", 10, 1.0), effect("a", 20, 5.0),  # 10 killed at 2.0: explained
         effect("b", 10, 1.5), effect("b", 20, 6.0),  # the same kill: explained
-        effect("c", 10, 1.8), effect("c", 20, 7.0),  # a third for that kill: over the batch
+        effect("c", 10, 1.8), effect("c", 20, 7.0),  # a third for that kill: over 2 a kill
         effect("d", 30, 1.0), effect("d", 20, 8.0),  # 30 was never killed: unexplained
         effect("e", 40, 9.0), effect("e", 20, 9.5),  # 40 killed before it wrote: unexplained
         effect("f", 20, 3.0),  # once: no duplicate
     ]  # fmt: skip
     killed = {10: 2.0, 40: 4.0}
-    duplicates, allowed, unexplained, mid_handler = judge(effects, killed, [], PLAN)
+    duplicates, allowed, unexplained, mid_handler = judge(effects, killed, [], PLAN, most=2)
     assert (duplicates, allowed, unexplained, mid_handler) == (5, 2, 3, 1)
 
 

@@ -11,8 +11,9 @@ reads the ledger and the dead-letter topic, and judges:
 - **duplicate effects**: effects beyond the first of a key. In transactional mode
   (PostgreSQL, the ledger row in the key's transaction) none are allowed. Otherwise an
   effect may repeat only when its consumer was SIGKILLed after it and before its key was
-  completed, at most ``batch_size`` a kill (what one poll batch holds), or when a store
-  fault kept it from being completed;
+  completed, at most what ``idemctl consume`` promises a kill can repeat (the handler
+  running and the completions not acknowledged yet: ``repeats_per_kill``), or when a
+  store fault kept it from being completed;
 - **dead letters**: exactly the planted poison keys in the dead-letter topic.
 
 Everything it made is removed at the end, also on Ctrl-C, unless ``keep``. No printing here:

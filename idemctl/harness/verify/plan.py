@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from idemctl import backends
+from idemctl.consume.options import COMPLETE_BATCH, repeats_per_kill
 from idemctl.errors import ConfigError
 from idemctl.stores.limits import LEASE_RANGE, in_range
 
@@ -178,7 +179,8 @@ def guarantee_of(plan: Plan) -> tuple[str, str]:
         return "transactional", "effect and completion commit together: no duplicate effect"
     return "at-least-once effects", (
         f"an effect repeats only when a SIGKILL lands between it and its key's completion: "
-        f"at most {plan.batch_size} a kill (--batch-size)"
+        f"at most {repeats_per_kill()} a kill (the handler running and 2 x --complete-batch "
+        f"{COMPLETE_BATCH} completions not acknowledged yet)"
     )
 
 
@@ -194,11 +196,13 @@ def judge(
     killed: dict[int, float],
     faults: list[Fault],
     plan: Plan,
+    most: int | None = None,
 ) -> Duplicates:
     """The duplicate effects, those the guarantee allows, the unexplained ones and the kills
     that landed mid-handler, for the ledger's ``effects`` in the order written, ``killed`` PID ->
     when it was SIGKILLed (wall clock). Every effect of a key but its last was repeated: it is
-    explained when its process was killed after it (at most ``batch_size`` a kill), or, out
+    explained when its process was killed after it (at most ``most`` a kill, by default
+    ``repeats_per_kill()``: consume's own bound with the defaults verify's consumers run), or, out
     of transactional mode, when it was recorded while a store fault could keep its key from
     being completed (from a lease before the fault to its end)."""
     by_key: dict[str, list[Effect]] = {}
@@ -217,8 +221,9 @@ def judge(
                 unexplained += 1
     if plan.transactional:
         return Duplicates(duplicates, 0, duplicates, len(cut_off))
-    over = sum(max(0, n - plan.batch_size) for n in cut_off.values())
-    allowed = sum(min(n, plan.batch_size) for n in cut_off.values()) + by_fault
+    most = repeats_per_kill() if most is None else most
+    over = sum(max(0, n - most) for n in cut_off.values())
+    allowed = sum(min(n, most) for n in cut_off.values()) + by_fault
     return Duplicates(duplicates, allowed, unexplained + over, len(cut_off))
 
 
