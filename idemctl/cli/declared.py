@@ -11,7 +11,7 @@ import importlib
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Annotated, Any, TypeVar, cast
 
 import typer
@@ -104,8 +104,8 @@ def _value(field: dataclasses.Field[Any], flag: Flag, value: Any) -> Any:
         return None if value is None else duration(value, name)
     if flag.kind == "exceptions":
         return tuple(_exception(name, path) for path in value or ())
-    if flag.choices:
-        return value.value
+    if flag.choices:  # the enum's member, or its text where typer leaves it (typer 0.16)
+        return value.value if isinstance(value, Enum) else value
     return value
 
 
