@@ -66,7 +66,7 @@ def test_lines_of_another_version_or_none_of_the_protocol_are_not_read() -> None
 
 WORKER = textwrap.dedent(
     """
-    import json, sys
+    import json, os, pathlib, sys, time
     # A log line that looks like progress: the supervisor must not read it.
     print(json.dumps({"level": "info", "msg": "consume progress", "executed": 999}),
           file=sys.stderr, flush=True)
@@ -74,22 +74,29 @@ WORKER = textwrap.dedent(
     line = {"idemctl_worker": 1, "type": "progress", "fields": {"state": "consuming"},
             "counts": {"executed": 1}}
     print(json.dumps(line), flush=True)
+    done = pathlib.Path(os.environ["FIRST_DONE"])
     if sys.argv[-1] == "0":
         print(json.dumps({"idemctl_worker": 1, "type": "summary",
-                          "counts": {"executed": 3}, "dead_letters": {}}), end="")
+                          "counts": {"executed": 3}, "dead_letters": {}}), end="", flush=True)
+        done.touch()
     else:
+        # Fails only once the first has said all: the failure stops the others, and a
+        # loaded machine may not yet have started the first.
+        deadline = time.monotonic() + 120
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         print(json.dumps({"idemctl_worker": 1, "type": "error", "message": "bad config"}))
         sys.exit(2)
     """
 )
 
 
-def test_the_supervisor_reads_counts_and_errors_from_the_protocol_alone() -> None:
+def test_the_supervisor_reads_counts_and_errors_from_the_protocol_alone(tmp_path: Path) -> None:
     logged: list[Any] = []
     supervisor = Supervisor(
         [sys.executable, "-c", WORKER],
         2,
-        env=dict(os.environ),
+        env={**os.environ, "FIRST_DONE": str(tmp_path / "first-done")},
         on_line=lambda worker, line: logged.append(line),
     )
     ending = supervisor.run()
