@@ -45,7 +45,7 @@ from idemctl.consume.pausing import Pausing
 from idemctl.consume.policy import Keying, flag
 from idemctl.consume.rounds import Rounds
 from idemctl.consume.traced import Tracing
-from idemctl.consume.watch import Watch, kafka_log, log
+from idemctl.consume.watch import CLOSE_TIMEOUT, Watch, kafka_log, log, within
 from idemctl.drivers import require
 from idemctl.durations import format_duration
 from idemctl.errors import (
@@ -446,14 +446,20 @@ class Consumer(Rounds, Acting, Pausing, Watch):
             lane.close()
             if not lane.busy:  # a stuck thread's batch dies with the process
                 lane.batch.close()
-        try:
-            self._kafka.commit(asynchronous=False)
-        except KafkaException as exc:  # nothing stored since the last commit
-            log.debug("final commit: %s", exc)
-        try:
-            self._kafka.close()
-        except (KafkaException, RuntimeError) as exc:
-            log.debug("close: %s", exc)
+
+        def leave() -> None:
+            try:
+                self._kafka.commit(asynchronous=False)
+            except KafkaException as exc:  # nothing stored since the last commit
+                log.debug("final commit: %s", exc)
+            try:
+                self._kafka.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("close: %s", exc)
+
+        # librdkafka's synchronous commit and its close wait without a bound (for a group
+        # coordinator, say): a consumer told to stop must stop all the same.
+        within(leave, CLOSE_TIMEOUT, "the final commit and leaving the group")
         if self._dlq is not None:
             self._dlq.close()
 
@@ -461,7 +467,11 @@ class Consumer(Rounds, Acting, Pausing, Watch):
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         """Finish the rounds of the revoked partitions (for at most --drain-timeout), then
-        commit what is stored."""
+        commit what is stored. Closing, the close committed it already: a commit from
+        inside librdkafka's close can wait for ever (seen on CI: the worker never exited)."""
+        if self._closing:
+            self._forget_partitions(partitions)
+            return
         revoked = {(p.topic, p.partition) for p in partitions}
         # Closing (the drain is over): what still runs was named already; no second wait.
         deadline = time.monotonic() + (0 if self._closing else self.options.drain_timeout)

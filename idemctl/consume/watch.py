@@ -11,6 +11,7 @@ round again)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Container
 from typing import Any
@@ -30,6 +31,37 @@ DOWN_LOG_EVERY = 60.0
 """Seconds between two warnings while the brokers stay unreachable."""
 PROBE_EVERY = 5.0
 """Seconds between two metadata requests that tell whether lost brokers are back."""
+CLOSE_TIMEOUT = 10.0
+"""Seconds the final commit and the client's close may take before the consumer stops
+without them: what they did not commit is delivered again, and found done in the store."""
+
+
+def within(call: Callable[[], None], seconds: float, what: str) -> bool:
+    """Run ``call`` in a thread of its own and wait for it ``seconds`` at most: whether it
+    finished (if not, a warning naming ``what``, and it is left running, as a daemon)."""
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # raised here, in the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="idemctl-close", daemon=True).start()
+    if not done.wait(seconds):
+        log.warning(
+            "%s did not finish within %gs: stopping without it; messages finished since the "
+            "last commit are delivered again and found done in the store",
+            what,
+            seconds,
+        )
+        return False
+    if failed:
+        raise failed[0]
+    return True
 
 
 class Watch:
