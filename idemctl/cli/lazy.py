@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "idemctl.cli.audit",
         "Check a consumer group for messages it committed past and never finished.",
     ),
+    "console": (
+        "idemctl.cli.console",
+        "Serve the web console: the store's keys, entities and actions, in a browser.",
+    ),
     "consume": (
         "idemctl.cli.consume",
         "Run a handler for each message of the topics, effectively once per key.",
