@@ -88,7 +88,9 @@ def make_app(console: Console) -> Starlette:
         return PlainTextResponse("ok")
 
     def login_form(request: Request, failed: bool = False) -> Response:
-        token = secrets.token_urlsafe(32)
+        # One token per browser until it logs in: a second login page (another tab, the
+        # favicon's redirect) must not void the form already shown.
+        token = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
         html = pages.get_template("login.html").render(
             csrf=token, failed=failed, next=request.query_params.get("next", "/"), user=None,
             store=console.shown_url, repair=False,
@@ -225,7 +227,7 @@ class _Guard(BaseHTTPMiddleware):
 
 
 def _open(path: str) -> bool:
-    return path in ("/login", "/healthz") or path.startswith("/static/")
+    return path in ("/login", "/healthz", "/favicon.ico") or path.startswith("/static/")
 
 
 def _user(console: Console, request: Request) -> User | None:

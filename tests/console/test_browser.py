@@ -33,13 +33,24 @@ def console(tmp_path: Path) -> Any:
         process.stop()
 
 
+def click(driver: Any, by: str, what: str) -> None:
+    """Click, then wait for the page it loads (reading the old page meanwhile is a race)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as loaded
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")
+    driver.find_element(by, what).click()
+    WebDriverWait(driver, 30).until(loaded.staleness_of(page))
+
+
 def log_in(driver: Any, base: str, name: str, password: str) -> None:
     from selenium.webdriver.common.by import By
 
     driver.get(f"{base}/login")
     driver.find_element(By.ID, "name").send_keys(name)
     driver.find_element(By.ID, "password").send_keys(password)
-    driver.find_element(By.ID, "submit").click()
+    click(driver, By.ID, "submit")
 
 
 def test_an_operator_finds_a_stale_key_unlocks_it_and_sees_it_logged(
@@ -52,15 +63,15 @@ def test_an_operator_finds_a_stale_key_unlocks_it_and_sees_it_logged(
     browser.get(f"{console.base}/keys")
     browser.find_element(By.ID, "prefix").send_keys("pay-")
     browser.find_element(By.ID, "stale").click()
-    browser.find_element(By.ID, "find").click()
+    click(browser, By.ID, "find")
     found = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#keys a.key")]
     assert found == ["pay-stuck-1"]
-    browser.find_element(By.LINK_TEXT, "pay-stuck-1").click()
-    browser.find_element(By.ID, "unlock").click()
+    click(browser, By.LINK_TEXT, "pay-stuck-1")
+    click(browser, By.ID, "unlock")
     browser.find_element(By.ID, "confirm").send_keys("pay-stuck-1")
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SHOTS / "confirm.png"))
-    browser.find_element(By.ID, "do").click()
+    click(browser, By.ID, "do")
     rows = browser.find_element(By.ID, "log").text
     assert "ana unlock pay-stuck-1" in rows
     browser.save_screenshot(str(SHOTS / "operator-log.png"))
