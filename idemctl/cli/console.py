@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from idemctl.cli.common import cli_target, command, note, settings
+from idemctl.cli.common import cli_target, command, note, settings, store_fields
+from idemctl.cli.running import BrokersOption, KafkaConfigOption, kafka_settings
 from idemctl.errors import ConfigError
 
 USERS_ENV = "IDEMCTL_CONSOLE_USERS"
@@ -44,25 +45,48 @@ def console(
     ] = False,
     allow_repair: Annotated[
         bool,
-        typer.Option("--allow-repair", help="Let operators unlock and forget keys [default: read-only]"),
+        typer.Option(
+            "--allow-repair", help="Let operators unlock and forget keys [default: read-only]"
+        ),
     ] = False,
     operator_log: Annotated[
         Path,
-        typer.Option("--operator-log", metavar="FILE", help="Where actions are logged (JSON lines)"),
+        typer.Option(
+            "--operator-log", metavar="FILE", help="Where actions are logged (JSON lines)"
+        ),
     ] = Path("idemctl-operator.log"),
     tls: Annotated[
         bool, typer.Option("--behind-tls", help="Served over HTTPS (by a proxy): Secure cookies")
+    ] = False,
+    brokers: BrokersOption = None,
+    kafka_config: KafkaConfigOption = None,
+    hash_password: Annotated[
+        bool,
+        typer.Option(
+            "--hash-password",
+            help="Ask for a password and print its argon2 hash for the users file; serve nothing",
+        ),
     ] = False,
 ) -> None:
     """Serve the web console: the store's keys, entities and actions, in a browser.
 
     Login is required unless --no-auth on a loopback address. Read-only unless
-    --allow-repair; then operators may unlock and forget keys, each with a dry run and a
-    typed confirmation, each written to the operator log.
+    --allow-repair; then operators may unlock, forget, purge and replay, each with a dry
+    run and a typed confirmation, each written to the operator log. Audits and outbox
+    replays reach Kafka at --brokers.
     """
-    from idemctl.console.app import Console, make_app
+    from idemctl.drivers import require
+
+    for package in ("starlette", "jinja2", "uvicorn", "multipart", "argon2", "bcrypt"):
+        require(package, "console", "idemctl console")
     from idemctl.console.auth import Proxy, Users
-    from idemctl.console.oplog import OperatorLog
+
+    if hash_password:
+        from idemctl.console.auth import hash_password as hashed
+
+        password = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+        typer.echo(hashed(password))
+        return
 
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():
@@ -76,18 +100,29 @@ def console(
     elif os.environ.get(USERS_ENV):
         people = Users.parse(os.environ[USERS_ENV], USERS_ENV)
     if people is None and not no_auth and not trust_proxy:
-        raise ConfigError(f"no users: give --users FILE or ${USERS_ENV}, --trust-proxy, or --no-auth")
+        raise ConfigError(
+            f"no users: give --users FILE or ${USERS_ENV}, --trust-proxy, or --no-auth"
+        )
     current = settings(ctx)
+    kafka_brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     import uvicorn
 
+    from idemctl.console.app import Console, make_app
+    from idemctl.console.oplog import OperatorLog
+    from idemctl.console.views import Where
+
     with cli_target(ctx) as target:
+        where = Where(target, store_fields(ctx, target.url)["store_source"], kafka_brokers, kafka)
         app = make_app(
             Console(
-                target, target.url, people, Proxy(trust_proxy) if trust_proxy else None,
-                no_auth, allow_repair, OperatorLog(operator_log), secure=tls,
+                where, people, Proxy(trust_proxy) if trust_proxy else None, no_auth,
+                allow_repair, OperatorLog(operator_log), secure=tls,
             )
         )  # fmt: skip
-        note(current, f"console on http://{bind}/ ({'repairs allowed' if allow_repair else 'read-only'})")
+        note(
+            current,
+            f"console on http://{bind}/ ({'repairs allowed' if allow_repair else 'read-only'})",
+        )
         uvicorn.run(app, host=host, port=int(port), log_level="warning")
 
 

@@ -79,8 +79,8 @@ class Users:
     def parse(cls, text: str, source: str) -> Users:
         """The users in ``text`` (``source`` names it in errors: a file, an env var)."""
         entries: dict[str, tuple[str, str]] = {}
-        for n, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
+        for n, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
             if not line or line.startswith("#"):
                 continue
             parts = line.split()
@@ -92,7 +92,7 @@ class Users:
             if not hashed.startswith(("$argon2", *BCRYPT)):
                 raise ConfigError(
                     f"{source}, line {n}: the hash must be argon2 ($argon2id$...) or bcrypt "
-                    "($2b$...): make one with idemctl console hash-password"
+                    "($2b$...): make one with idemctl console --hash-password"
                 )
             if name in entries:
                 raise ConfigError(f"{source}, line {n}: {name!r} again")
@@ -174,7 +174,9 @@ class Proxy:
             raise ConfigError(f"--trust-proxy: {exc}") from None
         self.header = header
 
-    def user(self, client: str | None, headers: Mapping[str, str], users: Users | None) -> User | None:
+    def user(
+        self, client: str | None, headers: Mapping[str, str], users: Users | None
+    ) -> User | None:
         """The user the proxy vouches for, if the request came from it."""
         if client is None or not self.trusts(client):
             return None

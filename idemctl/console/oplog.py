@@ -21,6 +21,9 @@ class Entry:
     target: str
     result: str
 
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
 
 class OperatorLog:
     """An append-only JSON-lines file; ``recent`` reads its last entries."""
@@ -31,7 +34,7 @@ class OperatorLog:
 
     def write(self, user: str, action: str, target: str, result: str) -> Entry:
         entry = Entry(datetime.now(UTC).isoformat(timespec="seconds"), user, action, target, result)
-        line = json.dumps(asdict(entry), ensure_ascii=False)
+        line = json.dumps(entry.to_json(), ensure_ascii=False)
         with self._lock, self.path.open("a", encoding="utf-8") as out:
             out.write(line + "\n")
         return entry

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from idemctl.console.auth import hash_password
+from tests.powertools.conftest import _no_lambda_env, redis_client, redis_pt  # noqa: F401
 from tests.servers import HOST, free_port, http_answers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,11 @@ PASSWORDS = {"ana": "right horse", "bo": "battery staple"}
 
 
 class ConsoleProcess:
-    def __init__(self, url: str, folder: Path, *options: str) -> None:
+    shots = False
+    """Whether its browser tests take the docs' screenshots."""
+
+    def __init__(self, url: str, folder: Path, *options: str, bind: str = HOST) -> None:
+        self.url = url
         self.port = free_port()
         self.log = folder / "operator.log"
         users = folder / "users.txt"
@@ -33,15 +38,17 @@ class ConsoleProcess:
         )
         command = [
             sys.executable, "-m", "idemctl", "--store", url, "console",
-            "--bind", f"{HOST}:{self.port}", "--users", str(users),
+            "--bind", f"{bind}:{self.port}", "--users", str(users),
             "--operator-log", str(self.log), *options,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+        self.stderr = folder / "console.err"
+        with self.stderr.open("wb") as err:  # a file, never a pipe that fills and blocks it
+            self.proc = subprocess.Popen(command, env=env, stderr=err)
         deadline = time.monotonic() + 60
         while not http_answers(self.port):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"console exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+                raise RuntimeError(f"console exited: {self.stderr.read_text()}")
             if time.monotonic() > deadline:
                 raise RuntimeError("console did not answer within 60 s")
             time.sleep(0.1)

@@ -1,10 +1,13 @@
 """The console in a real browser (headless chromium) against a real ``idemctl console``
-process: log in, find a stale key by prefix, open it, unlock it with the typed
-confirmation, and see the action in the operator log; a viewer has no action button and a
-forged POST gets 403; a key holding markup renders as text; a wrong password is refused."""
+process, on SQLite and on Redis: log in, find a stale key by prefix, open it, unlock it
+with the typed confirmation, and see the action in the operator log; reveal a masked
+result; sweep the stale keys; a viewer has no action button and a forged POST gets 403; a
+key holding markup renders as text; a wrong password is refused. The screenshots of the
+docs (docs/images/console/) are the SQLite run's."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,25 +15,42 @@ import pytest
 
 from idemctl import open_store
 from idemctl.model import ClaimRequest
-from tests.backends import expire_lease
+from tests.backends import expire_lease, unique_prefix
 from tests.console.conftest import PASSWORDS, ConsoleProcess
 
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "images" / "console"
 
 
-@pytest.fixture
-def console(tmp_path: Path) -> Any:
-    url = f"sqlite:///{tmp_path}/keys.db"
+RESULT = {"charge": "ch_1", "note": "<img src=x onerror=alert(1)>"}
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def console(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/keys.db"
+    else:
+        server = request.getfixturevalue("redis_server")
+        url = f"redis://127.0.0.1:{server.port}/0?prefix={unique_prefix()}"
     with open_store(url) as store:
         store.provision()
         store.claim_many([ClaimRequest("pay-stuck-1"), ClaimRequest("pay-ok-2")], lease=3600)
         expire_lease(store, "pay-stuck-1", ago=600)
         store.claim("<script>alert(1)</script>", lease=3600)
+        done = store.claim("pay-done-3", lease=3600)
+        store.complete("pay-done-3", done.owner, RESULT)
     process = ConsoleProcess(url, tmp_path, "--allow-repair")
+    process.shots = request.param == "sqlite"
     try:
         yield process
     finally:
         process.stop()
+
+
+def shot(console: ConsoleProcess, driver: Any, name: str) -> None:
+    """The docs' screenshot ``name`` (from the SQLite run)."""
+    if console.shots:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / f"{name}.png"))
 
 
 def click(driver: Any, by: str, what: str) -> None:
@@ -59,22 +79,65 @@ def test_an_operator_finds_a_stale_key_unlocks_it_and_sees_it_logged(
     from selenium.webdriver.common.by import By
 
     log_in(browser, console.base, "ana", PASSWORDS["ana"])
-    assert browser.find_element(By.ID, "total").text == "3"
+    assert browser.find_element(By.ID, "total").text == "4"
+    assert browser.find_element(By.CSS_SELECTOR, "#stale a").text == "1"
+    shot(console, browser, "overview")
     browser.get(f"{console.base}/keys")
     browser.find_element(By.ID, "prefix").send_keys("pay-")
     browser.find_element(By.ID, "stale").click()
     click(browser, By.ID, "find")
     found = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#keys a.key")]
     assert found == ["pay-stuck-1"]
+    shot(console, browser, "keys")
     click(browser, By.LINK_TEXT, "pay-stuck-1")
     click(browser, By.ID, "unlock")
+    assert "the record is in_progress, attempt 1" in browser.find_element(By.ID, "preview").text
+    browser.find_element(By.ID, "confirm").send_keys("pay-stuck-2")  # mistyped: nothing done
+    click(browser, By.ID, "do")
+    assert browser.find_element(By.ID, "mistyped").text.startswith("the confirmation did not")
     browser.find_element(By.ID, "confirm").send_keys("pay-stuck-1")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(SHOTS / "confirm.png"))
+    shot(console, browser, "confirm")
     click(browser, By.ID, "do")
     rows = browser.find_element(By.ID, "log").text
-    assert "ana unlock pay-stuck-1" in rows
-    browser.save_screenshot(str(SHOTS / "operator-log.png"))
+    assert "ana unlock pay-stuck-1 1 done" in rows
+    shot(console, browser, "operator-log")
+    with open_store(console.url) as store:
+        record = store.get("pay-stuck-1")
+        assert record is not None and record.owner is None  # released: the next claim runs
+
+
+def test_a_result_is_masked_until_an_operator_reveals_it_and_that_is_logged(
+    console: ConsoleProcess, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    log_in(browser, console.base, "ana", PASSWORDS["ana"])
+    browser.get(f"{console.base}/keys/pay-done-3")
+    assert browser.find_element(By.ID, "result").text.startswith("masked")
+    assert "ch_1" not in browser.page_source
+    click(browser, By.ID, "reveal")
+    shown = browser.find_element(By.CSS_SELECTOR, "#result pre").text
+    assert json.loads(shown) == RESULT  # the markup in it as text
+    assert browser.execute_script("return document.querySelectorAll('main img').length") == 0
+    shot(console, browser, "key")
+    browser.get(f"{console.base}/log")
+    assert "ana reveal pay-done-3 shown" in browser.find_element(By.ID, "log").text
+
+
+def test_an_operator_unlocks_every_stale_key_after_a_dry_run(
+    console: ConsoleProcess, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    log_in(browser, console.base, "ana", PASSWORDS["ana"])
+    click(browser, By.ID, "unlock-stale")
+    assert browser.find_element(By.ID, "preview-keys").text == "pay-stuck-1"
+    assert browser.find_element(By.ID, "expected").text == "unlock-stale 1"
+    browser.find_element(By.ID, "confirm").send_keys("unlock-stale 1")
+    click(browser, By.ID, "do")
+    assert "ana unlock-stale older than 0s 1 done" in browser.find_element(By.ID, "log").text
+    browser.get(f"{console.base}/")
+    assert browser.find_element(By.CSS_SELECTOR, "#stale a").text == "0"
 
 
 def test_a_key_holding_markup_shows_as_text(console: ConsoleProcess, browser: Any) -> None:
@@ -96,12 +159,22 @@ def test_a_viewer_has_no_action_and_a_forged_post_is_refused(
     log_in(browser, console.base, "bo", PASSWORDS["bo"])
     browser.get(f"{console.base}/keys/pay-stuck-1")
     assert browser.find_elements(By.ID, "unlock") == []
+    assert browser.find_elements(By.ID, "forget") == []
+    browser.get(f"{console.base}/keys/pay-done-3")
+    assert browser.find_elements(By.ID, "reveal") == []  # a viewer never sees a result
+    browser.get(f"{console.base}/")
+    assert browser.find_elements(By.ID, "unlock-stale") == []
     cookie = browser.get_cookie("idemctl_session")["value"]
-    forged = httpx.post(
-        f"{console.base}/actions/unlock", cookies={"idemctl_session": cookie},
-        data={"key": "pay-stuck-1", "confirm": "pay-stuck-1", "csrf": "guessed"},
-    )  # fmt: skip
-    assert forged.status_code == 403
+    token = browser.find_element(By.NAME, "csrf").get_attribute("value")  # bo's own
+    for csrf in ("guessed", token):
+        forged = httpx.post(
+            f"{console.base}/actions/unlock", cookies={"idemctl_session": cookie},
+            data={"key": "pay-stuck-1", "confirm": "pay-stuck-1", "csrf": csrf},
+        )  # fmt: skip
+        assert forged.status_code == 403
+    with open_store(console.url) as store:
+        record = store.get("pay-stuck-1")
+        assert record is not None and record.owner is not None  # still held
 
 
 def test_a_wrong_password_is_refused(console: ConsoleProcess, browser: Any) -> None:

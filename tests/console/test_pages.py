@@ -1,0 +1,405 @@
+"""The console over HTTP, against real ``idemctl console`` processes: every page and its
+``/api/`` document (the ``--json`` document of the same command, checked against its
+schema), the entities, the outbox on PostgreSQL with a replay to a real broker, an audit
+of a real group, a Powertools table through the same pages, and what a security review
+tries: forged and cross-site forms, a planted session, paths out of ``/static``, a user
+header from an address that is no proxy, a read-only console, the store's password."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+
+from idemctl import open_store
+from idemctl.model import ClaimRequest, Guard
+from tests.backends import expire_lease
+from tests.console.conftest import PASSWORDS, ConsoleProcess
+from tests.servers import HOST, KafkaBroker, RedisServer
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def schema(name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+    return found
+
+
+def log_in(base: str, name: str, password: str) -> httpx.Client:
+    """A client with ``name``'s session, logged in through the login form."""
+    client = httpx.Client(base_url=base, follow_redirects=False, timeout=60)
+    form = client.get("/login")
+    token = csrf_of(form.text)
+    answer = client.post("/login", data={"csrf": token, "name": name, "password": password})
+    assert answer.status_code == 303, answer.text
+    return client
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]*)"', html)
+    assert found is not None, html
+    return found.group(1)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path}/keys.db"
+    with open_store(url) as store:
+        store.provision()
+        store.claim_many([ClaimRequest("pay-stuck-1"), ClaimRequest("pay-ok-2")], lease=3600)
+        expire_lease(store, "pay-stuck-1", ago=600)
+        done = store.claim("pay-done-3", lease=3600)
+        store.complete("pay-done-3", done.owner, {"charge": "ch_1"})
+        held = store.claim("acct-event-1", lease=3600)
+        store.guard_many([Guard("acct:<b>7</b>", 4, "acct-event-1", held.fencing_token)])
+    return url
+
+
+@pytest.fixture
+def console(sqlite_url: str, tmp_path: Path) -> Any:
+    process = ConsoleProcess(sqlite_url, tmp_path, "--allow-repair")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def test_every_page_renders_and_its_api_document_is_the_json_one(console: ConsoleProcess) -> None:
+    ana = log_in(console.base, "ana", PASSWORDS["ana"])
+    for path in ("/", "/keys", "/keys?stale=1", "/entities", "/audit", "/log", "/keys/pay-ok-2"):
+        page = ana.get(path)
+        assert page.status_code == 200, (path, page.text)
+        assert page.headers["content-type"].startswith("text/html")
+    overview = ana.get("/api/").json()
+    jsonschema.validate(overview["stats"], schema("stats"))
+    jsonschema.validate(overview["doctor"], schema("doctor"))
+    assert overview["stats"]["total"] == 4 and overview["stats"]["stale"] == 1
+    assert overview["doctor"]["ok"] is True
+    listed = ana.get("/api/keys", params={"prefix": "pay-"}).json()
+    assert [r["key"] for r in listed["items"]] == ["pay-done-3", "pay-ok-2", "pay-stuck-1"]
+    record_schema = schema("record")
+    record_schema["properties"]["result_masked"] = {"type": "boolean"}  # the console's own
+    for item in listed["items"]:
+        jsonschema.validate(item, record_schema)
+    done = next(r for r in listed["items"] if r["key"] == "pay-done-3")
+    assert done["result"] is None and done["result_masked"] is True
+    entities = ana.get("/api/entities").json()
+    (entity,) = entities["items"]
+    jsonschema.validate(entity, schema("entity"))
+    assert entity["entity"] == "acct:<b>7</b>" and entity["holder"] == "acct-event-1"
+    page = ana.get("/entities").text
+    assert "acct:&lt;b&gt;7&lt;/b&gt;" in page and "<b>7</b>" not in page
+    assert ana.get("/api/entities/acct:<b>7</b>").json() == entity
+
+
+def test_paging_goes_on_by_the_cursor_until_the_last_page(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/many.db"
+    with open_store(url) as store:
+        store.provision()
+        store.claim_many([ClaimRequest(f"k-{i:03d}") for i in range(120)], lease=3600)
+    process = ConsoleProcess(url, tmp_path)
+    try:
+        ana = log_in(process.base, "ana", PASSWORDS["ana"])
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = ana.get("/api/keys", params={"cursor": cursor} if cursor else {}).json()
+            seen += [r["key"] for r in page["items"]]
+            cursor = page["cursor"]
+            if cursor is None:
+                break
+        assert seen == [f"k-{i:03d}" for i in range(120)]
+        html = ana.get("/keys").text
+        assert 'id="next"' in html and html.count('class="key"') == 50
+    finally:
+        process.stop()
+
+
+def test_forget_and_purge_preview_then_act_only_on_the_typed_confirmation(
+    console: ConsoleProcess,
+) -> None:
+    ana = log_in(console.base, "ana", PASSWORDS["ana"])
+    token = csrf_of(ana.get("/").text)
+    preview = ana.get("/api/actions/forget", params={"key": "pay-done-3"}).json()
+    jsonschema.validate({k: v for k, v in preview.items() if k != "confirm"}, schema("action"))
+    assert (preview["dry_run"], preview["count"], preview["confirm"]) == (True, 1, "pay-done-3")
+    assert preview["record"]["result"] is None  # masked in the preview too
+    wrong = ana.post(
+        "/api/actions/forget", data={"csrf": token, "key": "pay-done-3", "confirm": "x"}
+    )
+    assert wrong.status_code == 400
+    with open_store(console.url) as store:
+        assert store.get("pay-done-3") is not None
+    done = ana.post(
+        "/api/actions/forget", data={"csrf": token, "key": "pay-done-3", "confirm": "pay-done-3"}
+    ).json()
+    assert done["dry_run"] is False and done["count"] == 1
+    assert done["logged"]["user"] == "ana" and done["logged"]["action"] == "forget"
+    with open_store(console.url) as store:
+        assert store.get("pay-done-3") is None
+    # The entity, by its name.
+    entity = "acct:<b>7</b>"
+    preview = ana.get("/api/actions/forget", params={"entity": entity}).json()
+    assert preview["confirm"] == entity and preview["entity"]["holder"] == "acct-event-1"
+    # purge: nothing is past retention, so nothing to confirm
+    purge = ana.get("/actions/purge", params={"older_than": "0s"})
+    assert purge.status_code == 200 and 'id="nothing"' in purge.text
+    log = ana.get("/api/log").json()["entries"]
+    assert [(e["user"], e["action"], e["target"], e["result"]) for e in log] == [
+        ("ana", "forget", "pay-done-3", "1 done")
+    ]
+
+
+def test_a_read_only_console_refuses_every_action(sqlite_url: str, tmp_path: Path) -> None:
+    process = ConsoleProcess(sqlite_url, tmp_path)  # no --allow-repair
+    try:
+        ana = log_in(process.base, "ana", PASSWORDS["ana"])
+        token = csrf_of(ana.get("/").text)
+        assert 'id="unlock-stale"' not in ana.get("/").text
+        assert "unlock…" not in ana.get("/keys/pay-stuck-1").text
+        for name in ("unlock", "forget", "unlock-stale", "purge", "replay"):
+            assert ana.get(f"/actions/{name}", params={"key": "pay-stuck-1"}).status_code == 403
+            posted = ana.post(f"/api/actions/{name}", data={"csrf": token, "key": "pay-stuck-1",
+                                                            "confirm": "pay-stuck-1"})  # fmt: skip
+            assert posted.status_code == 403, name
+            assert "read-only" in posted.json()["error"]
+        with open_store(sqlite_url) as store:
+            record = store.get("pay-stuck-1")
+            assert record is not None and record.owner is not None
+    finally:
+        process.stop()
+
+
+# The security review's list ---------------------------------------------------------------
+
+
+def test_a_form_without_this_session_s_token_is_refused(console: ConsoleProcess) -> None:
+    ana = log_in(console.base, "ana", PASSWORDS["ana"])
+    for data in ({}, {"csrf": ""}, {"csrf": "guessed"}, {"csrf": csrf_of(ana.get("/login").text)}):
+        answer = ana.post(
+            "/actions/unlock", data={**data, "key": "pay-stuck-1", "confirm": "pay-stuck-1"}
+        )
+        assert answer.status_code == 403, data
+    # Another session's token is no good either.
+    other = log_in(console.base, "ana", PASSWORDS["ana"])
+    theirs = csrf_of(other.get("/").text)
+    answer = ana.post(
+        "/actions/unlock", data={"csrf": theirs, "key": "pay-stuck-1", "confirm": "pay-stuck-1"}
+    )
+    assert answer.status_code == 403
+    assert ana.get("/api/log").json()["entries"] == []
+
+
+def test_a_session_id_planted_before_login_is_worth_nothing(console: ConsoleProcess) -> None:
+    planted = "attacker-chosen-id"
+    client = httpx.Client(base_url=console.base, cookies={"idemctl_session": planted})
+    form = client.get("/login")
+    answer = client.post("/login", data={"csrf": csrf_of(form.text), "name": "ana",
+                                         "password": PASSWORDS["ana"]})  # fmt: skip
+    assert answer.status_code == 303
+    issued = answer.cookies["idemctl_session"]
+    assert issued != planted and len(issued) >= 40
+    victim = httpx.get(f"{console.base}/api/", cookies={"idemctl_session": planted})
+    assert victim.status_code == 401
+    cookie = answer.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "secure" not in cookie
+
+
+def test_paths_out_of_static_find_nothing(console: ConsoleProcess) -> None:
+    for path in (
+        "/static/../app.py",
+        "/static/%2e%2e/app.py",
+        "/static/..%2fapp.py",
+        "/static/%2e%2e%2f%2e%2e%2fauth.py",
+        "/static//etc/passwd",
+        "/static/....//app.py",
+    ):
+        conn = http.client.HTTPConnection(HOST, console.port, timeout=30)
+        conn.request("GET", path)  # as written: no client normalizes it first
+        answer = conn.getresponse()
+        body = answer.read()
+        conn.close()
+        assert answer.status in (303, 404), (path, answer.status)
+        assert b"def " not in body and b"root:" not in body, path
+    assert httpx.get(f"{console.base}/static/console.css").status_code == 200
+
+
+def test_a_user_header_from_an_address_that_is_no_proxy_is_ignored(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    far = ConsoleProcess(sqlite_url, tmp_path, "--trust-proxy", "10.9.9.9")
+    try:
+        forged = httpx.get(f"{far.base}/api/", headers={"X-Forwarded-User": "ana"})
+        assert forged.status_code == 401
+        page = httpx.get(f"{far.base}/keys", headers={"X-Forwarded-User": "ana"})
+        assert page.status_code == 303 and page.headers["location"].startswith("/login")
+    finally:
+        far.stop()
+    near = ConsoleProcess(sqlite_url, tmp_path, "--trust-proxy", "127.0.0.1", "--allow-repair")
+    try:
+        vouched = httpx.get(f"{near.base}/", headers={"X-Forwarded-User": "bo"})
+        assert vouched.status_code == 200 and "bo (viewer)" in vouched.text
+        stranger = httpx.get(f"{near.base}/", headers={"X-Forwarded-User": "eve"})
+        assert "eve (viewer)" in stranger.text  # unknown to the users file: a viewer
+        acted = httpx.get(
+            f"{near.base}/actions/unlock", params={"key": "pay-stuck-1"},
+            headers={"X-Forwarded-User": "eve"},
+        )  # fmt: skip
+        assert acted.status_code == 403
+        # A form posted from another site is refused for the proxy's users (no session).
+        cross = httpx.post(
+            f"{near.base}/actions/unlock",
+            data={"key": "pay-stuck-1", "confirm": "pay-stuck-1"},
+            headers={"X-Forwarded-User": "ana", "Sec-Fetch-Site": "cross-site"},
+        )
+        assert cross.status_code == 403
+    finally:
+        near.stop()
+
+
+def test_every_answer_carries_the_security_headers_and_login_goes_only_home(
+    console: ConsoleProcess,
+) -> None:
+    for path in ("/login", "/healthz", "/static/console.css", "/keys"):
+        answer = httpx.get(f"{console.base}{path}")
+        csp = answer.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp, path
+        assert answer.headers["x-frame-options"] == "DENY"
+        assert answer.headers["x-content-type-options"] == "nosniff"
+    client = httpx.Client(base_url=console.base)
+    form = client.get("/login", params={"next": "//evil.example/x"})
+    for target in ("//evil.example/x", "https://evil.example/", "/\\evil.example"):
+        data = {"csrf": csrf_of(form.text), "name": "ana", "password": PASSWORDS["ana"]}
+        answer = client.post("/login", data={**data, "next": target})
+        assert answer.headers["location"] == "/", target
+
+
+def test_the_store_password_is_never_shown(
+    redis_with_password: RedisServer, tmp_path: Path
+) -> None:
+    from tests.backends import unique_prefix
+    from tests.fixtures_redis import REDIS_PASSWORD
+
+    url = redis_with_password.url("/0", f"prefix={unique_prefix()}")
+    assert REDIS_PASSWORD in url
+    with open_store(url) as store:
+        store.provision()
+        store.claim("k-1", lease=3600)
+    process = ConsoleProcess(url, tmp_path)
+    try:
+        ana = log_in(process.base, "ana", PASSWORDS["ana"])
+        for path in ("/", "/api/", "/keys", "/api/keys", "/keys/k-1", "/nowhere"):
+            assert REDIS_PASSWORD not in ana.get(path).text, path
+        assert REDIS_PASSWORD not in process.stderr.read_text()
+    finally:
+        process.stop()
+
+
+def test_no_auth_is_refused_off_loopback(sqlite_url: str, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="--no-auth only on a loopback address"):
+        ConsoleProcess(sqlite_url, tmp_path, "--no-auth", bind="0.0.0.0")
+
+
+# Outbox, audit, Powertools -----------------------------------------------------------------
+
+
+def test_the_outbox_page_shows_lag_and_replays_a_row_by_id(
+    postgres_server: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    from idemctl.outbox import add
+    from tests.outbox.test_outbox import drop_schema, unique_schema
+
+    schema_name = unique_schema()
+    url = postgres_server.url(schema=schema_name)
+    kind = f"order{uuid.uuid4().hex[:8]}"
+    kafka_broker.create_topic(f"outbox.event.{kind}", partitions=1)  # the default template
+    try:
+        with open_store(url) as store:
+            store.provision()
+            with store.connection() as conn, conn.transaction():  # type: ignore[attr-defined]
+                row = add(conn, kind, "o-1", "OrderPlaced", {"n": 1}, schema=schema_name)
+        process = ConsoleProcess(url, tmp_path, "--allow-repair", "--brokers",
+                                 kafka_broker.bootstrap)  # fmt: skip
+        try:
+            ana = log_in(process.base, "ana", PASSWORDS["ana"])
+            status = ana.get("/api/outbox").json()
+            jsonschema.validate(status, schema("outbox-status"))
+            assert status["total"]["unpublished"] == 1
+            assert kind in ana.get("/outbox").text
+            token = csrf_of(ana.get("/").text)
+            preview = ana.get("/api/actions/replay", params={"id": str(row)}).json()
+            assert preview["count"] == 1 and preview["confirm"] == str(row)
+            done = ana.post(
+                "/api/actions/replay",
+                data={"csrf": token, "id": str(row), "confirm": str(row)},
+            ).json()
+            assert done["count"] == 1 and done["marked"] == 1, done
+            assert ana.get("/api/outbox").json()["total"]["unpublished"] == 0
+        finally:
+            process.stop()
+    finally:
+        drop_schema(postgres_server, schema_name)
+
+
+def test_an_audit_names_the_messages_a_group_lost(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    from tests.audit.test_audit import commit, keyed, produce
+    from tests.consume.test_consume import names
+
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=1)
+    produce(kafka_broker, topic, keyed(5))
+    commit(kafka_broker, topic, group, {0: 5})  # the group moved past all five
+    url = f"sqlite:///{tmp_path}/audit.db"
+    with open_store(url) as store:
+        store.provision()
+        for key in ("k-0", "k-1"):
+            attempt = store.claim(key, lease=60)
+            store.complete(key, attempt.owner, None)
+    process = ConsoleProcess(url, tmp_path, "--brokers", kafka_broker.bootstrap)
+    try:
+        ana = log_in(process.base, "ana", PASSWORDS["ana"])
+        found = ana.get("/api/audit", params={"group": group, "topic": topic}).json()
+        jsonschema.validate(found, schema("audit"))
+        assert (found["audited"], found["done"], found["lost"]) == (5, 2, 3)
+        assert [k["key"] for k in found["lost_keys"]] == ["k-2", "k-3", "k-4"]
+        page = ana.get("/audit", params={"group": group, "topic": topic}).text
+        assert "not ok: 5 messages audited, 3 lost" in page and "k-4" in page
+    finally:
+        process.stop()
+
+
+def test_a_powertools_table_shows_through_the_same_pages(
+    redis_pt: Any, redis_client: Any, tmp_path: Path
+) -> None:
+    """Records written by Powertools itself (its Redis layer), read through the console."""
+    from tests.powertools.states import build
+
+    scenario = build(redis_pt, tmp_path, ("completed", "stale"))
+    process = ConsoleProcess(redis_pt.url, tmp_path, "--allow-repair")
+    try:
+        ana = log_in(process.base, "ana", PASSWORDS["ana"])
+        stats = ana.get("/api/").json()["stats"]
+        jsonschema.validate(stats, schema("powertools-stats"))
+        assert (stats["by_state"]["completed"], stats["by_state"]["stale"]) == (1, 1)
+        listed = ana.get("/api/keys", params={"stale": "1"}).json()
+        assert [r["key"] for r in listed["items"]] == [scenario.keys["stale"]]
+        done = ana.get(f"/api/keys/{scenario.keys['completed']}").json()
+        assert done["data"] is None and done["result_masked"] is True
+        page = ana.get("/keys").text
+        assert scenario.keys["completed"] in page and "<th>state</th>" in page
+        preview = ana.get("/api/actions/unlock-stale").json()
+        assert (
+            preview["keys"] == [scenario.keys["stale"]] and preview["confirm"] == "unlock-stale 1"
+        )
+        assert ana.get("/entities").status_code == 400  # no entities in Powertools' layout
+    finally:
+        process.stop()
