@@ -105,25 +105,21 @@ def console(
         )
     current = settings(ctx)
     kafka_brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
-    import uvicorn
-
-    from idemctl.console.app import Console, make_app
+    from idemctl.console.app import Console, serve
     from idemctl.console.oplog import OperatorLog
     from idemctl.console.views import Where
 
     with cli_target(ctx) as target:
         where = Where(target, store_fields(ctx, target.url)["store_source"], kafka_brokers, kafka)
-        app = make_app(
-            Console(
-                where, people, Proxy(trust_proxy) if trust_proxy else None, no_auth,
-                allow_repair, OperatorLog(operator_log), secure=tls,
-            )
+        served = Console(
+            where, people, Proxy(trust_proxy) if trust_proxy else None, no_auth,
+            allow_repair, OperatorLog(operator_log), secure=tls,
         )  # fmt: skip
         note(
             current,
             f"console on http://{bind}/ ({'repairs allowed' if allow_repair else 'read-only'})",
         )
-        uvicorn.run(app, host=host, port=int(port), log_level="warning")
+        serve(served, host, int(port))
 
 
 def _loopback(host: str) -> bool:

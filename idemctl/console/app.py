@@ -164,7 +164,7 @@ async def error(request: Request, exc: Exception) -> Response:
         return JSONResponse({"error": detail}, status)
     if getattr(request.state, "user", None) is None:
         return PlainTextResponse(f"{status}: {detail}", status)
-    return render(request, "error.html", status, status=status, detail=detail)
+    return render(request, "error.html", status, code=status, detail=detail)
 
 
 def _status_of(exc: Exception) -> tuple[int, str]:
@@ -207,3 +207,10 @@ def make_app(console: Console) -> Starlette:
     )
     app.state.console = console
     return app
+
+
+def serve(console: Console, host: str, port: int) -> None:
+    """Serve ``console`` with uvicorn until SIGTERM or Ctrl-C."""
+    import uvicorn
+
+    uvicorn.run(make_app(console), host=host, port=port, log_level="warning")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -10,4 +12,14 @@ PAGES = Environment(
     loader=PackageLoader("idemctl.console", "templates"),
     autoescape=select_autoescape(default=True, default_for_string=True),
 )
-PAGES.globals.update(quote=lambda s: quote(str(s), safe=""), urlencode=urlencode)
+
+
+def with_cursor(params: Mapping[str, str], cursor: str) -> str:
+    """The query string of ``params``' next page."""
+    return urlencode({**{k: v for k, v in params.items() if k != "cursor"}, "cursor": cursor})
+
+
+PAGES.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+"""JSON to read: escaped as any text when rendered (``tojson`` writes ``<`` as ``\\u003c``)."""
+PAGES.globals.update(quote=lambda s: quote(str(s), safe=""), urlencode=urlencode,
+                     with_cursor=with_cursor)  # fmt: skip

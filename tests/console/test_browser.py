@@ -37,7 +37,7 @@ def console(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         expire_lease(store, "pay-stuck-1", ago=600)
         store.claim("<script>alert(1)</script>", lease=3600)
         done = store.claim("pay-done-3", lease=3600)
-        store.complete("pay-done-3", done.owner, RESULT)
+        store.complete("pay-done-3", done.owner, done.fencing_token, RESULT)
     process = ConsoleProcess(url, tmp_path, "--allow-repair")
     process.shots = request.param == "sqlite"
     try:
@@ -91,7 +91,7 @@ def test_an_operator_finds_a_stale_key_unlocks_it_and_sees_it_logged(
     shot(console, browser, "keys")
     click(browser, By.LINK_TEXT, "pay-stuck-1")
     click(browser, By.ID, "unlock")
-    assert "the record is in_progress, attempt 1" in browser.find_element(By.ID, "preview").text
+    assert "The record is in_progress, attempt 1," in browser.find_element(By.ID, "preview").text
     browser.find_element(By.ID, "confirm").send_keys("pay-stuck-2")  # mistyped: nothing done
     click(browser, By.ID, "do")
     assert browser.find_element(By.ID, "mistyped").text.startswith("the confirmation did not")
@@ -117,7 +117,7 @@ def test_a_result_is_masked_until_an_operator_reveals_it_and_that_is_logged(
     assert "ch_1" not in browser.page_source
     click(browser, By.ID, "reveal")
     shown = browser.find_element(By.CSS_SELECTOR, "#result pre").text
-    assert json.loads(shown) == RESULT  # the markup in it as text
+    assert json.loads(shown) == RESULT and "<img src=x onerror=alert(1)>" in shown  # as text
     assert browser.execute_script("return document.querySelectorAll('main img').length") == 0
     shot(console, browser, "key")
     browser.get(f"{console.base}/log")

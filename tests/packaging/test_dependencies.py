@@ -46,6 +46,7 @@ NEEDS: dict[str, set[str]] = {
     "idemctl.aio.redis_steps": {"redis"},
     "idemctl.aio.unit": {"postgres"},
     "idemctl.audit": {"kafka"},
+    "idemctl.console": {"console"},
     "idemctl.consume": {"kafka"},
     "idemctl.consume.traced": {"otel"},
     "idemctl.faststream": {"faststream"},
@@ -64,7 +65,7 @@ NEEDS: dict[str, set[str]] = {
 """Module (or package) -> the extras whose packages it may import; the longest matching
 name wins, and a module no row names may import only what the base install declares."""
 
-INSTALLS = [None, "redis", "postgres", "dynamodb", "kafka", "otel", "faststream"]
+INSTALLS = [None, "redis", "postgres", "dynamodb", "kafka", "otel", "faststream", "console"]
 """The installs the slow test makes a venv of: the base alone, then each extra whose
 packages idemctl imports (demo adds a broker binary; all, bench, test and dev add no import
 of idemctl's own)."""
