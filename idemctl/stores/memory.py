@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from idemctl.model import Entity, Finding, Provisioning, Record, canonical_json
@@ -47,7 +48,11 @@ class _MemoryTx:
         self.pending_entities[entity] = None
 
     def select_entities(
-        self, prefix: str | None, after: str | None, limit: int | None
+        self,
+        prefix: str | None,
+        after: str | None,
+        limit: int | None,
+        live_at: datetime | None = None,
     ) -> list[Entity]:
         out = []
         for name in sorted(self._entities.keys() | self.pending_entities.keys()):
@@ -56,6 +61,7 @@ class _MemoryTx:
                 found is None
                 or (prefix and not name.startswith(prefix))
                 or (after is not None and name <= after)
+                or (live_at is not None and found.retention_over(live_at))
             ):
                 continue
             out.append(found)

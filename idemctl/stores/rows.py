@@ -57,9 +57,14 @@ class RowTx(Protocol):
     def put_entity(self, entity: Entity) -> None: ...
     def delete_entity(self, entity: str) -> None: ...
     def select_entities(
-        self, prefix: str | None, after: str | None, limit: int | None
+        self,
+        prefix: str | None,
+        after: str | None,
+        limit: int | None,
+        live_at: datetime | None = None,
     ) -> list[Entity]:
-        """Entities in name order (past retention included), at most ``limit``."""
+        """Entities in name order, at most ``limit``; with ``live_at``, only those not past
+        retention at that time (else those past it too)."""
         ...
 
 
@@ -214,16 +219,14 @@ class RowStore(BaseStore):
     ) -> EntityPage:
         now = self.now()
         with self._transaction(write=False) as tx:
-            found = [
-                e for e in tx.select_entities(prefix, cursor, None) if not e.retention_over(now)
-            ]
-        page = found[:limit]
+            found = tx.select_entities(prefix, cursor, None if limit < 0 else limit + 1, now)
+        page = found[: max(limit, 0)]
         return EntityPage(page, page[-1].entity if len(found) > limit and page else None)
 
     def count_entities(self) -> int:
         now = self.now()
         with self._transaction(write=False) as tx:
-            return sum(not e.retention_over(now) for e in tx.select_entities(None, None, None))
+            return len(tx.select_entities(None, None, None, now))
 
     def forget_entity(self, entity: str, force: bool = False) -> Entity:
         validate_key(entity, "entity")
