@@ -15,12 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from idemctl import operate
-from idemctl.console.views import Where, masked
+from idemctl.console.views import Where, masked, seconds, store_of
 from idemctl.errors import ConfigError
 from idemctl.operate.documents import action as action_document
-
-SHOWN = 20
-"""Keys of a sweep's preview the page lists."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +48,9 @@ class Act:
         """What the operator types to confirm ``preview``."""
         if self.sweep:
             return f"{self.name} {preview['count']}"
-        return params.get("entity") or params.get(self.needs, "")
+        if self.name == "forget" and params.get("entity"):
+            return params["entity"]
+        return params.get(self.needs, "")
 
 
 def _target_of(params: Mapping[str, str], name: str) -> str:
@@ -62,21 +61,13 @@ def _target_of(params: Mapping[str, str], name: str) -> str:
 
 
 def _older_than(params: Mapping[str, str]) -> float:
-    from idemctl.durations import parse_duration
-
-    text = params.get("older_than") or "0s"
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise ConfigError(f"older than {text!r}: {exc}") from None
+    return seconds(params.get("older_than") or "0s", "older than")
 
 
 def _document(where: Where, done: operate.Action) -> dict[str, Any]:
     document = action_document.of(done, where.fields)
     if document.get("record"):
         document["record"] = masked(document["record"])
-    if document.get("keys") and len(document["keys"]) > SHOWN:
-        document["keys_shown"] = SHOWN
     return document
 
 
@@ -115,10 +106,7 @@ def _replay(where: Where, params: Mapping[str, str], dry_run: bool) -> dict[str,
         row_id = uuid.UUID(text)
     except ValueError:
         raise ConfigError(f"row id {text!r}: a UUID") from None
-    store = getattr(where.target, "store", None)
-    if store is None:
-        raise ConfigError(f"a {where.target.name} table has no outbox")
-    chosen = Replay(store, Selection(ids=(row_id,)))
+    chosen = Replay(store_of(where), Selection(ids=(row_id,)))
     chosen.table.check()
     if dry_run:
         rows = chosen.rows()

@@ -72,7 +72,7 @@ def query(params: Mapping[str, str]) -> operate.Query:
         stale=params.get("stale") == "1",
         released=params.get("released") == "1",
         blocked=params.get("blocked") == "1",
-        older_than=_seconds(older, "older than") if older else None,
+        older_than=seconds(older, "older than") if older else None,
         prefix=params.get("prefix") or None,
     )
 
@@ -112,7 +112,7 @@ def outbox(where: Where) -> dict[str, Any]:
     """``outbox status --json`` (a PostgreSQL store's outbox)."""
     from idemctl.operate.documents import outbox_status
 
-    return outbox_status.document(where.fields, operate.outbox_status(_store(where)))
+    return outbox_status.document(where.fields, operate.outbox_status(store_of(where)))
 
 
 def audit(where: Where, params: Mapping[str, str]) -> dict[str, Any]:
@@ -132,7 +132,7 @@ def audit(where: Where, params: Mapping[str, str]) -> dict[str, Any]:
         brokers=where.brokers, topic=topic, group=group, last=int(last),
         kafka_config=where.kafka_config, **extra,
     )  # fmt: skip
-    report = operate.audit(_store(where), options)
+    report = operate.audit(store_of(where), options)
     return audit_document.document(report, where.fields, report.failing())
 
 
@@ -142,14 +142,16 @@ def masked(document: dict[str, Any]) -> dict[str, Any]:
     return {**document, **hidden, "result_masked": bool(hidden)} if hidden else document
 
 
-def _store(where: Where) -> Any:
+def store_of(where: Where) -> Any:
+    """idemctl's own store under the console (the outbox's, the audited group's)."""
     store = getattr(where.target, "store", None)
     if store is None:
         raise ConfigError(f"a {where.target.name} table has no outbox and no consumer groups")
     return store
 
 
-def _seconds(text: str, name: str) -> float:
+def seconds(text: str, name: str) -> float:
+    """The duration ``text`` (``30s``, ``1h``), or ConfigError naming the field ``name``."""
     from idemctl.durations import parse_duration
 
     try:
