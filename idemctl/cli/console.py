@@ -46,7 +46,8 @@ def console(
     allow_repair: Annotated[
         bool,
         typer.Option(
-            "--allow-repair", help="Let operators unlock and forget keys [default: read-only]"
+            "--allow-repair",
+            help="Let operators unlock, forget, purge and replay [default: read-only]",
         ),
     ] = False,
     operator_log: Annotated[
