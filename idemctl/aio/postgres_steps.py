@@ -8,7 +8,7 @@ This module is the original of ``idemctl.stores.postgres.steps`` (scripts/unasyn
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from datetime import datetime
 from typing import Any
@@ -17,7 +17,7 @@ import psycopg
 
 from idemctl.aio.postgres_core import AsyncPostgresCore
 from idemctl.aio.postgres_drive import drive_async
-from idemctl.errors import NotProvisioned
+from idemctl.errors import NotProvisioned, StoreError
 from idemctl.model import (
     Busy,
     ClaimOutcome,
@@ -76,29 +76,54 @@ class AsyncPostgresSteps(AsyncPostgresCore):
         # that key answers Busy.
         return [(await self._claim_many([r], lease))[0] for r in requests]
 
+    async def _holding(self, flow: Callable[[], Flow[T]]) -> T:
+        """A write of the attempt holding its keys (complete, fail, extend, release). Their
+        rows are its own, so the claims' short lock_timeout would only fail it for a moment's
+        wait: another commit's turn at the notification queue, an admin command's row lock,
+        the table's lock while autovacuum truncates it. Past that timeout (which rolled it
+        back) it runs once more in a transaction that waits ADMIN_LOCK_WAIT."""
+        try:
+            return await self._run(flow())
+        except LockTimeout:
+            pass
+        try:
+            async with self.connection() as conn, conn.transaction():
+                await conn.execute(lock_wait(ADMIN_LOCK_WAIT))
+                return await drive_async(conn, flow())
+        except LockTimeout:
+            raise StoreError(
+                f"PostgreSQL at {self.url}: a lock stayed held for {ADMIN_LOCK_WAIT:g}s; "
+                "nothing was written"
+            ) from None
+
     async def _complete(self, c: Completion, retention: float) -> Record:
-        return await self._run(flows.complete_one(self.statements, c, retention))
+        return await self._holding(lambda: flows.complete_one(self.statements, c, retention))
 
     async def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
         seconds = self.retention_for(retention)
-        return await self._run(flows.complete_many(self.statements, completions, seconds))
+        return await self._holding(
+            lambda: flows.complete_many(self.statements, completions, seconds)
+        )
 
     async def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
-        return await self._run(flows.fail(self.statements, held, error, retriable, retention))
+        return await self._holding(
+            lambda: flows.fail(self.statements, held, error, retriable, retention)
+        )
 
     async def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
         held = Holder(key, owner, fencing_token)
-        return await self._run(flows.extend(self.statements, held, self.lease_for(lease)))
+        seconds = self.lease_for(lease)
+        return await self._holding(lambda: flows.extend(self.statements, held, seconds))
 
     async def release(
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
     ) -> Record:
         held = Holder(key, owner, fencing_token)
-        return await self._run(flows.release(self.statements, held, handler_ran))
+        return await self._holding(lambda: flows.release(self.statements, held, handler_ran))
 
     async def get(self, key: str) -> Record | None:
         return await self._run(flows.get(self.statements, key))

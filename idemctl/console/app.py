@@ -102,11 +102,12 @@ async def api_key(request: Request) -> Response:
 
 def _key(console: Console, request: Request, reveal: bool) -> dict[str, Any]:
     name = request.path_params["key"]
-    if reveal:
-        if not request.state.user.operator:
-            raise HTTPException(403, f"{request.state.user.name} is a viewer: results stay masked")
+    if reveal and not request.state.user.operator:
+        raise HTTPException(403, f"{request.state.user.name} is a viewer: results stay masked")
+    document = views.key(console.where, name, reveal)
+    if reveal:  # logged once shown: a key that is not there reveals nothing
         console.oplog.write(request.state.user.name, "reveal", name, "shown")
-    return views.key(console.where, name, reveal)
+    return document
 
 
 async def act(request: Request) -> Response:

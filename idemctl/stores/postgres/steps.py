@@ -10,14 +10,14 @@ Written by scripts/unasync.py from ``idemctl.aio.postgres_steps``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from idemctl.errors import NotProvisioned
+from idemctl.errors import NotProvisioned, StoreError
 from idemctl.model import (
     Busy,
     ClaimOutcome,
@@ -75,29 +75,50 @@ class PostgresSteps(PostgresCore):
         # that key answers Busy.
         return [(self._claim_many([r], lease))[0] for r in requests]
 
+    def _holding(self, flow: Callable[[], Flow[T]]) -> T:
+        """A write of the attempt holding its keys (complete, fail, extend, release). Their
+        rows are its own, so the claims' short lock_timeout would only fail it for a moment's
+        wait: another commit's turn at the notification queue, an admin command's row lock,
+        the table's lock while autovacuum truncates it. Past that timeout (which rolled it
+        back) it runs once more in a transaction that waits ADMIN_LOCK_WAIT."""
+        try:
+            return self._run(flow())
+        except LockTimeout:
+            pass
+        try:
+            with self.connection() as conn, conn.transaction():
+                conn.execute(lock_wait(ADMIN_LOCK_WAIT))
+                return drive(conn, flow())
+        except LockTimeout:
+            raise StoreError(
+                f"PostgreSQL at {self.url}: a lock stayed held for {ADMIN_LOCK_WAIT:g}s; "
+                "nothing was written"
+            ) from None
+
     def _complete(self, c: Completion, retention: float) -> Record:
-        return self._run(flows.complete_one(self.statements, c, retention))
+        return self._holding(lambda: flows.complete_one(self.statements, c, retention))
 
     def complete_many(
         self, completions: Sequence[Completion], retention: float | None = None
     ) -> list[bool]:
         seconds = self.retention_for(retention)
-        return self._run(flows.complete_many(self.statements, completions, seconds))
+        return self._holding(lambda: flows.complete_many(self.statements, completions, seconds))
 
     def _fail(self, held: Holder, error: str, retriable: bool, retention: float) -> Record:
-        return self._run(flows.fail(self.statements, held, error, retriable, retention))
+        return self._holding(lambda: flows.fail(self.statements, held, error, retriable, retention))
 
     def extend(
         self, key: str, owner: str, fencing_token: int, lease: float | None = None
     ) -> datetime:
         held = Holder(key, owner, fencing_token)
-        return self._run(flows.extend(self.statements, held, self.lease_for(lease)))
+        seconds = self.lease_for(lease)
+        return self._holding(lambda: flows.extend(self.statements, held, seconds))
 
     def release(
         self, key: str, owner: str, fencing_token: int, *, handler_ran: bool = True
     ) -> Record:
         held = Holder(key, owner, fencing_token)
-        return self._run(flows.release(self.statements, held, handler_ran))
+        return self._holding(lambda: flows.release(self.statements, held, handler_ran))
 
     def get(self, key: str) -> Record | None:
         return self._run(flows.get(self.statements, key))
