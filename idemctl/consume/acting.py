@@ -4,9 +4,10 @@ letters with confluent-kafka, carrying the trace on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from idemctl.consume.acts import Acts, DeadLetter, Finished, Paused
+from idemctl.consume.acts import Acts, DeadLetter, Finished, Paused, about, where
 from idemctl.consume.event import Event
 from idemctl.consume.item import Item, Pause
 from idemctl.consume.options import ConsumeOptions, Summary
@@ -26,6 +27,7 @@ class Acting:
     _dlq: DeadLetters | None
     _trace: Tracing | None
     _storm_tripped: str | None
+    _owns: Callable[[Item], bool]
 
     def _count(self, outcome: str, n: int = 1) -> None:
         self._acts.count(outcome, n)
@@ -77,6 +79,20 @@ class Acting:
         the breaker: the round ends and the consumer stops."""
         if self._storm_tripped is not None:
             return None  # left unfinished: the consumer stops before storing its offset
+        if not self._owns(item):
+            # Revoked while its handler ran: the partition's next owner (maybe this
+            # consumer again) gets the message again and dead-letters it (``failed
+            # before``); a letter from here too would be a second one (CI: two for one
+            # key under --processes). Left unfinished.
+            self._acts.log.info(
+                "%s (key %r) not dead-lettered here (%s): its partition was revoked while "
+                "its handler ran, and its next owner dead-letters it",
+                where(item),
+                item.key,
+                reason,
+                extra=about(item, "revoked", reason=reason),
+            )
+            return 0.0, "revoked"
         assert self._dlq is not None
         m = item.msg
         if self._trace is None or item.span is None:

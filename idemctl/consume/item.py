@@ -32,6 +32,8 @@ class Item:
     span: Any = None
     """With tracing: its claim's time, and its process span while it is open."""
     ran_ns: int = 0
+    assignment: int = 0
+    """Its partition's assignment when it was fetched (``Watch._owns``)."""
 
     @property
     def topic(self) -> str:

@@ -273,7 +273,10 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         """The message with its key and fingerprint, or why it has none usable (the
         policy's ``Keying.admit``)."""
         a = self._keying.admit(Message(tp[0], tp[1], m.offset(), m.value(), m.headers() or ()))
-        return Item(m, tp, m.offset(), a.key, a.fingerprint, a.bad, order=a.order)
+        return Item(
+            m, tp, m.offset(), a.key, a.fingerprint, a.bad, order=a.order,
+            assignment=self._assignments.get(tp, 0),
+        )  # fmt: skip
 
     def _dispatch(self) -> None:
         """Hand the waiting messages of partitions in no lane to the free lanes, their

@@ -40,6 +40,7 @@ OUTCOMES = (
     "store_unavailable",
     "lease_lost",
     "dead_letter_refused",
+    "revoked",
     "gap_wait",
     "gaps",
 )

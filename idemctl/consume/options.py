@@ -307,7 +307,7 @@ class Summary:
 
     counts: Counter[str] = field(default_factory=Counter)
     """executed, replayed, dead_lettered, skipped, stale, retried, busy, store_unavailable,
-    lease_lost, dead_letter_refused; with --contiguous, gap_wait (pauses for a missing
+    lease_lost, dead_letter_refused, revoked; with --contiguous, gap_wait (pauses for a missing
     predecessor) and gaps (events applied after waiting out --gap-timeout)"""
     dead_letters: Counter[str] = field(default_factory=Counter)
     """Dead letters by reason (no idempotency key, invalid idempotency key, ...)."""

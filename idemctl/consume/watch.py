@@ -14,12 +14,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Container
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.options import ConsumeOptions, Summary
 from idemctl.consume.overdue import Overdue
 from idemctl.consume.stalls import Stalls
 from idemctl.errors import KafkaUnavailable
+
+if TYPE_CHECKING:
+    from idemctl.consume.item import Item
 
 log = logging.getLogger("idemctl.consume")
 kafka_log = logging.getLogger("idemctl.consume.kafka")
@@ -81,6 +84,9 @@ class Watch:
         """Assigned now: idle time counts only while there are some (item of a drain)."""
         self._assigned: list[Any] = []
         """Assigned by the last rebalance, to resume once the assignment is in place."""
+        self._assignments: dict[tuple[str, int], int] = {}
+        """Each partition's assignment: a message fetched under an earlier one comes again
+        from the committed offset (``Item.assignment``)."""
         self._stalls = Stalls(stall_timeout)
         self._polls = 0
         self._joined = self._ever_assigned = False
@@ -273,6 +279,9 @@ class Watch:
         self._joined = True
         self._down_since = None  # a group coordinator answered
         self._partitions |= {(p.topic, p.partition) for p in partitions}
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            self._assignments[tp] = self._assignments.get(tp, 0) + 1
         if self._partitions:
             self._ever_assigned = True
         self._idle_since = time.monotonic()
@@ -289,6 +298,12 @@ class Watch:
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
         self._forget_partitions(partitions)  # another member owns them now: commit nothing
+
+    def _owns(self, item: Item) -> bool:
+        """Whether ``item`` is still this consumer's to finish: its partition assigned
+        since it was fetched. Revoked meanwhile (even if assigned again), the message
+        comes again from the committed offset, to this consumer or another."""
+        return item.tp in self._partitions and self._assignments.get(item.tp) == item.assignment
 
     def _resume_assigned(self) -> None:
         """Resume what the last rebalance assigned: librdkafka may still have it paused from

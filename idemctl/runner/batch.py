@@ -343,9 +343,9 @@ class _Completer:
     """Sends finished keys' completions while later handlers run: a batch leaves once it
     holds ``batch`` completions or its oldest has waited ``wait`` seconds, whichever comes
     first; one round trip at a time, those finished meanwhile go in the next. A completion
-    that finds ``batch`` waiting while a round trip is on its way waits for it: what a
-    SIGKILL can cost beyond the handlers it cuts off is at most ``2 * batch`` completions,
-    however slow the store."""
+    that finds ``batch`` waiting waits for them to leave: what a SIGKILL can cost beyond the
+    handlers it cuts off is at most ``2 * batch`` completions (one batch on its way, one
+    waiting), however slow the store or the machine."""
 
     def __init__(
         self,
@@ -378,8 +378,10 @@ class _Completer:
                     target=self._run, name="idemctl-completer", daemon=True
                 )
                 self._thread.start()
-            while len(self._queue) >= self.batch and self._sending:
-                self._cond.wait()  # back-pressure: the store is slower than the handlers
+            while len(self._queue) >= self.batch:
+                # Back-pressure: a full batch waits to leave (its round trip's turn, or the
+                # completer thread's, on a busy machine), so no more than ``batch`` wait.
+                self._cond.wait()
             if not self._queue:
                 self._since = time.monotonic()
             self._queue.append(completion)
@@ -423,6 +425,7 @@ class _Completer:
                 sending, self._queue = self._queue, []
                 settles = [self._settles.pop(c.key) for c in sending if c.key in self._settles]
                 self._sending = len(sending)
+                self._cond.notify_all()  # the next batch may gather while this one is sent
             answers = self._send(sending, settles)
             with self._cond:
                 self._answers += answers

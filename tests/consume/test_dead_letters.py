@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.consume.test_consume import REPO, committed, kafka_flags, names, read_all
-from tests.servers import HOST, KafkaBroker, free_port
+from tests.servers import HOST, KafkaBroker, RedisServer, free_port
 
 BIG = 5 * 1024 * 1024
 HANDLER = (
@@ -303,3 +303,75 @@ def test_a_kafka_client_error_inside_the_loop_is_one_line_kafka_unavailable(
         consumer._kafka = Failing()
         with pytest.raises(KafkaUnavailable, match=r"^the Kafka client failed: the client is done"):
             consumer.run()
+
+
+def test_a_message_whose_partition_moved_while_its_handler_ran_is_dead_lettered_once(
+    kafka_broker: KafkaBroker, redis_server: RedisServer
+) -> None:
+    """A handler that fails for good after a rebalance took its partition: the member that
+    ran it writes no dead letter (the message is no longer its to finish, and the new owner
+    gets it again); the new owner finds the key failed and writes the one letter, ``failed
+    before`` (CI: two letters for one key under --processes). Two partitions, a key each,
+    both handlers held until the second member has one: every key gets exactly one
+    letter."""
+    from idemctl import open_store
+    from idemctl.consume import Consumer
+    from idemctl.consume.event import Event
+    from idemctl.runner import Context
+    from tests.consume.test_consume import options
+    from tests.consume.test_stuck import _produce
+
+    topic, group = names()
+    kafka_broker.create_topic(topic, partitions=2)
+    _produce(kafka_broker, topic, [(0, "k-0"), (1, "k-1")])
+    go = threading.Event()
+    ran: Counter[str] = Counter()
+
+    def first(event: Event, ctx: Context) -> None:
+        ran[f"first {ctx.key}"] += 1
+        assert go.wait(120)
+        raise ValueError(f"{ctx.key} fails for good")
+
+    def second(event: Event, ctx: Context) -> None:
+        ran[f"second {ctx.key}"] += 1
+
+    def until(what: str, check: Any, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, f"not {what}: {dict(ran)}"
+            time.sleep(0.05)
+
+    with open_store(redis_server.url(query=f"prefix=moved-{topic}:")) as store:
+        kw = dict(max_attempts=1, exit_when_idle=None, drain_timeout=0.5)
+        a = Consumer(store, first, options(kafka_broker, topic, group, concurrency=2, **kw))
+        b = Consumer(store, second, options(kafka_broker, topic, group, **kw))
+        threads = [threading.Thread(target=c.run, daemon=True) for c in (a, b)]
+        try:
+            threads[0].start()
+            # One message of each partition is in a handler of the first member, held.
+            until("both partitions' handlers running", lambda: len(ran) == 2)
+            held = {k.split()[1] for k in ran}
+            threads[1].start()
+            shared = lambda: a.gauges().partitions == 1 == b.gauges().partitions  # noqa: E731
+            until("the partitions shared", shared)
+            go.set()  # both fail for good now
+            lettered = lambda: sum(c.summary.counts["dead_lettered"] for c in (a, b))  # noqa: E731
+            until("two dead letters", lambda: lettered() >= 2)
+        finally:
+            go.set()
+            for c in (a, b):
+                c.stop()
+            for t in threads:
+                t.join(60)
+    letters = read_all(kafka_broker, f"{topic}.dlq", 2)
+    said = {h["idempotency-key"]: h for h in
+            ({k: v.decode() for k, v in m.headers() or ()} for m in letters)}  # fmt: skip
+    assert len(letters) == 2 and set(said) == held, [m.headers() for m in letters]
+    # The eager assignor revokes both partitions and gives one back: a message fetched
+    # under the first assignment is fetched again under the second, and its letter is that
+    # one's (``failed before``) whichever member owns it.
+    assert all(h["idemctl-dlt-reason"] == "failed before" for h in said.values()), said
+    assert all(f"ValueError: {k} fails for good" in h["kafka_dlt-exception-message"]
+               for k, h in said.items())  # fmt: skip
+    assert all(ran[f"first {k}"] == 1 and ran[f"second {k}"] == 0 for k in held)
+    assert a.summary.counts["revoked"] == 2 and lettered() == 2
