@@ -8,6 +8,8 @@ from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from idemctl.console.views import PAGE
+
 PAGES = Environment(
     loader=PackageLoader("idemctl.console", "templates"),
     autoescape=select_autoescape(default=True, default_for_string=True),
@@ -22,4 +24,4 @@ def with_cursor(params: Mapping[str, str], cursor: str) -> str:
 PAGES.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
 """JSON to read: escaped as any text when rendered (``tojson`` writes ``<`` as ``\\u003c``)."""
 PAGES.globals.update(quote=lambda s: quote(str(s), safe=""), urlencode=urlencode,
-                     with_cursor=with_cursor)  # fmt: skip
+                     with_cursor=with_cursor, page_size=PAGE)  # fmt: skip

@@ -27,7 +27,11 @@ class ConsoleProcess:
     shots = False
     """Whether its browser tests take the docs' screenshots."""
 
-    def __init__(self, url: str, folder: Path, *options: str, bind: str = HOST) -> None:
+    def __init__(
+        self, url: str, folder: Path, *options: str, bind: str = HOST, path: Path | None = None
+    ) -> None:
+        """``path``: a folder put first on the console's PYTHONPATH (a ``sitecustomize``
+        there can set the store's limits)."""
         self.url = url
         self.port = free_port()
         self.log = folder / "operator.log"
@@ -41,7 +45,7 @@ class ConsoleProcess:
             "--bind", f"{bind}:{self.port}", "--users", str(users),
             "--operator-log", str(self.log), *options,
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (path, REPO) if p)}
         self.stderr = folder / "console.err"
         with self.stderr.open("wb") as err:  # a file, never a pipe that fills and blocks it
             self.proc = subprocess.Popen(command, env=env, stderr=err)

@@ -120,6 +120,47 @@ def test_paging_goes_on_by_the_cursor_until_the_last_page(tmp_path: Path) -> Non
         process.stop()
 
 
+def test_a_redis_page_reads_a_part_of_the_store_and_says_so(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """On Redis a page reads at most WALK_KEYS keys (a million keys answer as fast as a
+    hundred): a prefix few keys have comes back short, even empty, saying so, and the next
+    page goes on. The console's limits are set small here (its ``sitecustomize``): 20 keys a
+    page, 10 a SCAN call."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import idemctl.stores.redis as package\npackage.SCAN_COUNT, package.WALK_KEYS = 10, 20\n"
+    )
+    url = redis_server.url(query=f"prefix=walk-{uuid.uuid4().hex[:8]}:")
+    rare = ["rare-1", "rare-2"]
+    with open_store(url) as store:
+        store.claim_many([ClaimRequest(k) for k in [*rare, *(f"common-{i}" for i in range(60))]])
+    process = ConsoleProcess(url, tmp_path, path=tmp_path)
+    try:
+        ana = log_in(process.base, "ana", PASSWORDS["ana"])
+        seen: list[str] = []
+        pages: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            params = {"prefix": "rare-", **({"cursor": cursor} if cursor else {})}
+            page = ana.get("/api/keys", params=params).json()
+            pages.append(page)
+            seen += [r["key"] for r in page["items"]]
+            cursor = page["cursor"]
+            if cursor is None:
+                break
+            assert len(pages) < 1000
+        assert sorted(seen) == rare and len(pages) > 3  # 62 keys and more, 20 a page
+        empty = next(p for p in pages if p["cursor"] and not p["items"])
+        html = ana.get("/keys", params={"prefix": "rare-", "cursor": empty["cursor"]}).text
+        assert 'id="partial"' in html and "no key matches in this part of the store" in html
+        assert 'id="next"' in html
+        to_last = {"cursor": pages[-2]["cursor"]}  # the last page's own cursor
+        last = ana.get("/keys", params={"prefix": "rare-", **to_last}).text
+        assert 'id="next"' not in last and 'id="partial"' not in last
+    finally:
+        process.stop()
+
+
 def test_forget_and_purge_preview_then_act_only_on_the_typed_confirmation(
     console: ConsoleProcess,
 ) -> None:

@@ -170,7 +170,11 @@ class ProduceGate:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection((HOST, self.upstream))
+            try:
+                server = socket.create_connection((HOST, self.upstream))
+            except OSError:  # the broker is down: so is this connection, as it would be
+                client.close()
+                continue
             self._sockets += [client, server]
             threading.Thread(target=self._requests, args=(client, server), daemon=True).start()
             threading.Thread(target=self._copy, args=(server, client), daemon=True).start()

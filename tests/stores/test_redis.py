@@ -180,6 +180,64 @@ def test_a_full_page_gets_a_cursor_only_when_more_records_follow(
             raw.delete(*(f"{other}{i}" for i in range(chunk, chunk + 1000)))
 
 
+def test_a_page_examines_at_most_walk_keys_and_a_short_page_goes_on(
+    store: Store, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page on a prefix few keys match reads a bounded part of the keyspace (WALK_KEYS,
+    SCAN_COUNT a call), whatever the store's size: it comes back short, even empty, with a
+    cursor that goes on, and the cursors find every match once; keys and entities alike
+    (the console's pages on a million keys)."""
+    import idemctl.stores.redis as package
+    from idemctl.stores.redis import RedisStore
+
+    assert isinstance(store, RedisStore)
+    other = unique_prefix()
+    pipe = raw.pipeline(transaction=False)
+    for i in range(3000):
+        pipe.set(f"{other}{i}", "x", ex=300)
+    pipe.execute()
+    try:
+        rare = [f"rare:{i}" for i in range(5)]
+        for i, key in enumerate([*rare, *(f"common:{i}" for i in range(40))]):
+            a = acquire(store, key)
+            if key in rare:
+                assert go(store, f"rare-e:{i}", 1, a) is Verdict.GO
+            store.complete(key, a.owner, a.fencing_token, i)
+        monkeypatch.setattr(package, "SCAN_COUNT", 10)
+        monkeypatch.setattr(package, "WALK_KEYS", 20)  # two SCAN calls a page
+        scanned = store._client.scan  # type: ignore[attr-defined]
+        calls: list[int] = []
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            return scanned(*args, **kwargs)
+
+        monkeypatch.setattr(store._client, "scan", counted)  # type: ignore[attr-defined]
+        for fetch, want in (
+            (lambda c: store.scan(prefix="rare:", limit=100, cursor=c), rare),
+            (lambda c: store.scan_entities(prefix="rare-e:", limit=100, cursor=c),
+             [f"rare-e:{i}" for i in range(5)]),
+        ):  # fmt: skip
+            found: list[str] = []
+            pages, short, cursor = 0, 0, None
+            while True:
+                calls.clear()
+                page = fetch(cursor)
+                assert len(calls) <= 2, len(calls)
+                items = page.records if hasattr(page, "records") else page.entities
+                found += [getattr(x, "key", None) or x.entity for x in items]
+                pages, cursor = pages + 1, page.cursor
+                if cursor is None:
+                    break
+                short += len(items) < 100
+                assert pages < 1000
+            assert sorted(found) == sorted(want) and len(found) == len(set(found))
+            assert pages > 100 and short == pages - 1  # 3,000 keys, 20 a page
+    finally:
+        for chunk in range(0, 3000, 1000):
+            raw.delete(*(f"{other}{i}" for i in range(chunk, chunk + 1000)))
+
+
 def test_keys_under_the_prefix_that_are_not_records_are_left_out(
     store: Store, raw: Any, prefix: str
 ) -> None:
@@ -419,7 +477,9 @@ def scan_entities_all(store: Store, prefix: str | None = None, limit: int = 3) -
     for _ in range(10_000):
         page = store.scan_entities(prefix=prefix, limit=limit, cursor=cursor)
         assert len(page.entities) <= limit
-        names += [e.entity for e in page.entities]
+        on_page = [e.entity for e in page.entities]
+        assert on_page == sorted(on_page)  # in SCAN order, each page in name order
+        names += on_page
         cursor = page.cursor
         if cursor is None:
             assert len(set(names)) == len(names), names
@@ -506,8 +566,8 @@ def test_scan_entities_prefix_is_literal_not_a_glob(store: Store) -> None:
     assert scan_entities_all(store, prefix="a?") == ["a?2"]
     assert scan_entities_all(store, prefix="a[x]") == ["a[x]3"]
     assert scan_entities_all(store, prefix="a\\") == ["a\\4"]
-    assert scan_entities_all(store, prefix="a", limit=2) == sorted(names[:5])
-    assert scan_entities_all(store, limit=100) == sorted(names)
+    assert sorted(scan_entities_all(store, prefix="a", limit=2)) == sorted(names[:5])
+    assert sorted(scan_entities_all(store, limit=100)) == sorted(names)
 
 
 def test_guard_and_settle_survive_script_flush(store: Store, raw: Any) -> None:
@@ -547,8 +607,8 @@ def test_cluster_guards_land_on_every_primary_and_entity_admin_sees_them_all(
         settles = [Settle(g.entity, g.sequence, g.key, g.fencing_token) for g in guards]
         assert store.settle_many(settles[:100]) == [True] * 100
         assert store.count_entities() == len(names)
-        assert scan_entities_all(store, limit=7) == names
-        assert scan_entities_all(store, prefix="acct:11", limit=4) == names[110:120]
+        assert sorted(scan_entities_all(store, limit=7)) == names
+        assert sorted(scan_entities_all(store, prefix="acct:11", limit=4)) == names[110:120]
         entity = store.get_entity(names[5])
         assert entity is not None and (entity.sequence, entity.key) == (7, "k5")
         late = store.guard_many([Guard(n, 6, "late", 1) for n in names[:100]])

@@ -21,12 +21,16 @@ from idemctl.stores.redis.store import RedisStore
 
 SCAN_COUNT = 500
 """Keys one SCAN asks for, an admin batch. Read from here at every call: it may be set."""
+WALK_KEYS = 100_000
+"""Keys a page that walks the keyspace examines at most (``walk``): then it comes back
+short, with a cursor that goes on. Read from here at every call: it may be set."""
 
 __all__ = [
     "LIB",
     "MAX_CALL_KEYS",
     "SCAN_COUNT",
     "SCRIPT_NAMES",
+    "WALK_KEYS",
     "RedisStore",
     "Script",
     "load_scripts",

@@ -8,19 +8,17 @@ ends with its retention."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from datetime import datetime
+from collections.abc import Iterator
 
 from idemctl.errors import EntityNotFound
 from idemctl.model import Entity, EntityPage, validate_key
-from idemctl.stores import redis as package
 from idemctl.stores.machine import entity_locked
-from idemctl.stores.queries import batched
-from idemctl.stores.redis.client import Client
+from idemctl.stores.redis.client import Client, ClusterNode
 from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.index import RedisIndex
 from idemctl.stores.redis.ops import ENTITIES
 from idemctl.stores.redis.records import entity_fields_of, text, to_entity
+from idemctl.stores.redis.walk import Batch, parse_cursor, read_strings, walk_page
 
 
 class RedisEntities(RedisIndex):
@@ -43,30 +41,18 @@ class RedisEntities(RedisIndex):
     def scan_entities(
         self, prefix: str | None = None, limit: int = 100, cursor: str | None = None
     ) -> EntityPage:
-        """Pages in name order: every matching name is collected with SCAN (on every
-        primary of a cluster) and sorted, and a page goes on after the cursor, the last
-        name of the page before. An operator's command: it holds the names, not the
-        entities, of one prefix in memory."""
-        with self._guard():
-            now = self._now()
-        names = sorted(n for n in self._entity_names(prefix) if cursor is None or n > cursor)
-        found: list[Entity] = []
-        for chunk in batched(names, package.SCAN_COUNT):
-            found += self._read_entities(chunk, now)
-            if len(found) > limit:
-                break
-        page = found[: max(limit, 0)]
-        return EntityPage(page, page[-1].entity if len(found) > limit and page else None)
+        """Pages in SCAN order as the keys' (``RedisWalk``: ``WALK_KEYS`` examined a page at
+        most, a short page's cursor goes on), each page in name order."""
+        position, after = parse_cursor(cursor, "entities")
+        found, then = walk_page(
+            self._entity_batches(prefix, position), after, limit, lambda e: e.entity
+        )
+        return EntityPage(sorted(found, key=lambda e: e.entity), then)
 
     def count_entities(self) -> int:
         if self.index_ready():
             return self._index_entities()
-        with self._guard():
-            now = self._now()
-        return sum(
-            len(self._read_entities(chunk, now))
-            for chunk in batched(self._entity_names(), package.SCAN_COUNT)
-        )
+        return sum(len(entities) for _, entities, _ in self._entity_batches())
 
     def forget_entity(self, entity: str, force: bool = False) -> Entity:
         validate_key(entity, "entity")
@@ -84,42 +70,23 @@ class RedisEntities(RedisIndex):
             raise entity_locked(found)
         return found
 
-    def _entity_names(self, prefix: str | None = None) -> set[str]:
-        """The names of the entities under ``prefix`` (SCAN may return a key twice)."""
+    def _entity_batches(
+        self, prefix: str | None = None, start: str | None = None
+    ) -> Iterator[Batch[Entity]]:
+        """The live entities under ``prefix``, a SCAN call at a time from ``start``."""
+        with self._guard():
+            now = self._now()
         match = f"{glob_escape(self.prefix + ENTITIES)}{{{glob_escape(prefix or '')}*"
-        names: set[str] = set()
-        with self._guard():
-            for node in self._nodes():
-                client = self._client if node is None else node.redis_connection
-                names.update(self._scan_names(client, match))
-        return {n for n in names if prefix is None or n.startswith(prefix)}
 
-    def _scan_names(self, client: Client, match: str) -> Iterator[str]:
-        cursor = 0
-        while True:
-            # SCAN_COUNT is read from the package at each call, where it may be set.
-            cursor, found = client.scan(
-                cursor, match=match, count=package.SCAN_COUNT, _type="string"
-            )
-            for ekey in (text(k) for k in found):
-                if ekey.endswith("}"):
-                    yield self._entity_of(ekey)
-            if int(cursor) == 0:
-                return
+        def read(node: ClusterNode | None, client: Client, ekeys: list[str]) -> list[Entity]:
+            ekeys = [k for k in ekeys if k.endswith("}")]  # else not an entity's key
+            found = []
+            for ekey, raw in zip(ekeys, read_strings(node, client, ekeys), strict=True):
+                fields = entity_fields_of(raw)
+                if fields is not None:  # gone since SCAN saw it, or not ours
+                    entity = to_entity(self._entity_of(ekey), fields)
+                    if not entity.retention_over(now):
+                        found.append(entity)
+            return found
 
-    def _read_entities(self, names: Sequence[str], now: datetime) -> list[Entity]:
-        """The live entities among ``names``, in their order: one pipelined round trip (one
-        per node on a cluster)."""
-        with self._guard():
-            pipe = self._client.pipeline(transaction=False)
-            for name in names:
-                pipe.get(self._ekey(name))
-            texts = pipe.execute()
-        found = []
-        for name, raw in zip(names, texts, strict=True):
-            fields = entity_fields_of(raw)
-            if fields is not None:  # gone since SCAN saw it, or not ours
-                entity = to_entity(name, fields)
-                if not entity.retention_over(now):
-                    found.append(entity)
-        return found
+        return self._scan_batches(match, start, read)

@@ -21,8 +21,9 @@ from idemctl.errors import InvalidCursor
 from idemctl.model import Page, Record, Stats, Status
 from idemctl.stores.base import Progress
 from idemctl.stores.queries import InProgressTally, Query, Scan
-from idemctl.stores.redis.core import RedisCore, glob_escape
+from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.records import fields_of, text, to_record
+from idemctl.stores.redis.walk import RedisWalk
 
 EXPIRE_DUE = 100_000
 """Seconds that are over one stats script takes out of the counts at most (a day is
@@ -44,7 +45,7 @@ def _ms(at: datetime) -> int:
     return int(at.timestamp() * 1000)
 
 
-class RedisIndex(RedisCore):
+class RedisIndex(RedisWalk):
     """Reading the index: a part of RedisStore."""
 
     def index_ready(self) -> bool:
