@@ -121,7 +121,7 @@ local function each(shared, width, fn)
 end
 
 -- The index: what the operator's commands read instead of every key. Every script that
--- changes a record gets its four keys after the records' (one set per server; on a cluster
+-- changes a record gets its five keys after the records' (one set per server; on a cluster
 -- one per hash slot, named so as to live in the records' slot):
 --   LIVE   sorted set: each in-progress record's key, scored by its lease (ms since the
 --          epoch), as the record has it
@@ -132,6 +132,9 @@ end
 --   DUE    sorted set: the SECONDs COUNTS has fields for, scored by themselves
 --   GONE   sorted set: each tombstone's key, scored by the end of its retention (what
 --          purge walks)
+--   FAILED sorted set: each failed record's key, scored by the end of its retention (what
+--          `list --status failed` walks, from now on: a key whose TTL ended stays until
+--          stats.lua takes it out)
 -- A tombstone (forget.lua) carries gone: ms since the epoch when its TTL ends. A record the
 -- index counts carries n = '1' (records written before the index have none:
 -- `idemctl init` counts them, see index.lua). Redis removes a record when its TTL ends and
@@ -139,11 +142,12 @@ end
 -- is over, so a record is counted at most a second past the end of its TTL. A record still
 -- there at the very end of its second (Redis removes it just after) finds its field gone:
 -- uncount() leaves the counts alone, as expire_due() took it out already.
-local LIVE, COUNTS, DUE, GONE
+local LIVE, COUNTS, DUE, GONE, FAILED
 
 local function indexed()
-  LIVE, COUNTS, DUE, GONE = KEYS[#KEYS - 3], KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
-  RECORDS = #KEYS - 4
+  LIVE, COUNTS, DUE, GONE, FAILED =
+    KEYS[#KEYS - 4], KEYS[#KEYS - 3], KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+  RECORDS = #KEYS - 5
 end
 
 -- Where rec (a record or an entity) is counted: 'i' (in LIVE), or 'c', 'f', 't' or 'e'
@@ -167,6 +171,7 @@ local function uncount(key, rec)
     return
   end
   if class == 't' then redis.call('ZREM', GONE, key) end
+  if class == 'f' then redis.call('ZREM', FAILED, key) end
   local field = class .. ':' .. int(second)
   if redis.call('HEXISTS', COUNTS, field) == 1 then  -- else expired: c/f/t no longer count it
     redis.call('HINCRBY', COUNTS, field, -1)
@@ -196,6 +201,7 @@ local function count(key, rec)
     return
   end
   if class == 't' then redis.call('ZADD', GONE, tonumber(rec.expires), key) end
+  if class == 'f' then redis.call('ZADD', FAILED, tonumber(rec.expires), key) end
   local s = int(second)
   redis.call('HINCRBY', COUNTS, class .. ':' .. s, 1)
   redis.call('HINCRBY', COUNTS, class, 1)

@@ -1,8 +1,8 @@
 """The index the operator's commands read on Redis (lua/_lib.lua, stores/redis/index.py):
 its counts equal a full scan's after races, takeovers, forgets, purges and expiries, on one
 server and on a cluster; ``init`` counts the records written before it; and once it is
-ready, stats, the in-progress listings, unlock --stale and purge read no key they do not
-report (no SCAN)."""
+ready, stats, the in-progress and failed listings, unlock --stale and purge read no key
+they do not report (no SCAN)."""
 
 from __future__ import annotations
 
@@ -154,8 +154,94 @@ def test_counts_equal_a_full_scan_after_chaos(where: RedisServer | RedisCluster)
         # released and stale ones whose retention is long) is listed from the index alike.
         listed = store.scan(status=Status.IN_PROGRESS, limit=1000)
         assert len(listed.records) == in_progress
+        # The failed keys, from FAILED, are those a walk of every key finds failed.
+        failed = keys_of(store, status=Status.FAILED)
+        walked = [r.key for r in records_of(store) if r.status is Status.FAILED]
+        assert failed == sorted(walked) and len(failed) == scanned.by_status[Status.FAILED]
     finally:
         store.close()
+
+
+def records_of(store: RedisStore, **filters: Any) -> list[Any]:
+    """Every page's records, a page of 7 at a time."""
+    found, cursor = [], None
+    for _ in range(10_000):
+        page = store.scan(limit=7, cursor=cursor, **filters)
+        found += page.records
+        if (cursor := page.cursor) is None:
+            return found
+    raise AssertionError("the pages never ended")
+
+
+def keys_of(store: RedisStore, **filters: Any) -> list[str]:
+    keys = [r.key for r in records_of(store, **filters)]
+    assert len(keys) == len(set(keys)), keys
+    return sorted(keys)
+
+
+def test_failed_keys_are_listed_from_the_index_and_leave_it_when_no_longer_failed(
+    where: RedisServer | RedisCluster,
+) -> None:
+    """A key that fails joins FAILED; claimed again (a retriable failure), completed,
+    forgotten or past its retention it is no longer listed; an index built before FAILED
+    came lacks its failed keys until init puts them there, and until then the listing
+    walks every key (and finds them all the same)."""
+    prefix = unique_prefix()
+    store = ready_store(url_of(where, prefix))
+    raw: Any = store._client  # routes each key to its node on a cluster
+    nodes = [n.client(decode_responses=True) for n in getattr(where, "nodes", [where])]
+
+    def failed_sets() -> dict[str, tuple[Any, int]]:
+        """Each node's FAILED sets (one a slot on a cluster): its node, its size."""
+        return {
+            k: (node, node.zcard(k)) for node in nodes for k in node.keys(f"{prefix}idx:failed*")
+        }
+
+    def failed() -> int:
+        return sum(n for _, n in failed_sets().values())
+
+    try:
+        assert store.failed_indexed()
+        for i in range(6):
+            got = store.claim(f"f-{i}", lease=LONG)
+            assert isinstance(got, Acquired)
+            store.fail(f"f-{i}", got.owner, got.fencing_token, "boom", retriable=i < 2)
+        store.claim("other", lease=LONG)
+        assert keys_of(store, status=Status.FAILED) == [f"f-{i}" for i in range(6)]
+        assert failed() == 6
+        # f-0 claimed again, f-1 claimed again and completed, f-2 forgotten.
+        assert isinstance(store.claim("f-0", lease=LONG), Acquired)
+        again = store.claim("f-1", lease=LONG)
+        assert isinstance(again, Acquired)
+        store.complete("f-1", again.owner, again.fencing_token, None)
+        store.forget("f-2")
+        assert failed() == 3
+        # f-3's retention ended a minute ago (its record says so; its TTL ends later).
+        rkey = f"{prefix}{{f-3}}"
+        fields = json.loads(raw.get(rkey))
+        fields["expires"] = str(int(time.time() * 1000) - 60_000)
+        raw.set(rkey, json.dumps(fields), keepttl=True)
+        assert keys_of(store, status=Status.FAILED) == ["f-4", "f-5"]
+        assert keys_of(store, status=Status.FAILED, prefix="f-4") == ["f-4"]
+        # An index from before FAILED: the listing walks every key until init.
+        raw.delete(f"{prefix}idx:ready:failed")
+        for key, (node, _) in failed_sets().items():
+            node.delete(key)
+        assert not store.failed_indexed() and store.index_ready()
+        check = {f.name: f for f in store.check()}["index"]
+        assert check.warning and "failed" in check.detail
+        assert keys_of(store, status=Status.FAILED) == ["f-4", "f-5"]
+        assert any("failed" in s for s in store.provision(dry_run=True).statements)
+        store.provision()
+        assert store.failed_indexed()
+        assert failed() == 3  # f-3 too: its record is still there
+        assert keys_of(store, status=Status.FAILED) == ["f-4", "f-5"]
+        store.stats()  # takes the keys whose retention ended out of FAILED
+        assert failed() == 2
+    finally:
+        store.close()
+        for node in nodes:
+            node.close()
 
 
 def test_init_counts_records_written_before_the_index(redis_server: RedisServer) -> None:
@@ -202,6 +288,8 @@ def test_init_counts_records_written_before_the_index(redis_server: RedisServer)
         assert store.stats().counted_by == "index"
         stale = store.scan(stale_only=True).records
         assert sorted(r.key for r in stale) == ["stale-0", "stale-1", "stale-2"]
+        assert store.failed_indexed()
+        assert [r.key for r in store.scan(status=Status.FAILED).records] == ["failed"]
         assert store.purge() == 1  # the tombstone forget left, found through the index
         # init again counts nothing twice.
         raw.delete(f"{prefix}idx:ready")
@@ -243,13 +331,18 @@ def test_operator_commands_read_no_key_they_do_not_report(own_server: RedisServe
         for i in range(5):
             store.claim(f"stale-{i}", lease=0.05)
         store.claim("live", lease=LONG)
+        for i in range(3):
+            got = store.claim(f"failed-{i}")
+            store.fail(f"failed-{i}", got.owner, got.fencing_token, "boom", False)
         time.sleep(0.2)
         scans, gets = calls(raw, "scan"), calls(raw, "get") + calls(raw, "mget")
 
         stats = store.stats()
         assert stats.by_status == {
-            Status.IN_PROGRESS: 6, Status.COMPLETED: 2000, Status.FAILED: 0
+            Status.IN_PROGRESS: 6, Status.COMPLETED: 2000, Status.FAILED: 3
         }  # fmt: skip
+        failed = store.scan(status=Status.FAILED).records
+        assert sorted(r.key for r in failed) == [f"failed-{i}" for i in range(3)]
         assert stats.stale == 5
         assert sorted(r.key for r in store.scan(stale_only=True).records) == [
             f"stale-{i}" for i in range(5)
@@ -261,8 +354,8 @@ def test_operator_commands_read_no_key_they_do_not_report(own_server: RedisServe
         assert store.count_entities() == 0
 
         assert calls(raw, "scan") == scans  # not one SCAN
-        # Reads of records: only in-progress ones (six, a round trip per command or so).
-        assert calls(raw, "get") + calls(raw, "mget") - gets <= 10
+        # Reads of records: only in-progress and failed ones (a round trip per command or so).
+        assert calls(raw, "get") + calls(raw, "mget") - gets <= 11
     finally:
         store.close()
         raw.close()

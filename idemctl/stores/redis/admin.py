@@ -22,8 +22,8 @@ from idemctl.stores.redis.walk import Batch, parse_cursor, read_strings, walk_pa
 
 class RedisAdmin(RedisIndex):
     """The operator's operations: a part of RedisStore. Once ``idemctl init`` has counted
-    the records (``index_ready``), stats, the in-progress pages, unlock_stale and purge read
-    the index; other pages walk the keyspace (``RedisWalk``: in SCAN order, sorted by key
+    the records (``index_ready``), stats, the in-progress and failed pages, unlock_stale and
+    purge read the index; other pages walk the keyspace (``RedisWalk``: in SCAN order, sorted by key
     within each SCAN batch, ``WALK_KEYS`` examined a page at most)."""
 
     def get(self, key: str) -> Record | None:
@@ -74,6 +74,8 @@ class RedisAdmin(RedisIndex):
     def _scan_page(self, scan: Scan) -> Page:
         in_progress = scan.stale_only or scan.released_only or scan.status is Status.IN_PROGRESS
         if in_progress and self.index_ready():
+            return self._index_page(scan)
+        if scan.status is Status.FAILED and self.failed_indexed():
             return self._index_page(scan)
         with self._guard():
             query = scan.query(self._now())

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-INDEX_NAMES = ("live", "counts", "due", "gone")
+INDEX_NAMES = ("live", "counts", "due", "gone", "failed")
 SLOTS = 16384
 
 
@@ -106,7 +106,7 @@ class RedisCore(BaseStore):
         return rkey[len(self.prefix) + 1 : -1]
 
     def index_keys(self, rkey: str) -> tuple[str, ...]:
-        """The index's keys (lua/_lib.lua's LIVE, COUNTS, DUE, GONE) for Redis key
+        """The index's keys (lua/_lib.lua's LIVE, COUNTS, DUE, GONE, FAILED) for Redis key
         ``rkey``: the store's own on one server; on a cluster, those of rkey's hash slot."""
         if self._cluster is None:
             return self._index_of("")
@@ -123,9 +123,11 @@ class RedisCore(BaseStore):
             self._all_indexes = [self._index_of(tag) for tag in tags]
         return self._all_indexes
 
-    def _ready_key(self) -> str:
-        """Set once ``idemctl init`` has counted every record written before the index."""
-        return f"{self.prefix}idx:ready"
+    def _ready_key(self, part: str = "") -> str:
+        """Set once ``idemctl init`` has counted every record written before the index;
+        ``part="failed"``: once it has put every failed record in FAILED (an index built
+        before FAILED came lacks those)."""
+        return f"{self.prefix}idx:ready" + (f":{part}" if part else "")
 
     def _nodes(self) -> list[ClusterNode | None]:
         """What a SCAN walks: every primary of a cluster, or the one server (None)."""

@@ -1,14 +1,16 @@
 """The index the operator's commands read on Redis instead of every key (see lua/_lib.lua):
 LIVE (in-progress keys by lease), COUNTS and DUE (completed, failed, tombstones and
-entities, by the second their TTL ends), GONE (tombstones by the end of their retention).
+entities, by the second their TTL ends), GONE (tombstones by the end of their retention),
+FAILED (failed keys by the end of their retention).
 The scripts that change records keep it; ``idemctl init`` counts the records written
 before it and then marks the store ready. Until then the operator's commands read every
 key, as before.
 
 What each command costs with the index: ``stats`` one script per index (one on a server,
 one per hash slot on a cluster) plus a read of each in-progress record; ``list --stale``,
-``list --status in_progress``, ``unlock --stale`` read the in-progress keys; ``purge``
-reads the tombstones. None of them grows with the completed keys the store holds."""
+``list --status in_progress``, ``unlock --stale`` read the in-progress keys; ``list
+--status failed`` the failed ones; ``purge`` reads the tombstones. None of them grows with
+the completed keys the store holds."""
 
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ EXPIRE_DUE = 100_000
 Position = tuple[int, float, str]
 """Where a walk of an index's sorted sets is: the index's number, a score, a member."""
 
+LIVE, GONE, FAILED = 0, 3, 4
+"""The sorted sets of the index, by their place among its keys (``INDEX_NAMES``)."""
+COLUMNS = {LIVE: 4, GONE: 6, FAILED: 7}
+"""Where stats.lua's reply says how many members each has."""
+
 
 def _chunk() -> int:
     """Members read from a sorted set at a time, records read in one round trip, keys in one
@@ -53,6 +60,11 @@ class RedisIndex(RedisWalk):
         with self._guard():
             return bool(self._client.exists(self._ready_key()))
 
+    def failed_indexed(self) -> bool:
+        """Whether every failed record is in FAILED: ``idemctl init`` ran since it came."""
+        with self._guard():
+            return bool(self._client.exists(self._ready_key("failed")))
+
     def build_index(self) -> int:
         """Count the records and entities written before the index (one SCAN of the
         keyspace; index.lua leaves those already counted alone, so this may run while
@@ -72,7 +84,9 @@ class RedisIndex(RedisWalk):
                         if items:
                             replies = self.script_runner.call("index", (), items)
                             counted += sum(int(r) for r in replies)
-            self._client.set(self._ready_key(), str(_ms(self._now())))
+            now = str(_ms(self._now()))
+            self._client.set(self._ready_key(), now)
+            self._client.set(self._ready_key("failed"), now)
         return counted
 
     # Walks -----------------------------------------------------------------------------
@@ -83,36 +97,41 @@ class RedisIndex(RedisWalk):
         high: float,
         after: Position | None = None,
         numbers: list[int] | None = None,
+        low: float | None = None,
     ) -> Iterator[tuple[Position, str]]:
-        """The members of every index's sorted set ``which`` (0: LIVE, 3: GONE) scored at
-        most ``high``, in (index, score, member) order, each with its position; after
-        ``after`` when given; only those ``numbers`` when given."""
+        """The members of every index's sorted set ``which`` (LIVE, GONE, FAILED) scored at
+        most ``high`` (and above ``low``), in (index, score, member) order, each with its
+        position; after ``after`` when given; only those ``numbers`` when given."""
         indexes = self._indexes()
         first = after[0] if after else 0
         for number in numbers if numbers is not None else self._nonempty(which, first):
             zkey = indexes[number][which]
             since = after if after is not None and after[0] == number else None
-            for score, member in self._zwalk(zkey, high, since):
+            for score, member in self._zwalk(zkey, high, since, low):
                 yield (number, score, member), member
 
     def _nonempty(self, which: int, first: int) -> list[int]:
-        """The numbers (from ``first``) of the indexes whose set ``which`` (0: LIVE, 3:
-        GONE) has members: on a cluster, read from each slot's stats script (settling
+        """The numbers (from ``first``) of the indexes whose set ``which`` (LIVE, GONE,
+        FAILED) has members: on a cluster, read from each slot's stats script (settling
         nothing), sent to every node at once."""
         if self._cluster is None:
             return [0] if first == 0 else []
-        column = 4 if which == 0 else 6
+        column = COLUMNS[which]
         replies = self._stats_replies(due=0)
         return [n for n in range(first, len(replies)) if replies[n][column]]
 
-    def _zwalk(self, zkey: str, high: float, after: Position | None) -> Iterator[tuple[float, str]]:
-        """Sorted set ``zkey``'s members scored at most ``high``, in (score, member) order
-        after ``after``'s score and member, an admin batch at a time. Each batch starts
-        again from the last member given, by score, so members the caller moved or removed
-        meanwhile shift nothing; only a run of equal scores longer than a batch is paged
-        by offset."""
+    def _zwalk(
+        self, zkey: str, high: float, after: Position | None, floor: float | None = None
+    ) -> Iterator[tuple[float, str]]:
+        """Sorted set ``zkey``'s members scored at most ``high`` (above ``floor``), in
+        (score, member) order after ``after``'s score and member, an admin batch at a time.
+        Each batch starts again from the last member given, by score, so members the caller
+        moved or removed meanwhile shift nothing; only a run of equal scores longer than a
+        batch is paged by offset."""
         seen: tuple[float, str] | None = (after[1], after[2]) if after is not None else None
         low: float | str = seen[0] if seen is not None else "-inf"
+        if floor is not None and (seen is None or seen[0] <= floor):
+            low, seen = f"({floor:.0f}", None
         top: float | str = "+inf" if high == float("inf") else high
         offset, size = 0, _chunk()
         while True:
@@ -158,11 +177,12 @@ class RedisIndex(RedisWalk):
         high: float,
         after: Position | None = None,
         numbers: list[int] | None = None,
+        low: float | None = None,
     ) -> Iterator[list[tuple[Position, str, Record | None]]]:
         """_walk's members an admin batch at a time, each with its record."""
         batch: list[tuple[Position, str]] = []
         size = _chunk()
-        for item in self._walk(which, high, after, numbers):
+        for item in self._walk(which, high, after, numbers, low):
             batch.append(item)
             if len(batch) == size:
                 yield self._with_records(batch)
@@ -211,7 +231,7 @@ class RedisIndex(RedisWalk):
         tally = InProgressTally()
         dead: list[str] = []
         live = [n for n, reply in enumerate(replies) if reply[4]]
-        for chunk in self._chunks(0, float("inf"), numbers=live):
+        for chunk in self._chunks(LIVE, float("inf"), numbers=live):
             for _, member, record in chunk:
                 if record is None or record.status is not Status.IN_PROGRESS:
                     dead.append(member)
@@ -235,20 +255,24 @@ class RedisIndex(RedisWalk):
 
     def _index_page(self, scan: Scan) -> Page:
         """A page of in-progress keys (stale, released, or all) from LIVE, in (slot, lease,
-        key) order; the cursor is the position of the last key given."""
+        key) order, or of failed keys from FAILED, in (slot, end of retention, key) order;
+        the cursor is the position of the last key given."""
         with self._guard():
             now = self._now()
         query = scan.query(now)
+        failed = scan.status is Status.FAILED
+        which, name = (FAILED, "failed") if failed else (LIVE, "live")
         # A stale lease ended; a released key's lease was set to the moment it was freed.
         high = _ms(now) if scan.stale_only or scan.released_only else float("inf")
+        low = _ms(now) if failed else None  # the failed keys' retention ends after now
         found: list[Record] = []
         last: Position | None = None
-        for chunk in self._chunks(0, high, _parse_position(scan.cursor)):
+        for chunk in self._chunks(which, high, _parse_position(scan.cursor, name), low=low):
             for at, _, record in chunk:
                 if record is None or not query.matches(record):
                     continue
                 if len(found) == scan.limit and last is not None:
-                    return Page(found, _position(last))
+                    return Page(found, _position(last, name))
                 found.append(record)
                 last = at
         return Page(found, None)
@@ -260,7 +284,7 @@ class RedisIndex(RedisWalk):
             now = self._now()
         cutoff = now - timedelta(seconds=older_than)
         stale = Query(lease_expired_at=cutoff, owned=True, live_at=now)
-        for chunk in self._chunks(0, _ms(cutoff)):
+        for chunk in self._chunks(LIVE, _ms(cutoff)):
             yield [r for _, _, r in chunk if r is not None and stale.matches(r)]
 
     def _index_purge(self, older_than: float, dry_run: bool, progress: Progress | None) -> int:
@@ -269,7 +293,7 @@ class RedisIndex(RedisWalk):
         cutoff = now - timedelta(seconds=older_than)
         over = Query(retention_over_at=cutoff)
         purged = 0
-        for chunk in self._chunks(3, _ms(cutoff)):
+        for chunk in self._chunks(GONE, _ms(cutoff)):
             batch = [r for _, _, r in chunk if r is not None and over.matches(r)]
             if dry_run:
                 purged += len(batch)
@@ -292,15 +316,16 @@ def _pairs(reply: list[Any]) -> list[tuple[float, str]]:
     return [(float(reply[i + 1]), text(reply[i])) for i in range(0, len(reply), 2)]
 
 
-def _position(at: Position) -> str:
+def _position(at: Position, name: str) -> str:
     number, score, member = at
-    return f"live:{number}:{score:.0f}:{member}"
+    return f"{name}:{number}:{score:.0f}:{member}"
 
 
-def _parse_position(cursor: str | None) -> Position | None:
+def _parse_position(cursor: str | None, name: str) -> Position | None:
     if cursor is None:
         return None
-    match = re.fullmatch(r"live:(\d+):(-?\d+):(.*)", cursor, re.S)
+    match = re.fullmatch(rf"{name}:(\d+):(-?\d+):(.*)", cursor, re.S)
     if match is None:
-        raise InvalidCursor(f"not a cursor of this Redis store's in-progress keys: {cursor!r}")
+        what = "failed" if name == "failed" else "in-progress"
+        raise InvalidCursor(f"not a cursor of this Redis store's {what} keys: {cursor!r}")
     return int(match[1]), float(match[2]), match[3]

@@ -25,12 +25,12 @@ class RedisProvisioning(RedisIndex):
         statements = [
             f"SCRIPT LOAD {name}.lua  -- sha1 {self.scripts[name].sha}" for name in missing
         ]
-        ready = self.index_ready()
+        ready = self.index_ready() and self.failed_indexed()
         if not ready:
             statements.append(
                 f"SCAN {self.prefix}{{* and {self.prefix}entity:{{*, EVALSHA index.lua on each "
-                f"batch  -- count the records written before the index; "
-                f"SET {self._ready_key()}"
+                f"batch  -- count the records written before the index, put the failed ones "
+                f"in its failed set; SET {self._ready_key()}, {self._ready_key('failed')}"
             )
         notes = [] if missing else ["all Lua scripts are loaded"]
         if not dry_run and missing:
@@ -65,16 +65,21 @@ class RedisProvisioning(RedisIndex):
         findings.append(Finding("connection", True, detail + (", cluster" if self.cluster else "")))
         findings.append(server_clock_finding(skew))
         findings += self._config_findings()
-        ready = self.index_ready()
+        counted, failed = self.index_ready(), self.failed_indexed()
         findings.append(  # a warning: the commands still work, reading every key
             Finding(
                 "index",
                 True,
-                "ready: stats, the in-progress listings, unlock --stale and purge read it"
-                if ready
+                "ready: stats, the in-progress and failed listings, unlock --stale and purge "
+                "read it"
+                if counted and failed
+                else "built before its failed set: list --status failed reads every key"
+                if counted
                 else "not built: stats, list --stale and unlock --stale read every key",
-                None if ready else "'idemctl init' counts the records written before it, once",
-                warning=not ready,
+                None
+                if counted and failed
+                else "'idemctl init' counts the records written before it, once",
+                warning=not (counted and failed),
             )
         )
         missing = [n for n, ok in self._loaded().items() if not ok]
