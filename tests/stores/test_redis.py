@@ -56,9 +56,9 @@ SCRIPTS = (
     "settle",
     "forget_entity",
     "finish",
-    "prune",
     "index",
     "stats",
+    "tally",
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -205,3 +206,32 @@ def test_ctrl_c_while_a_consumer_starts_leaves_no_consumer_running(
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert left == set()
+
+
+def test_a_killed_consumers_effects_are_all_before_its_recorded_kill(tmp_path: Path) -> None:
+    """judge() explains a repeated effect by a kill after it: the kill's time must be taken
+    once the process is dead, not before the signal, or an effect written in between (a
+    loaded machine's milliseconds) reads as unexplained (CI: "1 duplicate effect, the
+    guarantee allows 0", 0 kills mid-handler). A child writing the time without pause is
+    killed; every time it wrote is at most the recorded one."""
+    scratch: Any = SimpleNamespace(url="sqlite:///x.db")
+    ledger: Any = SimpleNamespace(env="unused")
+    consumers = _Consumers(PLAN, scratch, "topic", ledger, tmp_path)
+    times = tmp_path / "times.txt"
+    consumers.command = [sys.executable, "-c", (
+        "import sys, time\n"
+        f"out = open({str(times)!r}, 'w', buffering=1)\n"
+        "while True:\n    out.write(f'{time.time()!r}\\n')\n"
+    )]  # fmt: skip
+    try:
+        consumers.running = [victim := consumers.start()]
+        consumers.command = [sys.executable, "-c", "import time; time.sleep(60)"]  # its successor
+        deadline = time.monotonic() + 60
+        while not times.exists() or len(times.read_text().splitlines()) < 1000:
+            assert time.monotonic() < deadline and victim.poll() is None
+            time.sleep(0.01)
+        consumers.kill_one(random.Random(0))
+    finally:
+        consumers.kill_all()
+    written = [float(x) for x in times.read_text().splitlines()[:-1]]  # the last may be cut
+    assert written and max(written) <= consumers.killed[victim.pid]

@@ -24,7 +24,7 @@ from idemctl.model import Page, Record, Stats, Status
 from idemctl.stores.base import Progress
 from idemctl.stores.queries import InProgressTally, Query, Scan
 from idemctl.stores.redis.core import glob_escape
-from idemctl.stores.redis.records import fields_of, text, to_record
+from idemctl.stores.redis.records import fields_of, from_ms, text, to_record
 from idemctl.stores.redis.walk import RedisWalk
 
 EXPIRE_DUE = 100_000
@@ -196,12 +196,6 @@ class RedisIndex(RedisWalk):
         records = self._records([member for _, member in batch])
         return [(at, m, r) for (at, m), r in zip(batch, records, strict=True)]
 
-    def _prune(self, rkeys: Sequence[str]) -> None:
-        """Take keys whose record is gone (or no longer in progress) out of LIVE: the
-        script looks again, as a claim may have come meanwhile."""
-        if rkeys:
-            self.script_runner.call("prune", (), [(rkey, ()) for rkey in rkeys])
-
     # The operator's reads ----------------------------------------------------------------
 
     def _stats_replies(self, due: int = EXPIRE_DUE) -> list[list[int]]:
@@ -223,21 +217,34 @@ class RedisIndex(RedisWalk):
     def _index_entities(self) -> int:
         return self._counts(self._stats_replies())[3]
 
+    def _tally(self, numbers: list[int]) -> InProgressTally:
+        """The keys in progress in the indexes ``numbers``, tallied by tally.lua where they
+        are, an admin batch of each LIVE a call: the first batch of every index in one
+        pipelined round trip (a call per slot on a cluster), then those that have more."""
+        indexes, size = self._indexes(), _chunk()
+        tally = InProgressTally()
+        at = dict.fromkeys(numbers, 0)
+        while at:
+            items = [(indexes[n][LIVE], (rank,)) for n, rank in at.items()]
+            replies = self.script_runner.call("tally", (size,), items)
+            for n, reply in zip(list(at), replies, strict=True):
+                count, stale, released, oldest, then = reply
+                tally.count += int(count)
+                tally.stale += int(stale)
+                tally.released += int(released)
+                created = from_ms(text(oldest))
+                if created is not None and (tally.oldest is None or created < tally.oldest):
+                    tally.oldest = created
+                if int(then) < 0:
+                    del at[n]
+                else:
+                    at[n] = int(then)
+        return tally
+
     def _index_stats(self) -> Stats:
         replies = self._stats_replies()
-        with self._guard():
-            now = self._now()
         completed, failed, gone, _ = self._counts(replies)
-        tally = InProgressTally()
-        dead: list[str] = []
-        live = [n for n, reply in enumerate(replies) if reply[4]]
-        for chunk in self._chunks(LIVE, float("inf"), numbers=live):
-            for _, member, record in chunk:
-                if record is None or record.status is not Status.IN_PROGRESS:
-                    dead.append(member)
-                else:
-                    tally.add(record, now)
-        self._prune(dead)
+        tally = self._tally([n for n, reply in enumerate(replies) if reply[4]])
         by_status = {
             Status.IN_PROGRESS: tally.count,
             Status.COMPLETED: completed,

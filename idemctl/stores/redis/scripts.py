@@ -34,11 +34,11 @@ SCRIPT_NAMES = (
     "settle",
     "forget_entity",
     "finish",
-    "prune",
     "index",
     "stats",
+    "tally",
 )
-INDEX_ONLY = frozenset(("stats",))
+INDEX_ONLY = frozenset(("stats", "tally"))
 """The scripts that read the index alone: an item's key names the index (any of its keys)."""
 INDEXED = frozenset(SCRIPT_NAMES) - INDEX_ONLY
 """The scripts that change records or entities: they get the index's keys after theirs
