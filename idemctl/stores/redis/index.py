@@ -7,7 +7,8 @@ before it and then marks the store ready. Until then the operator's commands rea
 key, as before.
 
 What each command costs with the index: ``stats`` one script per index (one on a server,
-one per hash slot on a cluster) plus a read of each in-progress record; ``list --stale``,
+one per hash slot on a cluster) plus tally.lua, which reads the in-progress records where
+they are, 500 a call; ``list --stale``,
 ``list --status in_progress``, ``unlock --stale`` read the in-progress keys; ``list
 --status failed`` the failed ones; ``purge`` reads the tombstones. None of them grows with
 the completed keys the store holds."""
