@@ -55,13 +55,28 @@ def shot(console: ConsoleProcess, driver: Any, name: str) -> None:
 
 def click(driver: Any, by: str, what: str) -> None:
     """Click, then wait for the page it loads (reading the old page meanwhile is a race)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as loaded
     from selenium.webdriver.support.ui import WebDriverWait
 
     page = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(by, what).click()
-    WebDriverWait(driver, 30).until(loaded.staleness_of(page))
+
+    def gone(_: Any) -> bool:
+        """The old page's root is gone. Asked mid-navigation, chromedriver may say so as
+        an inspector error rather than a stale element (CI: "Node with given id does not
+        belong to the document")."""
+        try:
+            page.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
+    WebDriverWait(driver, 30).until(gone)
 
 
 def log_in(driver: Any, base: str, name: str, password: str) -> None:
