@@ -323,6 +323,7 @@ def test_a_message_whose_partition_moved_while_its_handler_ran_is_dead_lettered_
     from idemctl.consume.event import Event
     from idemctl.runner import Context
     from tests.consume.test_consume import options
+    from tests.consume.test_metrics import wait_until
     from tests.consume.test_stuck import _produce
 
     topic, group = names()
@@ -339,12 +340,6 @@ def test_a_message_whose_partition_moved_while_its_handler_ran_is_dead_lettered_
     def second(event: Event, ctx: Context) -> None:
         ran[f"second {ctx.key}"] += 1
 
-    def until(what: str, check: Any, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < deadline, f"not {what}: {dict(ran)}"
-            time.sleep(0.05)
-
     with open_store(redis_server.url(query=f"prefix=moved-{topic}:")) as store:
         kw = dict(max_attempts=1, exit_when_idle=None, drain_timeout=0.5)
         a = Consumer(store, first, options(kafka_broker, topic, group, concurrency=2, **kw))
@@ -353,14 +348,14 @@ def test_a_message_whose_partition_moved_while_its_handler_ran_is_dead_lettered_
         try:
             threads[0].start()
             # One message of each partition is in a handler of the first member, held.
-            until("both partitions' handlers running", lambda: len(ran) == 2)
+            wait_until("both partitions' handlers running", lambda: len(ran) == 2)
             held = {k.split()[1] for k in ran}
             threads[1].start()
             shared = lambda: a.gauges().partitions == 1 == b.gauges().partitions  # noqa: E731
-            until("the partitions shared", shared)
+            wait_until("the partitions shared", shared)
             go.set()  # both fail for good now
             lettered = lambda: sum(c.summary.counts["dead_lettered"] for c in (a, b))  # noqa: E731
-            until("two dead letters", lambda: lettered() >= 2)
+            wait_until("two dead letters", lambda: lettered() >= 2)
         finally:
             go.set()
             for c in (a, b):

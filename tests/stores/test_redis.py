@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -150,16 +151,27 @@ def test_each_record_is_one_json_string_under_its_hash_tag(
     assert json.loads(fields["result"]) == {"charge": "ch_1"}
 
 
+@contextmanager
+def other_programs_keys(raw: Any, n: int) -> Iterator[None]:
+    """``n`` keys of another program on the shared server (SCAN walks them too), deleted
+    after."""
+    other = unique_prefix()
+    pipe = raw.pipeline(transaction=False)
+    for i in range(n):
+        pipe.set(f"{other}{i}", "x", ex=300)
+    pipe.execute()
+    try:
+        yield
+    finally:
+        for chunk in range(0, n, 1000):
+            raw.delete(*(f"{other}{i}" for i in range(chunk, min(chunk + 1000, n))))
+
+
 def test_a_full_page_gets_a_cursor_only_when_more_records_follow(
     store: Store, raw: Any, prefix: str
 ) -> None:
     # Other programs' keys make SCAN take many batches, most with none of ours.
-    other = unique_prefix()
-    pipe = raw.pipeline(transaction=False)
-    for i in range(5000):
-        pipe.set(f"{other}{i}", "x", ex=300)
-    pipe.execute()
-    try:
+    with other_programs_keys(raw, 5000):
         for n in range(4):
             a = acquire(store, f"e{n}")
             store.complete(f"e{n}", a.owner, a.fencing_token, n)
@@ -175,9 +187,6 @@ def test_a_full_page_gets_a_cursor_only_when_more_records_follow(
                 break
         assert sorted(keys) == ["e0", "e1", "e2", "e3"]
         assert cursor is None
-    finally:
-        for chunk in range(0, 5000, 1000):
-            raw.delete(*(f"{other}{i}" for i in range(chunk, chunk + 1000)))
 
 
 def test_a_page_examines_at_most_walk_keys_and_a_short_page_goes_on(
@@ -191,12 +200,7 @@ def test_a_page_examines_at_most_walk_keys_and_a_short_page_goes_on(
     from idemctl.stores.redis import RedisStore
 
     assert isinstance(store, RedisStore)
-    other = unique_prefix()
-    pipe = raw.pipeline(transaction=False)
-    for i in range(3000):
-        pipe.set(f"{other}{i}", "x", ex=300)
-    pipe.execute()
-    try:
+    with other_programs_keys(raw, 3000):
         rare = [f"rare:{i}" for i in range(5)]
         for i, key in enumerate([*rare, *(f"common:{i}" for i in range(40))]):
             a = acquire(store, key)
@@ -233,9 +237,6 @@ def test_a_page_examines_at_most_walk_keys_and_a_short_page_goes_on(
                 assert pages < 1000
             assert sorted(found) == sorted(want) and len(found) == len(set(found))
             assert pages > 100 and short == pages - 1  # 3,000 keys, 20 a page
-    finally:
-        for chunk in range(0, 3000, 1000):
-            raw.delete(*(f"{other}{i}" for i in range(chunk, chunk + 1000)))
 
 
 def test_keys_under_the_prefix_that_are_not_records_are_left_out(
