@@ -541,8 +541,10 @@ def test_a_relay_killed_after_producing_before_marking_leaves_rows_to_publish_ag
 
 def test_two_relays_at_once_publish_each_row_exactly_once(world: World) -> None:
     rows = world.write(200)
-    a = world.relay("--batch-size", "50", "--exit-when-idle", "3s", name="relay-a")
-    b = world.relay("--batch-size", "50", "--exit-when-idle", "3s", name="relay-b")
+    # Idle for 15 s before exiting: a relay that finishes the first rows before the other
+    # has even started must still be there when it looks (CI: not both within 30 s).
+    a = world.relay("--batch-size", "50", "--exit-when-idle", "15s", name="relay-a")
+    b = world.relay("--batch-size", "50", "--exit-when-idle", "15s", name="relay-b")
     # Both at work (each has taken rows or looked for them) before most rows are written.
     wait_for(
         "both relays look at the outbox",
