@@ -92,6 +92,8 @@ NAMES = {
 SYNTAX: list[tuple[re.Pattern[str], str]] = [
     # A give-back shielded from a second cancellation is, in a thread, a plain call.
     (re.compile(r"await asyncio\.shield\((.*)\)$", re.M), r"\1"),
+    # A pause between two tries is, in a thread, a plain sleep.
+    (re.compile(r"await asyncio\.sleep\("), "time.sleep("),
     (re.compile(r"\bawait "), ""),
     (re.compile(r"\bAwaitable\[(\w+)\]"), r"\1"),
     (re.compile(r"\basync (def|with|for) "), r"\1 "),

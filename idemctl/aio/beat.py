@@ -26,10 +26,11 @@ async def beat(
     held: Sequence[Acquired],
     guards: Sequence[Guard],
     dropped: Callable[[Acquired], None],
-) -> None:
+) -> bool:
     """Extend ``held``'s leases and ask ``guards`` again, for ``lease`` seconds; a key whose
     lease was lost (completed meanwhile, or taken) goes to ``dropped`` (completing it says
-    so); a store that does not answer is logged, and tried again at the next beat."""
+    so); a store that does not answer is logged, and tried again at the next beat. True
+    when the store answered every request."""
     unanswered: StoreError | None = None
     if guards:  # asking again extends the hold; a lost one shows when it settles
         try:
@@ -46,3 +47,4 @@ async def beat(
             unanswered = exc
     if unanswered is not None:
         log.warning("heartbeat could not extend the leases it holds: %s", unanswered)
+    return unanswered is None

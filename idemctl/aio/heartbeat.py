@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,9 @@ class Heartbeat:
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = self._loop.call_later(lease / 3, self._due)
         self._task: asyncio.Task[None] | None = None
+        self.kept_since = 0.0
+        """When (``time.monotonic()``) the last beat the store answered in full began: the
+        leases it holds run at least ``lease`` seconds from then."""
 
     def _due(self) -> None:
         self._timer = None
@@ -64,4 +68,6 @@ class Heartbeat:
             log.warning("heartbeat stopped: %r", task.exception())
 
     async def _beat(self) -> None:
-        await beat(self.store, self.lease, list(self._held), self._guards, self._held.remove)
+        began = time.monotonic()
+        if await beat(self.store, self.lease, list(self._held), self._guards, self._held.remove):
+            self.kept_since = began

@@ -35,6 +35,9 @@ def _response_text(result: dict[str, JSON]) -> Text:
     for pair in headers if isinstance(headers, list) else []:
         if isinstance(pair, list) and len(pair) == 2:
             lines.append(f"{pair[0]}: {pair[1]}")
+    if result.get("too_large"):
+        lines.append(f"(body: {size} bytes, too large to keep: a retry is told so, not run again)")
+        return Text("\n".join(lines))
     try:
         body = base64.b64decode(str(result.get("body", "")), validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):

@@ -11,20 +11,30 @@ the table is in docs/guides/http.md.
 
 from __future__ import annotations
 
-import base64
 import hashlib
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from fnmatch import fnmatchcase
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from idemctl.errors import ConfigError
+from idemctl.http.fingerprint import MODES, Mode, fingerprint
+from idemctl.http.stored import (
+    FORMAT,
+    REPLAYED,
+    Response,
+    Streamed,
+    is_stored_response,
+    replay,
+    stored_form,
+    too_large,
+)
 from idemctl.model import (
-    JSON,
     MAX_KEY_BYTES,
     Busy,
     ClaimOutcome,
@@ -36,13 +46,29 @@ from idemctl.model import (
 from idemctl.stores.limits import checked
 from idemctl.stores.waiting import MAX_WAIT
 
+__all__ = [
+    "FORMAT",
+    "REPLAYED",
+    "Response",
+    "Streamed",
+    "is_stored_response",
+    "replay",
+    "stored_form",
+    "too_large",
+]
+
 HEADER = "Idempotency-Key"
-REPLAYED = "Idempotent-Replayed"
-"""The header a replayed response carries (Stripe's name), with the value ``true``."""
 DEFAULT_RETENTION = 86400.0
 """24 hours: how long Stripe keeps a key, and what a client may count on for its retries."""
 DEFAULT_MAX_BODY = 1 << 20
-"""Responses up to 1 MiB are stored; a larger one is sent as it streams and not stored."""
+"""Response bodies up to 1 MiB are stored; a larger one is sent as it streams, and its key
+completed with the status and headers alone: a retry is told so, never run again."""
+STORE_BODY_LIMITS = {"dynamodb": 256 << 10}
+"""The most body a store family keeps, below ``max_body``: a DynamoDB item holds 400 KB, and
+the body is kept in base64 (4/3 of its size) beside the record's other attributes."""
+DEFAULT_UNSTORED_STATUSES = (422,)
+"""Statuses answered before the endpoint runs (FastAPI's and Starlette's request
+validation): the key is released, so the corrected request with the same key runs."""
 DEFAULT_REPLAY_HEADERS = (
     "cache-control",
     "content-disposition",
@@ -54,28 +80,36 @@ DEFAULT_REPLAY_HEADERS = (
     "last-modified",
     "link",
     "location",
+    "vary",
 )
-"""Response headers stored and replayed. Never ``Set-Cookie`` unless it is listed: a
+"""Response headers stored and replayed (``("*",)``: every header but ``drop_headers``)."""
+DEFAULT_DROP_HEADERS = ("set-cookie",)
+"""Response headers never stored, even when ``replay_headers`` names them or is ``*``: a
 session cookie replayed to whoever sends the key next would hand that session over."""
 PROBLEM_BASE = "https://idemctl.dev/problems/"
-FORMAT = 1
-"""The version of the stored response's JSON (``"http"`` in the record's result)."""
+UNAVAILABLE_RETRY_AFTER = 2
+"""Seconds a client is asked to wait when the store does not answer."""
 
-_TOKEN = re.compile(r"[A-Za-z*][A-Za-z0-9!#$%&'*+\-.^_`|~:/]*")
-"""A bare Structured Field token (RFC 8941 3.3.4), accepted leniently for a key."""
+_PRINTABLE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+"""A bare key as clients send one (Stripe's convention: a bare UUID, base64, a ULID):
+printable ASCII, spaces only inside."""
 _SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
 """A Structured Field string (RFC 8941 3.3.3): printable ASCII in quotes, ``\\"`` and
 ``\\\\`` escaped."""
+_SF_PARAMETERS = re.compile(r"(?:;[ ]*[a-z*][a-z0-9_\-.*]*(?:=[\x21-\x3a\x3c-\x7e]+)?)*")
+"""A Structured Field item's parameters (RFC 8941 3.1.2), ignored: ``"abc";v=1`` is ``abc``."""
 
 
 @dataclass(frozen=True)
 class Request:
     """What the policy reads of a request: the method, the path as sent (percent-encoded),
-    and the headers, names in lower case (repeated ones joined with ``, ``)."""
+    the headers, names in lower case (repeated ones joined with ``, ``), and the query
+    string as sent (without its ``?``)."""
 
     method: str
     path: str
     headers: Mapping[str, str]
+    query: str = ""
 
 
 def authorization_caller(request: Request) -> str | None:
@@ -104,9 +138,26 @@ class Options:
     fingerprint_headers: Sequence[str] = ()
     """Request headers hashed with the body: same key, other value, 422."""
     replay_headers: Sequence[str] = DEFAULT_REPLAY_HEADERS
+    """Response headers stored and replayed (an allow list); ``("*",)``: all of them."""
+    drop_headers: Sequence[str] = DEFAULT_DROP_HEADERS
+    """Response headers never stored (a deny list, over ``replay_headers``)."""
     store_server_errors: bool = False
     """Store 5xx responses too (Stripe does); by default the key is released instead, so
     the client's retry runs again."""
+    unstored_statuses: Sequence[int] = DEFAULT_UNSTORED_STATUSES
+    """Statuses the app answers before its endpoint runs (a framework's own validation):
+    not stored, the key released, so the corrected request runs under the same key."""
+    scope: Literal["route", "key"] = "route"
+    """``"route"``: a key names one operation per method and path (the stored key holds
+    them). ``"key"``: Stripe's rule, the key alone; reused on another method or path it is
+    refused (422), as another payload is."""
+    fingerprint: Mode = "semantic"
+    """``"semantic"``: the request's meaning (the query's pairs, JSON in canonical form, a
+    form's fields, a multipart body's parts, whatever the client's encoding or boundary).
+    ``"raw"``: the query string and body byte for byte."""
+    redact: Callable[[Response], Response] | None = None
+    """Given each response before it is stored, returns what is kept and replayed (a card
+    number masked); the first client gets the response as the app wrote it."""
     max_body: int = DEFAULT_MAX_BODY
     retention: float = DEFAULT_RETENTION
     lease: float | None = None
@@ -122,6 +173,7 @@ class Options:
     """Each problem's ``type`` is this followed by its name (``missing-key``, ...)."""
     _methods: frozenset[str] = field(init=False, repr=False)
     _replay: frozenset[str] = field(init=False, repr=False)
+    _drop: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_key_length <= 255:
@@ -136,15 +188,30 @@ class Options:
             checked("lease", self.lease)
         if not callable(self.caller):
             raise ConfigError("caller must be a function of the request")
+        if self.redact is not None and not callable(self.redact):
+            raise ConfigError("redact must be a function of the response")
+        if self.scope not in ("route", "key"):
+            raise ConfigError(f"scope must be 'route' or 'key', not {self.scope!r}")
+        if self.fingerprint not in MODES:
+            raise ConfigError(f"fingerprint must be 'semantic' or 'raw', not {self.fingerprint!r}")
+        if any(not 100 <= int(s) <= 599 for s in self.unstored_statuses):
+            raise ConfigError(f"unstored_statuses must be HTTP statuses: {self.unstored_statuses}")
         object.__setattr__(self, "_methods", frozenset(m.upper() for m in self.methods))
         object.__setattr__(self, "_replay", frozenset(h.lower() for h in self.replay_headers))
+        object.__setattr__(self, "_drop", frozenset(h.lower() for h in self.drop_headers))
 
     def guards(self, method: str, path: str) -> bool:
         """Whether a request to ``path`` with ``method`` is guarded."""
         return method.upper() in self._methods and any(fnmatchcase(path, p) for p in self.paths)
 
     def replayed(self, name: str) -> bool:
-        return name.lower() in self._replay
+        """Whether the response header ``name`` is stored and replayed."""
+        name = name.lower()
+        return (name in self._replay or "*" in self._replay) and name not in self._drop
+
+    def body_limit(self, family: str) -> int:
+        """The most body stored on a store of ``family`` (``redis``, ``dynamodb``, ...)."""
+        return min(self.max_body, STORE_BODY_LIMITS.get(family, self.max_body))
 
 
 @dataclass(frozen=True)
@@ -157,6 +224,8 @@ class Problem:
     title: str
     detail: str
     retry_after: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """More members of the problem's JSON (RFC 9457 extensions)."""
 
     @property
     def outcome(self) -> str:
@@ -170,6 +239,7 @@ class Problem:
                 "title": self.title,
                 "status": self.status,
                 "detail": self.detail,
+                **self.extra,
             }
         )
         headers = [
@@ -179,16 +249,6 @@ class Problem:
         if self.retry_after is not None:
             headers.append(("retry-after", str(self.retry_after)))
         return Response(self.status, headers, body)
-
-
-@dataclass(frozen=True)
-class Response:
-    """A response: the status, the headers as sent (names as the app wrote them, values
-    as latin-1 text, the way WSGI has them), the body."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
 
 
 def missing(options: Options) -> Problem:
@@ -201,42 +261,53 @@ def missing(options: Options) -> Problem:
     )
 
 
-def key_of(options: Options, raw: str | None) -> str | Problem | None:
-    """The client's key from the header's value: a Structured Field string (``"abc"``)
-    or, leniently, a bare token; a Problem when it is malformed, empty or too long; None
-    when there is none and none is required."""
+def key_of(options: Options, raw: str | None, fields: int = 1) -> str | Problem | None:
+    """The client's key from the header's value: a Structured Field string (``"abc"``,
+    its parameters ignored) or the value as sent (a bare UUID, base64, a ULID: any
+    printable ASCII); a Problem when it is malformed, empty, too long or sent in ``fields``
+    header fields; None when there is none and none is required."""
     if raw is None:
         return missing(options) if options.required else None
+    header = options.header
+    if fields > 1:
+        return _invalid(options, f"{header} was sent {fields} times", "Send one header field.")
     raw = raw.strip(" \t")
-    quoted = _SF_STRING.fullmatch(raw)
-    if quoted is not None:
+    quoted = _SF_STRING.match(raw)
+    if quoted is not None and _SF_PARAMETERS.fullmatch(raw, quoted.end()):
         key = re.sub(r"\\(.)", r"\1", quoted.group(1))
-    elif _TOKEN.fullmatch(raw):
+    elif _PRINTABLE.fullmatch(raw):
         key = raw
+    elif not raw:
+        key = ""
     else:
-        return Problem(
-            "invalid-key",
-            400,
-            f"{options.header} is malformed",
-            f"{options.header} must be a Structured Field string of printable ASCII in "
-            'double quotes ("8e03978e-40d5-43e8-bc93-6894a57f9324") or a bare token.',
+        return _invalid(
+            options,
+            f"{header} is malformed",
+            f"{header} must be printable ASCII (a UUID, say, bare or as a Structured Field "
+            'string: "8e03978e-40d5-43e8-bc93-6894a57f9324"), with no control characters.',
         )
     if not key:
-        return Problem("invalid-key", 400, f"{options.header} is empty", "Send a unique value.")
+        return _invalid(options, f"{header} is empty", "Send a unique value.")
     if len(key) > options.max_key_length:
-        return Problem(
-            "invalid-key",
-            400,
-            f"{options.header} is too long",
+        return _invalid(
+            options,
+            f"{header} is too long",
             f"The key is {len(key)} characters; at most {options.max_key_length} are accepted.",
         )
     return key
 
 
+def _invalid(options: Options, title: str, detail: str) -> Problem:
+    return Problem("invalid-key", 400, title, detail)
+
+
 def stored_key(options: Options, request: Request, key: str) -> str:
-    """The key in the store: ``http:<caller>:<METHOD>:<path>:<key>``, ``-`` for no caller.
-    A path that would make it longer than a store key may be is replaced by its hash."""
+    """The key in the store: ``http:<caller>:<METHOD>:<path>:<key>`` (``scope="key"``:
+    ``http:<caller>:<key>``), ``-`` for no caller. A path that would make it longer than a
+    store key may be is replaced by its hash."""
     caller = options.caller(request) or "-"
+    if options.scope == "key":
+        return f"http:{caller}:{key}"
     scoped = f"http:{caller}:{request.method.upper()}:{request.path}:{key}"
     if len(scoped) <= MAX_KEY_BYTES:
         return scoped
@@ -271,46 +342,17 @@ def guarded(options: Options, request: Request, key: str, body: bytes) -> Guarde
 
 
 def fingerprint_of(options: Options, request: Request, body: bytes) -> str:
-    """SHA-256 of the body as sent, and the values of ``fingerprint_headers``."""
-    digest = hashlib.sha256(body)
-    for name in options.fingerprint_headers:
-        digest.update(b"\0" + name.lower().encode() + b"\0")
-        digest.update(request.headers.get(name.lower(), "").encode("latin-1"))
-    return digest.hexdigest()
-
-
-def stored_form(options: Options, request: Request, response: Response) -> JSON | None:
-    """What the store keeps of ``response`` to replay it, or None when it is not kept (a
-    5xx unless ``store_server_errors``; a body over ``max_body``): the key is released."""
-    if response.status >= 500 and not options.store_server_errors:
-        return None
-    if len(response.body) > options.max_body:
-        return None
-    return {
-        "http": FORMAT,
-        "method": request.method.upper(),
-        "path": request.path,
-        "status": response.status,
-        "headers": [[k, v] for k, v in response.headers if options.replayed(k)],
-        "size": len(response.body),
-        "body": base64.b64encode(response.body).decode("ascii"),
-    }
-
-
-def is_stored_response(result: Any) -> bool:
-    """Whether a record's result is a stored HTTP response (``inspect`` shows it so)."""
-    return isinstance(result, dict) and result.get("http") == FORMAT and "status" in result
-
-
-def replay(result: JSON) -> Response:
-    """The stored response, byte for byte, marked as a replay."""
-    if not is_stored_response(result):
-        raise ConfigError(f"the key holds a result that is not a stored HTTP response: {result!r}")
-    assert isinstance(result, dict)
-    headers = [(str(k), str(v)) for k, v in result["headers"]]
-    body = base64.b64decode(str(result["body"]))
-    headers += [(REPLAYED, "true"), ("content-length", str(len(body)))]
-    return Response(int(str(result["status"])), headers, body)
+    """SHA-256 of what the request means (``idemctl.http.fingerprint``): method, path,
+    query, body, and the values of ``fingerprint_headers``."""
+    return fingerprint(
+        options.fingerprint,
+        request.method,
+        request.path,
+        request.query,
+        request.headers,
+        body,
+        options.fingerprint_headers,
+    )
 
 
 @dataclass(frozen=True)
@@ -322,20 +364,74 @@ class Ran:
     stored: bool
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """The store did not answer: before the app ran (it did not run), or while its
+    response was being stored, for as long as the attempt's lease could hold."""
+
+    reason: str
+    ran: bool = False
+
+
 def answer(
-    options: Options, result: Ran | ClaimOutcome, now: datetime
+    options: Options,
+    result: Ran | Unavailable | ClaimOutcome,
+    now: datetime,
+    request: Request | None = None,
+    typical: float | None = None,
 ) -> tuple[str, Response | None]:
     """The outcome's name (the metric's, the span's) and the response to send for what an
-    attempt came to: the app's response, or the answer to a claim that did not win."""
+    attempt came to: the app's response, or the answer to a claim that did not win (a
+    replay in a form ``request`` accepts; ``typical``: the route's usual seconds, for a
+    409's ``Retry-After``)."""
     if isinstance(result, Ran):
         return ("new" if result.stored else "not_stored"), result.response
-    return answer_of(options, result, now)
+    if isinstance(result, Unavailable):
+        return "unavailable", unavailable(result).response(options)
+    return answer_of(options, result, now, request, typical)
 
 
-def answer_of(options: Options, outcome: ClaimOutcome, now: datetime) -> tuple[str, Response]:
+def unavailable(result: Unavailable) -> Problem:
+    detail = (
+        "The request ran, but its response could not be stored: the store did not answer "
+        "for as long as the request could hold its key. Retry with the same key."
+        if result.ran
+        else "The request was not run: the idempotency store did not answer. Retry with "
+        "the same key."
+    )
+    return Problem(
+        "store-unavailable",
+        503,
+        "The idempotency store is unavailable",
+        detail,
+        retry_after=UNAVAILABLE_RETRY_AFTER,
+    )
+
+
+def answer_of(
+    options: Options,
+    outcome: ClaimOutcome,
+    now: datetime,
+    request: Request | None = None,
+    typical: float | None = None,
+) -> tuple[str, Response]:
     """The outcome's name and the response to a claim that did not win the key."""
     if isinstance(outcome, Completed):
-        return "replayed", replay(outcome.record.result)
+        result = outcome.record.result
+        if too_large(result):
+            assert isinstance(result, dict)
+            first = result.get("status")
+            return "too_large", Problem(
+                "response-too-large",
+                422,
+                "The first response is too large to replay",
+                f"The first request with this {options.header} succeeded with {first} and "
+                f"its response ({result.get('size')} bytes) is too large to replay. It is "
+                "not run again under this key.",
+                extra={"first_status": first},
+            ).response(options)
+        accept = None if request is None else request.headers.get("accept-encoding")
+        return "replayed", replay(result, accept)
     if isinstance(outcome, Mismatch):
         return "mismatch", Problem(
             "key-reused",
@@ -357,17 +453,26 @@ def answer_of(options: Options, outcome: ClaimOutcome, now: datetime) -> tuple[s
             409,
             f"A request with this {options.header} is in progress",
             "Retry once it has finished: the first request's response is replayed then.",
-            retry_after=_retry_after(outcome, now),
+            retry_after=retry_after(outcome, now, typical),
         ).response(options)
     raise TypeError(f"not an answer: {outcome!r}")  # pragma: no cover - Acquired runs the app
 
 
-def _retry_after(outcome: Busy, now: datetime) -> int:
-    """Seconds until the holder's lease ends (at least 1): when a retry may take it over."""
-    if outcome.record is None or outcome.record.lease_expires_at is None:
+def retry_after(outcome: Busy, now: datetime, typical: float | None) -> int:
+    """Seconds until the request in flight has likely finished (at least 1): the route's
+    ``typical`` seconds less how long the holder has run, never past its lease's end. With
+    no figures for the route, 1: a request's own time is unknown, the lease's end is not
+    when it finishes."""
+    record = outcome.record
+    if record is None or record.lease_expires_at is None or typical is None:
         return 1
-    left = (outcome.record.lease_expires_at - now).total_seconds()
-    return max(1, int(left + 0.999))
+    # created_at is the first claim's time; a later attempt's start is no earlier than its
+    # last write (updated_at, moved by each heartbeat), so its running time is a floor.
+    since = record.created_at if record.attempts <= 1 else record.updated_at
+    running = max(0.0, (now - since).total_seconds())
+    lease_left = (record.lease_expires_at - now).total_seconds()
+    left = min(typical - running, lease_left)
+    return max(1, math.ceil(left))
 
 
 def status_line(status: int) -> str:

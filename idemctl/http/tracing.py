@@ -13,7 +13,7 @@ from typing import Any
 
 from idemctl import tracing
 from idemctl.http.policy import Guarded
-from idemctl.http.stats import STATS
+from idemctl.http.stats import DURATIONS, STATS
 
 
 def _nothing(outcome: str) -> None:
@@ -38,14 +38,21 @@ def span(key: str, method: str, path: str) -> Iterator[Callable[[str], None]]:
 
 class Observed:
     """One guarded request under way: ``app_seconds`` is the app's own time, left out of
-    the time the middleware added."""
+    the time the middleware added, and, for a stored response, the route's duration."""
 
-    def __init__(self, started: float, traced: Callable[[str], None]) -> None:
-        self.started, self.app_seconds, self._traced = started, 0.0, traced
+    def __init__(self, guarded: Guarded, started: float, traced: Callable[[str], None]) -> None:
+        self.guarded, self.started, self.app_seconds, self._traced = guarded, started, 0.0, traced
 
     def ended(self, outcome: str) -> None:
         self._traced(outcome)
         STATS.count(outcome, time.perf_counter() - self.started - self.app_seconds)
+        if outcome == "new":
+            request = self.guarded.request
+            DURATIONS.add(request.method, request.path, self.app_seconds)
+
+    def typical(self) -> float | None:
+        """The route's usual seconds, for a 409's ``Retry-After``."""
+        return DURATIONS.typical(self.guarded.request.method, self.guarded.request.path)
 
 
 @contextmanager
@@ -53,7 +60,7 @@ def observed(guarded: Guarded, started: float) -> Iterator[Observed]:
     """The request's span and figures; an exception out of it ends it as ``error``."""
     request = guarded.request
     with span(guarded.stored_key, request.method, request.path) as traced:
-        seen = Observed(started, traced)
+        seen = Observed(guarded, started, traced)
         try:
             yield seen
         except Exception:

@@ -11,7 +11,6 @@ store is opened in each process on its first guarded request.
 from __future__ import annotations
 
 import io
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -19,8 +18,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from idemctl.http import policy
-from idemctl.http.attempt import attempt
-from idemctl.http.policy import Attempt, Options, Problem, Request, Response
+from idemctl.http.attempt import Produced, attempt, body_limit
+from idemctl.http.policy import Attempt, Options, Problem, Ran, Request, Response, Streamed
 from idemctl.http.stats import STATS
 from idemctl.http.tracing import observed
 
@@ -78,31 +77,37 @@ class IdempotencyMiddleware:
             STATS.count(key.outcome, time.perf_counter() - started)
             return _send(start_response, key.response(self.options))
         body = _read_body(environ)
-        guarded = policy.guarded(self.options, Request(method, path, headers), key, body)
-        status_text = ""
-        streamed: Iterable[bytes] = ()
+        request = Request(method, path, headers, environ.get("QUERY_STRING", ""))
+        guarded = policy.guarded(self.options, request, key, body)
+        store = self.store
+        run = _Run(self.app, environ, start_response, body_limit(self.options, store))
         with observed(guarded, started) as seen:
 
-            def run_app(a: Attempt) -> Response | None:
-                nonlocal status_text, streamed
+            def run_app(a: Attempt) -> Produced:
                 app_started = time.perf_counter()
                 environ[ATTEMPT] = a
                 environ["wsgi.input"] = io.BytesIO(body)
                 environ["CONTENT_LENGTH"] = str(len(body))
                 try:
-                    response, status_text, streamed = _run(
-                        self.app, environ, start_response, self.options.max_body
-                    )
+                    return run(a)
                 finally:
                     seen.app_seconds = time.perf_counter() - app_started
-                return response
 
-            result = attempt(self.store, self.options, guarded, run_app)
-            outcome, response = policy.answer(self.options, result, datetime.now(UTC))
+            try:
+                result = attempt(store, self.options, guarded, run_app)
+            except BaseException:
+                run.close()
+                raise
+            outcome, response = policy.answer(
+                self.options, result, datetime.now(UTC), guarded.request, seen.typical()
+            )
             seen.ended(outcome)
-        if response is None:
-            return streamed
-        return _send(start_response, response, status_text)
+        # The app's iterable is closed once the server has sent the response: background
+        # work there (Flask's call_on_close) runs after the response was stored and sent.
+        if run.streamed or response is None:
+            return _Closing([], run)
+        status = run.status if isinstance(result, Ran) else ""
+        return _Closing(_send(start_response, response, status), run)
 
 
 def _headers(environ: Environ) -> dict[str, str]:
@@ -132,54 +137,68 @@ def _send(start_response: StartResponse, response: Response, status: str = "") -
     return [response.body]
 
 
-def _run(
-    app: WSGIApp, environ: Environ, start_response: StartResponse, limit: int
-) -> tuple[Response | None, str, Iterable[bytes]]:
-    """Run the app: its response buffered whole with its status line, or, past ``limit``
-    bytes of body, None and the response to stream (its headers given to the server)."""
-    started: list[Any] = []
-    chunks: list[bytes] = []
+class _Run:
+    """Runs the app once: its response buffered whole with its status line or, past
+    ``limit`` bytes of body, sent to the client as it comes (through the server's
+    ``write()``, so the key is completed once it has all gone). The app's iterable is
+    closed by ``close()``, after the response was stored and sent."""
 
-    def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-        if exc_info is not None and started:
-            raise exc_info[1].with_traceback(exc_info[2])
-        started[:] = [status, headers]
-        return chunks.append  # the legacy write(): buffered as the rest
+    def __init__(
+        self, app: WSGIApp, environ: Environ, start_response: StartResponse, limit: int
+    ) -> None:
+        self._app, self._environ, self._start_response = app, environ, start_response
+        self._limit = limit
+        self._result: Iterable[bytes] | None = None
+        self.status = ""
+        self.streamed = False
 
-    result = app(environ, capture)
-    body = iter(result)
-    size = sum(map(len, chunks))
-    try:
-        for chunk in body:
-            chunks.append(chunk)
+    def __call__(self, a: Attempt) -> Produced:
+        started: list[Any] = []
+        chunks: list[bytes] = []
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            if exc_info is not None and started:
+                raise exc_info[1].with_traceback(exc_info[2])
+            started[:] = [status, headers]
+            return chunks.append  # the legacy write(): buffered as the rest
+
+        self._result = self._app(self._environ, capture)
+        size = sum(map(len, chunks))
+        write: Callable[[bytes], object] | None = None
+        for chunk in self._result:
             size += len(chunk)
-            if size > limit:
-                start_response(*started)
-                return None, started[0], _Streamed(itertools.chain(chunks, body), result)
-    except BaseException:
-        _close(result)
-        raise
-    _close(result)
-    if not started:
-        raise RuntimeError("the app returned without calling start_response")
-    status, headers = started
-    return Response(int(status[:3]), list(headers), b"".join(chunks)), status, ()
-
-
-def _close(result: Iterable[bytes]) -> None:
-    close = getattr(result, "close", None)
-    if close is not None:
-        close()
-
-
-class _Streamed:
-    """A response too big to store, sent as the app gives it; closes the app's iterable."""
-
-    def __init__(self, chunks: Iterator[bytes], result: Iterable[bytes]) -> None:
-        self._chunks, self._result = chunks, result
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self._chunks
+            if write is not None:
+                write(chunk)
+                continue
+            chunks.append(chunk)
+            if size > self._limit:
+                self.streamed = True
+                write = self._start_response(*started)
+                for part in chunks:
+                    write(part)
+                chunks = []
+        if not started:
+            raise RuntimeError("the app returned without calling start_response")
+        self.status, headers = started
+        if self.streamed:
+            return Streamed(int(self.status[:3]), list(headers), size)
+        return Response(int(self.status[:3]), list(headers), b"".join(chunks))
 
     def close(self) -> None:
-        _close(self._result)
+        result, self._result = self._result, None
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+
+
+class _Closing:
+    """The response's body for the server; closing it closes the app's iterable."""
+
+    def __init__(self, body: list[bytes], run: _Run) -> None:
+        self._body, self._run = body, run
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        self._run.close()

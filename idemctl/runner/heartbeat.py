@@ -123,6 +123,9 @@ class Heartbeat:
         self._beating = threading.Lock()
         self._scheduled = False
         self.stopped = False
+        self.kept_since = 0.0
+        """When (``time.monotonic()``) the last beat the store answered in full began: the
+        leases it holds run at least ``lease`` seconds from then."""
         held = list(held)
         if held:
             self.hold(held, guards)
@@ -190,4 +193,6 @@ class Heartbeat:
                     _scheduler.push(time.monotonic() + self.lease / 3, self)
 
     def _extend(self, held: list[Acquired], guards: list[Guard]) -> None:
-        beat(self.store, self.lease, held, guards, lambda a: self.done([a.key]))
+        began = time.monotonic()
+        if beat(self.store, self.lease, held, guards, lambda a: self.done([a.key])):
+            self.kept_since = began

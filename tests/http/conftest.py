@@ -76,8 +76,9 @@ class Served:
                 amount,
             )
         )
-        params = {"delay": str(delay)} if delay else {}
-        return self.client.post("/charges", content=content, headers=headers, params=params)
+        if delay:  # a header: a retry without it is still the same request (the query is not)
+            headers["x-delay"] = str(delay)
+        return self.client.post("/charges", content=content, headers=headers)
 
     def charges(self, order: str) -> int:
         """How many times ``order`` was charged (its lines in the ledger)."""

@@ -27,13 +27,23 @@ def test_a_missing_key_is_400_and_charges_nothing(served: Served) -> None:
 
 
 @pytest.mark.parametrize(
-    "header",
-    ['""', '"' + "k" * 256 + '"', '"unclosed', "two words", '"tab\there"', "1starts-with-digit"],
+    "header", ['""', '"' + "k" * 256 + '"', "k" * 256, '"tab\there"', "tab\there"]
 )
 def test_an_empty_long_or_malformed_key_is_400(served: Served, header: str) -> None:
     order = unique("badkey")
     problem(served.charge(None, order, header=header), 400, "invalid-key")
     assert served.charges(order) == 0
+
+
+def test_keys_as_clients_send_them_are_taken(served: Served) -> None:
+    """Bare, as Stripe's clients send them: a UUID starting with a digit, base64, words."""
+    for bare in ("9f3c1a2e-6b7d-4e8f-9a0b-", "q83vEjRWeJA+/w==", "two words", '"unclosed'):
+        key, order = bare + unique(""), unique("o")
+        first = served.charge(None, order, header=key)
+        assert first.status_code == 201, first.text
+        again = served.charge(None, order, header=key)
+        assert again.headers[REPLAYED] == "true" and again.content == first.content
+        assert served.charges(order) == 1
 
 
 def test_a_completed_request_is_replayed_byte_for_byte(served: Served) -> None:
@@ -128,16 +138,22 @@ def test_a_streamed_response_is_buffered_and_replayed(served: Served) -> None:
     assert again.headers[REPLAYED] == "true" and again.content == first.content
 
 
-def test_a_response_over_the_limit_is_streamed_and_not_stored(served: Served) -> None:
+def test_a_response_over_the_limit_is_streamed_and_never_run_again(served: Served) -> None:
     key = unique("k")
     params, headers = {"chunks": 40, "size": 65536}, {"idempotency-key": f'"{key}"'}  # 2.5 MiB
-    for _ in range(2):  # the key is released: the second runs again, it is no replay
-        answer = served.client.post("/export", params=params, headers=headers)
-        assert answer.status_code == 201 and len(answer.content) == 40 * 65536
-        assert REPLAYED not in answer.headers
+    answer = served.client.post("/export", params=params, headers=headers)
+    assert answer.status_code == 201 and len(answer.content) == 40 * 65536
+    assert REPLAYED not in answer.headers
+    again = served.client.post("/export", params=params, headers=headers)
+    assert again.status_code == 422 and again.json()["type"].endswith("/response-too-large")
+    assert again.json()["first_status"] == 201
     with served.store() as store:
         record = store.get(stored_key(key, "/export"))
-    assert record is not None and record.status is Status.IN_PROGRESS and record.owner is None
+    assert record is not None and record.status is Status.COMPLETED
+    assert isinstance(record.result, dict) and record.result["too_large"] is True
+    assert record.result["size"] == 40 * 65536 and record.result["body"] is None
+    shown = idemctl(served.url, "inspect", stored_key(key, "/export"))
+    assert shown.returncode == 0 and "too large to keep" in shown.stdout, shown.stdout
 
 
 def test_the_record_holds_the_response_readably_for_24_hours(served: Served) -> None:

@@ -22,7 +22,7 @@ from idemctl.http.asgi import IdempotencyMiddleware as ASGIMiddleware
 from idemctl.http.stats import STATS
 from idemctl.http.wsgi import ATTEMPT
 from idemctl.http.wsgi import IdempotencyMiddleware as WSGIMiddleware
-from idemctl.model import Busy, Failed, Record, Status
+from idemctl.model import Busy, Completed, Failed, Record, Status
 from idemctl.stores.memory import MemoryStore
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -42,15 +42,25 @@ def request(headers: dict[str, str] | None = None, path: str = "/charges") -> Re
         ('  "8e03978e-40d5-43e8-bc93-6894a57f9324" ', "8e03978e-40d5-43e8-bc93-6894a57f9324"),
         (r'"say \"hi\" \\ twice"', 'say "hi" \\ twice'),
         ("bare-token_1.2:3/4", "bare-token_1.2:3/4"),
+        ("9f3c1a2e-6b7d-4e8f-9a0b-1c2d3e4f5a6b", "9f3c1a2e-6b7d-4e8f-9a0b-1c2d3e4f5a6b"),
+        ("01ARZ3NDEKTSV4RRFFQ69G5FAV", "01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+        ("q83vEjRWeJA+/w==", "q83vEjRWeJA+/w=="),
+        ('"abc";v=1', "abc"),
+        ('"abc"; v=1;x', "abc"),
+        ('"a', '"a'),
+        ("a b", "a b"),
         ('"with spaces and ünicode?"', None),
+        ("caf\u00e9", None),
+        ("tab\there", None),
         ('""', None),
-        ('"a', None),
-        ("a b", None),
-        ("9starts-with-a-digit", None),
+        ("", None),
         ('"' + "x" * 256 + '"', None),
+        ("x" * 256, None),
     ],
 )
-def test_the_key_is_a_structured_field_string_or_a_bare_token(raw: str, key: str | None) -> None:
+def test_a_key_is_printable_ascii_bare_or_a_structured_field_string(
+    raw: str, key: str | None
+) -> None:
     found = policy.key_of(Options(), raw)
     if key is None:
         assert isinstance(found, policy.Problem) and found.status == 400
@@ -83,10 +93,28 @@ def record(**fields: Any) -> Record:
     return Record(**{**base, **fields})
 
 
-def test_retry_after_is_when_the_holders_lease_ends() -> None:
-    busy = Busy(record(lease_expires_at=NOW + timedelta(seconds=12.2)))
-    _, response = policy.answer_of(Options(), busy, NOW)
-    assert dict(response.headers)["retry-after"] == "13"
+def test_retry_after_estimates_when_the_request_in_flight_ends() -> None:
+    """From the route's usual time less how long the holder has run (at least 1 s), never
+    the lease's end: a 3 s request is not retried 29 s later."""
+    lease_ends = NOW + timedelta(seconds=29)
+    busy = Busy(record(created_at=NOW - timedelta(seconds=1), lease_expires_at=lease_ends))
+
+    def after(typical: float | None, outcome: Busy = busy) -> str:
+        _, response = policy.answer_of(Options(), outcome, NOW, typical=typical)
+        return dict(response.headers)["retry-after"]
+
+    assert after(None) == "1"  # no figures for the route yet
+    assert after(3.0) == "2" and after(1.2) == "1"  # ran 1 s of 3; of 1.2
+    assert after(600.0) == "29"  # never past the lease's end
+    retried = Busy(
+        record(
+            attempts=2,
+            created_at=NOW - timedelta(hours=1),
+            updated_at=NOW - timedelta(seconds=2),
+            lease_expires_at=lease_ends,
+        )
+    )
+    assert after(5.0, retried) == "3"  # a later attempt: counted from its last write
 
 
 def test_a_key_failed_for_good_is_422() -> None:
@@ -149,18 +177,49 @@ def test_what_is_stored_and_replayed() -> None:
         ("Idempotent-Replayed", "true"),
         ("content-length", "6"),
     ]
-    asked = Options(replay_headers=(*policy.DEFAULT_REPLAY_HEADERS, "set-cookie"))
+    listed = Options(replay_headers=(*policy.DEFAULT_REPLAY_HEADERS, "set-cookie"))
+    assert policy.stored_form(listed, request(), response)["headers"] == stored["headers"]
+    asked = Options(replay_headers=(*policy.DEFAULT_REPLAY_HEADERS, "set-cookie"), drop_headers=())
     kept = policy.stored_form(asked, request(), response)
     assert isinstance(kept, dict) and ["Set-Cookie", "s=1"] in kept["headers"]
+    every = policy.stored_form(
+        Options(replay_headers=("*",), drop_headers=("x-trace",)), request(), response
+    )
+    assert every["headers"] == [["Content-Type", "application/json"], ["Set-Cookie", "s=1"]]
 
 
-def test_5xx_and_big_bodies_are_not_stored_unless_asked() -> None:
+def test_the_redaction_hook_shapes_what_is_stored() -> None:
+    def masked(r: policy.Response) -> policy.Response:
+        return policy.Response(r.status, r.headers, r.body.replace(b"4242", b"****"))
+
+    response = policy.Response(201, [], b'{"card": "4242"}')
+    stored = policy.stored_form(Options(redact=masked), request(), response)
+    assert policy.replay(stored).body == b'{"card": "****"}'
+    assert response.body == b'{"card": "4242"}'  # what the first client gets
+
+
+def test_5xx_and_statuses_before_the_endpoint_are_not_stored_unless_asked() -> None:
     error = policy.Response(503, [], b"down")
     assert policy.stored_form(Options(), request(), error) is None
     assert policy.stored_form(Options(store_server_errors=True), request(), error) is not None
-    big = policy.Response(200, [], b"x" * 11)
-    assert policy.stored_form(Options(max_body=10), request(), big) is None
-    assert policy.stored_form(Options(max_body=11), request(), big) is not None
+    invalid = policy.Response(422, [], b"{}")
+    assert policy.stored_form(Options(), request(), invalid) is None
+    assert policy.stored_form(Options(unstored_statuses=()), request(), invalid) is not None
+
+
+def test_a_body_over_the_limit_is_kept_as_its_status_alone_and_never_run_again() -> None:
+    big = policy.Response(201, [("Content-Type", "text/plain")], b"x" * 11)
+    assert policy.stored_form(Options(max_body=11), request(), big)["body"] is not None
+    kept = policy.stored_form(Options(max_body=10), request(), big)
+    assert kept["too_large"] is True and kept["body"] is None and kept["size"] == 11
+    done = Completed(record(status=Status.COMPLETED, result=kept))
+    name, answer = policy.answer_of(Options(), done, NOW)
+    assert (name, answer.status) == ("too_large", 422)
+    problem = json.loads(answer.body)
+    assert problem["type"].endswith("/response-too-large") and problem["first_status"] == 201
+    assert "succeeded with 201" in problem["detail"]
+    assert Options(max_body=1 << 20).body_limit("dynamodb") == 256 << 10
+    assert Options(max_body=1000).body_limit("dynamodb") == 1000
 
 
 @pytest.mark.parametrize(
@@ -330,15 +389,15 @@ def test_wsgi_an_app_that_raises_releases_the_key() -> None:
     assert app.runs == 2
 
 
-def test_wsgi_a_body_over_the_limit_streams_and_closes_the_app() -> None:
+def test_wsgi_a_body_over_the_limit_streams_and_is_never_run_again() -> None:
     app = Legacy()
     client = Client(WSGIMiddleware(app, store=MemoryStore(), options=Options(max_body=10)))
     headers = {"Idempotency-Key": '"k"'}
-    for _ in range(2):
-        answer = client.post("/charges", data=b'{"a": 1}', headers=headers)
-        assert answer.data == b"written then yielded %d" % app.runs
-        assert "Idempotent-Replayed" not in answer.headers
-    assert app.runs == 2 and app.closed == 2
+    first = client.post("/charges", data=b'{"a": 1}', headers=headers)
+    assert first.status_code == 201 and first.data == b"written then yielded 1"
+    again = client.post("/charges", data=b'{"a": 1}', headers=headers)
+    assert again.status_code == 422 and again.json["type"].endswith("/response-too-large")
+    assert app.runs == 1 and app.closed == 1
 
 
 def test_the_outcomes_are_counted_for_prometheus() -> None:
@@ -367,16 +426,10 @@ def test_a_stored_response_is_base64_of_the_bytes() -> None:
     assert policy.is_stored_response(stored) and not policy.is_stored_response({"x": 1})
 
 
-def test_a_response_over_the_limit_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    client = Client(WSGIMiddleware(Legacy(), store=MemoryStore(), options=Options(max_body=10)))
-    with caplog.at_level("WARNING", logger="idemctl.http"):
-        client.post("/charges", data=b'{"a": 1}', headers={"Idempotency-Key": '"big"'})
-    assert "http:-:POST:/charges:big: the response is over max_body (10 bytes)" in caplog.text
-
-
-def test_asgi_a_streamed_response_ends_only_once_its_key_is_released() -> None:
-    """Past max_body the response streams and is not stored; its last message waits for the
-    release, so a client holding the whole response never finds its key held (409)."""
+def test_asgi_a_streamed_response_ends_only_once_its_key_is_completed() -> None:
+    """Past max_body the response streams, and its key is completed without the body; its
+    last message waits for that, so a client holding the whole response never finds its
+    key held (409)."""
     store = MemoryStore()
     seen_at_end: list[object] = []
 
@@ -407,4 +460,5 @@ def test_asgi_a_streamed_response_ends_only_once_its_key_is_released() -> None:
 
     assert asyncio.run(main()) == b"x" * 30
     (record,) = seen_at_end
-    assert isinstance(record, Record) and record.owner is None  # released before the end
+    assert isinstance(record, Record) and record.status is Status.COMPLETED  # before the end
+    assert record.result["too_large"] is True and record.result["size"] == 30
