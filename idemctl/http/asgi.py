@@ -121,11 +121,10 @@ class IdempotencyMiddleware:
                     running = asyncio.ensure_future(
                         self.app(scoped, _receive(body, receive, capture), capture)
                     )
-                    ended = asyncio.ensure_future(capture.ended.wait())
-                    try:
-                        await asyncio.wait([running, ended], return_when=asyncio.FIRST_COMPLETED)
+                    running.add_done_callback(capture.settle)
+                    try:  # until the response has ended, or the app did first
+                        await capture.settled
                     finally:
-                        ended.cancel()
                         seen.app_seconds = time.perf_counter() - app_started
                     if not capture.ended.is_set():  # the app ended before its response did
                         running.result()  # its exception, if it raised
@@ -233,15 +232,22 @@ class _Capture:
         self.last: Message | None = None
         self.ended = asyncio.Event()
         """Set when the app has sent its response's last message."""
+        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done when the response has ended, or the app did before it."""
         self.sent = asyncio.Event()
         """Set when the response was stored (or not) and sent: the app's last send waits
         for it, as a server's send returns once the response went out."""
+
+    def settle(self, *_: object) -> None:
+        if not self.settled.done():
+            self.settled.set_result(None)
 
     async def __call__(self, message: Message) -> None:
         if self.ended.is_set():
             raise RuntimeError(f"the app sent {message['type']!r} after its response ended")
         await self._capture(message)
         if self.ended.is_set():
+            self.settle()
             await self.sent.wait()
 
     async def _capture(self, message: Message) -> None:

@@ -117,7 +117,10 @@ def _once(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
     kept = stored_form(options, guarded.request, produced, body_limit(options, store))
     sent = None if isinstance(produced, Streamed) else produced
     if kept is None:
-        _release(store, a)
+        if produced.status in options.unstored_statuses:
+            _forget(store, a)
+        else:
+            _release(store, a)
         return Ran(sent, stored=False)
     until = max(asked, heartbeat.kept_since) + lease
     try:
@@ -188,6 +191,21 @@ def _release(store: Store, a: Acquired) -> None:
         pass  # taken over already: nothing of ours to give back
     except StoreError as exc:  # its lease ends by itself; a retry takes it over then
         log.warning("%s: could not release the key (its lease will end): %s", a.key, exc)
+
+
+def _forget(store: Store, a: Acquired) -> None:
+    """The endpoint never ran (a framework's own validation answered): the key is given
+    back and forgotten with the request's fingerprint, so the corrected request runs under
+    the same key (a release keeps the fingerprint: the corrected one would be a mismatch)."""
+    try:
+        # Still ours (a fenced write), so nobody else's claim is forgotten; held, so nobody
+        # claims it between the two.
+        store.extend(a.key, a.owner, a.fencing_token, 5.0)
+        store.forget(a.key, force=True)
+    except (LeaseLost, Refused, KeyNotFound):
+        pass
+    except StoreError as exc:
+        log.warning("%s: could not give the key back (its lease will end): %s", a.key, exc)
 
 
 class _Rollback(Exception):

@@ -115,7 +115,10 @@ async def _once(store: AsyncStore, options: Options, guarded: Guarded, app: App)
     kept = stored_form(options, guarded.request, produced, body_limit(options, store))
     sent = None if isinstance(produced, Streamed) else produced
     if kept is None:
-        await _release(store, a)
+        if produced.status in options.unstored_statuses:
+            await _forget(store, a)
+        else:
+            await _release(store, a)
         return Ran(sent, stored=False)
     until = max(asked, heartbeat.kept_since) + lease
     try:
@@ -186,6 +189,21 @@ async def _release(store: AsyncStore, a: Acquired) -> None:
         pass  # taken over already: nothing of ours to give back
     except StoreError as exc:  # its lease ends by itself; a retry takes it over then
         log.warning("%s: could not release the key (its lease will end): %s", a.key, exc)
+
+
+async def _forget(store: AsyncStore, a: Acquired) -> None:
+    """The endpoint never ran (a framework's own validation answered): the key is given
+    back and forgotten with the request's fingerprint, so the corrected request runs under
+    the same key (a release keeps the fingerprint: the corrected one would be a mismatch)."""
+    try:
+        # Still ours (a fenced write), so nobody else's claim is forgotten; held, so nobody
+        # claims it between the two.
+        await store.extend(a.key, a.owner, a.fencing_token, 5.0)
+        await store.forget(a.key, force=True)
+    except (LeaseLost, Refused, KeyNotFound):
+        pass
+    except StoreError as exc:
+        log.warning("%s: could not give the key back (its lease will end): %s", a.key, exc)
 
 
 class _Rollback(Exception):

@@ -44,7 +44,7 @@ def fingerprint(
         _field(digest, b"q", query.encode("latin-1"))
         _field(digest, b"b", body)
     else:
-        _field(digest, b"q", _pairs(_decoded_pairs(query)))
+        _field(digest, b"q", _pairs(_decoded_pairs(query)) if query else b"")
         kind, form = _body_form(headers.get("content-type", ""), body)
         _field(digest, kind, form)
     for name in fingerprint_headers:
@@ -69,8 +69,9 @@ def _pairs(pairs: Iterable[tuple[str, ...]]) -> bytes:
 
 
 def _media(content_type: str) -> Message:
+    """``content_type`` parsed, for its parameters (quoted or not)."""
     message = Message()
-    message["content-type"] = content_type or "application/octet-stream"
+    message["content-type"] = content_type
     return message
 
 
@@ -79,8 +80,7 @@ def _body_form(content_type: str, body: bytes) -> tuple[bytes, bytes]:
     parse as that type says."""
     if not body:
         return b"b", b""
-    media = _media(content_type)
-    kind = media.get_content_type()
+    kind = content_type.partition(";")[0].strip().lower()
     if kind == "application/json" or kind.endswith("+json"):
         try:
             return b"json", canonical_json(json.loads(body))
@@ -92,7 +92,7 @@ def _body_form(content_type: str, body: bytes) -> tuple[bytes, bytes]:
         except UnicodeDecodeError:
             return b"b", body
     if kind == "multipart/form-data":
-        boundary = media.get_param("boundary")
+        boundary = _media(content_type).get_param("boundary")
         parts = _multipart(body, boundary) if isinstance(boundary, str) and boundary else None
         if parts is not None:
             return b"multipart", _pairs(parts)

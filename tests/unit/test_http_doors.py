@@ -365,3 +365,26 @@ def test_a_hang_up_does_not_reach_the_app_before_its_response_ends() -> None:
 
     asyncio.run(main())
     assert got == ["view done", "http.disconnect"]
+
+
+def test_a_status_before_the_endpoint_frees_the_key_for_the_corrected_request() -> None:
+    """FastAPI's own 422 for a bad body: nothing ran, so the corrected body with the same key
+    runs (a release alone would keep the bad body's fingerprint: 422 key-reused)."""
+    runs: list[bytes] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        body = environ["wsgi.input"].read()
+        if b"order" not in body:
+            start_response("422 Unprocessable Content", [("Content-Type", "application/json")])
+            return [b'{"detail": "order is missing"}']
+        runs.append(body)
+        start_response("201 Created", [])
+        return [b"charged"]
+
+    store = MemoryStore()
+    client = Client(WSGIMiddleware(app, store=store))
+    headers = {"Idempotency-Key": "k", "Content-Type": "application/json"}
+    assert client.post("/charges", data=b"{}", headers=headers).status_code == 422
+    assert client.post("/charges", data=b'{"order": 1}', headers=headers).status_code == 201
+    again = client.post("/charges", data=b'{"order": 1}', headers=headers)
+    assert again.headers["Idempotent-Replayed"] == "true" and runs == [b'{"order": 1}']
