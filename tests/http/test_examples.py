@@ -156,6 +156,20 @@ def test_a_response_over_the_limit_is_streamed_and_never_run_again(served: Serve
     assert shown.returncode == 0 and "too large to keep" in shown.stdout, shown.stdout
 
 
+def test_each_store_keeps_a_body_up_to_its_own_limit(served: Served) -> None:
+    """300 KiB: under max_body (1 MiB), over what a DynamoDB item holds (256 KiB of body):
+    replayed on every other store; on DynamoDB completed without it, and never run twice."""
+    key = unique("k")
+    params, headers = {"chunks": 300, "size": 1024}, {"idempotency-key": key}
+    first = served.client.post("/export", params=params, headers=headers)
+    assert first.status_code == 201 and len(first.content) == 300 * 1024
+    again = served.client.post("/export", params=params, headers=headers)
+    if served.url.startswith("dynamodb"):
+        problem(again, 422, "response-too-large")
+    else:
+        assert again.headers[REPLAYED] == "true" and again.content == first.content
+
+
 def test_the_record_holds_the_response_readably_for_24_hours(served: Served) -> None:
     key, order = unique("k"), unique("o")
     answer = served.charge(key, order)
