@@ -40,14 +40,15 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.UNEXPECTED: (
         "unexpected error; for doctor, a problem found; for outbox relay and replay, events "
         "not delivered; for verify, a guarantee broken (a key lost, duplicate effects beyond "
-        "the guarantee, a poison message not dead-lettered); for audit, messages lost (or of a "
-        "--fail-on class), or a setup it cannot judge (most messages without a key under "
-        "--key, none of the keys in the store)"
+        "the guarantee, a poison message not dead-lettered); for verify --http, a point "
+        "failed; for audit, messages lost (or of a --fail-on class), or a setup it cannot "
+        "judge (most messages without a key under --key, none of the keys in the store)"
     ),
     ExitCode.USAGE: (
         "usage error or bad configuration (URL, scheme, missing driver, config file, a "
         "setting out of its range, credentials or database the server refused, an audited "
-        "group that committed nothing on the topic), before anything is written"
+        "group that committed nothing on the topic, a verify --http URL that takes no "
+        "connection), before anything is written"
     ),
     ExitCode.STORE_UNREACHABLE: "store unreachable",
     ExitCode.NOT_PROVISIONED: (

@@ -31,6 +31,9 @@ from idemctl.operate.documents import verify as verify_document
 from idemctl.stores import refuse_powertools
 from idemctl.urls import redact_url
 
+HTTP_PANEL = "HTTP API (--http URL)"
+"""The help's section of the options only ``--http`` takes."""
+
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
@@ -146,7 +149,8 @@ def verify(
         typer.Option(
             "--timeout",
             metavar="DUR",
-            help="Give up (and report what is left) when not drained within DUR",
+            help="Give up (and report what is left) when not drained within DUR; with "
+            "--http: wait this long for each connection and answer (there 30s by default)",
         ),
     ] = "10m",
     keep: Annotated[
@@ -163,6 +167,106 @@ def verify(
         ),
     ] = None,
     log_format: LogFormatOption = LogFormat.AUTO,
+    http: Annotated[
+        str | None,
+        typer.Option(
+            "--http",
+            metavar="URL",
+            help="Check the Idempotency-Key handling of the running HTTP API at URL instead "
+            "(the draft's cases, a verdict each); no store or Kafka is used",
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = None,
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method", metavar="METHOD", help="The request's method", rich_help_panel=HTTP_PANEL
+        ),
+    ] = "POST",
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data",
+            metavar="BODY",
+            help="The request's body; {uuid} in it is a fresh uuid4 for each case",
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = None,
+    data_file: Annotated[
+        str | None,
+        typer.Option(
+            "--data-file",
+            metavar="FILE",
+            help="The request's body from FILE (-: stdin), {uuid} replaced too",
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--header",
+            "-H",
+            metavar="'NAME: VALUE'",
+            help="A header of the caller's, e.g. Authorization or Content-Type (repeatable; "
+            "credentials are shown masked)",
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = None,
+    second_caller_header: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--second-caller-header",
+            metavar="'NAME: VALUE'",
+            help="Another caller's header, in place of --header's of that name: checks two "
+            "callers' equal keys never meet (repeatable)",
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = None,
+    key_header: Annotated[
+        str,
+        typer.Option(
+            "--key-header", metavar="NAME", help="The key's header", rich_help_panel=HTTP_PANEL
+        ),
+    ] = "Idempotency-Key",
+    bare_key: Annotated[
+        bool,
+        typer.Option(
+            "--bare-key",
+            help="Send keys bare (Stripe's form), not as the draft's \"...\" string",
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = False,
+    fault_path: Annotated[
+        str | None,
+        typer.Option(
+            "--fault-path",
+            metavar="ROUTE",
+            help="A path (and query: /...) of the same host that answers the request with a "
+            "5xx: checks a 5xx's key is released or its answer stored [default: the 5xx case "
+            "is skipped]",
+            show_default=False,
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = None,
+    fault_data: Annotated[
+        str | None,
+        typer.Option(
+            "--fault-data",
+            metavar="BODY",
+            help="A body the API answers with a 5xx ({uuid} replaced), as --fault-path",
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            metavar="N",
+            min=2,
+            help="Requests sent at once with one key",
+            rich_help_panel=HTTP_PANEL,
+        ),
+    ] = 5,
     sabotage: Annotated[
         str | None,
         typer.Option("--sabotage", hidden=True, help="Test only: no-claim or lose"),
@@ -175,7 +279,35 @@ def verify(
     restarts them (--kill-every), and checks: no key lost, duplicate effects within the
     mode's guarantee, every poison message dead-lettered. Exit 0 when all hold, 1 when one
     does not; everything it made is removed, also on Ctrl-C, unless --keep.
+
+    With --http URL, checks a running HTTP API instead, with the request given (--method,
+    --data, --header): a request without a key, a replay byte for byte, another payload
+    with a key, --concurrency duplicates at once, a 5xx (--fault-path), two callers
+    (--second-caller-header) and malformed keys, a verdict each. Exit 0 when no point
+    fails, 1 when one does, 2 when the URL takes no connection.
     """
+    from idemctl.cli.verify_http import HttpOptions, refuse_mixed, run_http
+
+    refuse_mixed(ctx, http is not None)
+    if http is not None:
+        use_log_format(ctx, log_format)
+        given_timeout = ctx.get_parameter_source("timeout")
+        options = HttpOptions(
+            url=http,
+            method=method,
+            data=data,
+            data_file=data_file,
+            header=header or [],
+            second_caller_header=second_caller_header or [],
+            key_header=key_header,
+            bare_key=bare_key,
+            fault_path=fault_path,
+            fault_data=fault_data,
+            concurrency=concurrency,
+            timeout=timeout if given_timeout and given_timeout.name == "COMMANDLINE" else None,
+        )
+        run_http(ctx, options)
+        return
     from idemctl.harness.verify import Plan, run_verify
 
     require("confluent_kafka", "kafka", "idemctl verify")

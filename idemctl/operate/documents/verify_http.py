@@ -1,0 +1,13 @@
+"""``schemas/verify-http.schema.json``: ``idemctl verify --http URL --json``, each point's
+verdict on the API at URL. It names no store: verify --http uses none."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from idemctl.harness.httpcheck import Report
+
+
+def document(report: Report) -> dict[str, Any]:
+    return report.to_json()
