@@ -51,6 +51,8 @@ NEEDS: dict[str, set[str]] = {
     "idemctl.consume.traced": {"otel"},
     "idemctl.faststream": {"faststream"},
     "idemctl.harness": {"kafka"},
+    "idemctl.http.django": {"django"},
+    "idemctl.http.fastapi": {"fastapi"},
     "idemctl.outbox": {"kafka"},
     "idemctl.outbox.relay": {"kafka", "otel"},
     "idemctl.outbox.wakeup": {"postgres"},  # LISTEN on the store's own server
@@ -65,7 +67,18 @@ NEEDS: dict[str, set[str]] = {
 """Module (or package) -> the extras whose packages it may import; the longest matching
 name wins, and a module no row names may import only what the base install declares."""
 
-INSTALLS = [None, "redis", "postgres", "dynamodb", "kafka", "otel", "faststream", "console"]
+INSTALLS = [
+    None,
+    "redis",
+    "postgres",
+    "dynamodb",
+    "kafka",
+    "otel",
+    "faststream",
+    "console",
+    "django",
+    "fastapi",
+]
 """The installs the slow test makes a venv of: the base alone, then each extra whose
 packages idemctl imports (demo adds a broker binary; all, bench, test and dev add no import
 of idemctl's own)."""
@@ -177,7 +190,7 @@ def _is_module(name: str) -> bool:
         return False
 
 
-LOCAL = {"__future__", "idemctl", "tests"} | {p.stem for p in (REPO / "examples").glob("*.py")}
+LOCAL = {"__future__", "idemctl", "tests", "examples"} | {p.stem for p in (REPO / "examples").glob("*.py")}
 """Names that are not distributions: the package, the tests, the examples (the docs tests
 import them)."""
 
