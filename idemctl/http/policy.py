@@ -96,7 +96,10 @@ printable ASCII, spaces only inside."""
 _SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
 """A Structured Field string (RFC 8941 3.3.3): printable ASCII in quotes, ``\\"`` and
 ``\\\\`` escaped."""
-_SF_PARAMETERS = re.compile(r"(?:;[ ]*[a-z*][a-z0-9_\-.*]*(?:=[\x21-\x3a\x3c-\x7e]+)?)*")
+_SF_PARAMETERS = re.compile(
+    r'(?:;[ ]*[a-z*][a-z0-9_\-.*]*(?:=(?:"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*"'
+    r"|[\x21\x23-\x3a\x3c-\x7e]+))?)*"
+)
 """A Structured Field item's parameters (RFC 8941 3.1.2), ignored: ``"abc";v=1`` is ``abc``."""
 
 
