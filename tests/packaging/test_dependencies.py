@@ -190,7 +190,9 @@ def _is_module(name: str) -> bool:
         return False
 
 
-LOCAL = {"__future__", "idemctl", "tests", "examples"} | {p.stem for p in (REPO / "examples").glob("*.py")}
+LOCAL = {"__future__", "idemctl", "tests", "examples"} | {
+    p.stem for p in (REPO / "examples").glob("*.py")
+}
 """Names that are not distributions: the package, the tests, the examples (the docs tests
 import them)."""
 
