@@ -152,8 +152,9 @@ def test_http_flask_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_http_django_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Django's WSGI handler stood in for by a WSGI app (Django is not installed here):
-    what the block does is wrap whatever get_wsgi_application() returns."""
+    """Django's WSGI handler stood in for by a WSGI app: what the block does is wrap
+    whatever get_wsgi_application() returns. Its DJANGO_SETTINGS_MODULE is set here first,
+    so that it goes with the test (a worker's later servers would inherit it)."""
     import types
 
     from werkzeug.test import Client
@@ -171,6 +172,7 @@ def test_http_django_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "django.core.wsgi", wsgi)
     monkeypatch.setenv("IDEMCTL_STORE", f"sqlite:///{tmp_path}/django.db")
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "shop.settings")
     namespace: dict[str, Any] = {}
     exec(compile(doc_blocks(HTTP_GUIDE)[3], "docs/guides/http.md", "exec"), namespace)
     client = Client(namespace["application"])
