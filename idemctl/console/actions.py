@@ -1,56 +1,137 @@
 """The console's repairs: unlock a key, unlock every stale key, forget a key or an entity,
-purge what is past retention, replay an outbox row. Each is the operate layer's action:
-asked for (GET) it runs as a dry run and shows what it would do; confirmed (POST, the
-confirmation typed) it runs, and the operator log says who did it and what came of it.
+purge what is past retention, replay an outbox row, unlock or forget the keys picked in a
+list. Each is the operate layer's action: asked for (GET) it runs as a dry run and shows
+what it would do; confirmed (POST, the confirmation typed) it runs, and the operator log
+says who did it and what came of it.
 
-A confirmation names what it acts on: the key, the entity or the row's id; for a sweep
-its verb and the count the dry run found (``purge 1200``), so that a sweep that grew
-since its preview asks again.
+A confirmation is bound to its dry run (``previews``): the dry run hands out a preview
+token holding what it showed, and the action acts only on that.
+
+- A single key (entity, row) is acted on only if it is still in the state previewed
+  (status, fencing token, attempts, the lease's end; an entity's sequence and holder);
+  else nothing is done and the answer says what changed, with a new preview.
+- A sweep (``unlock-stale``) acts only on the keys its dry run listed (at most ``LIMIT``,
+  the first in key order), each still as previewed; it names those left alone: changed
+  since, or stale now but never previewed.
+- ``purge`` counts (the store lists no records past retention), so its preview binds its
+  cutoff: the confirmation purges what was past retention at the preview's moment, never
+  what ran out since.
+- A bulk action acts on each key picked that its dry run would act on, each still as
+  previewed, and says what came of each.
+
+The typed confirmation names what it acts on: the key, the entity or the row's id; for a
+sweep its verb and the count the dry run bound (``purge 1200``); for a bulk action the
+verb and the count (``unlock 3 keys``).
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from idemctl import operate
+from idemctl.console.previews import Asked
 from idemctl.console.views import Where, masked, seconds, store_of
-from idemctl.errors import ConfigError
+from idemctl.errors import ConfigError, IdemctlError
+from idemctl.operate import repair
 from idemctl.operate.documents import action as action_document
+from idemctl.operate.documents import item as item_document
+from idemctl.operate.repair import Changed, Outcome, state_of
+
+LIMIT = 500
+"""Keys a sweep's or a bulk action's preview binds at most: a sweep that finds more acts
+on the first ``LIMIT`` (in key order) and is run again for the rest."""
+
+
+@dataclass(frozen=True)
+class Dry:
+    """A dry run: its document, what a confirmation of it binds, and the count it names."""
+
+    document: dict[str, Any]
+    bound: dict[str, Any]
+    """``{"keys": {key: state}}``, ``{"entities": {...}}``, ``{"rows": {...}}``, or a
+    purge's ``{"older_than": s, "at": t}``."""
+    count: int
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What an action did: its document and each key's outcome."""
+
+    document: dict[str, Any]
+    outcomes: list[Outcome] = field(default_factory=list)
+    appeared: list[str] = field(default_factory=list)
+    """A sweep's: keys it would take now that its preview never listed (left alone)."""
 
 
 @dataclass(frozen=True)
 class Act:
-    """One repair: what it reads from the form, its dry run and its run as documents."""
+    """One repair: its dry run and its run on what the dry run bound."""
 
     name: str
     title: str
     needs: str
-    """The parameter naming what it acts on: key, entity, id, or older_than (a sweep)."""
-    run: Callable[[Where, Mapping[str, str], bool], dict[str, Any]]
-    """(where, params, dry_run) -> the action's document."""
+    """What it acts on: key, entity (forget's other form), id, older_than (a sweep), or
+    keys (a bulk action: ``key`` repeated)."""
+    dry: Callable[[Where, Asked], Dry]
+    run: Callable[[Where, Asked, Mapping[str, Any]], Ran]
+    """Raises ``Changed`` where a single key is no longer as bound: nothing done."""
+    verb: str = ""
+    """A bulk action's, in its confirmation: ``unlock 3 keys``."""
 
     @property
     def sweep(self) -> bool:
         return self.needs == "older_than"
 
+    @property
+    def bulk(self) -> bool:
+        return self.needs == "keys"
+
+    def kind(self, params: Mapping[str, str]) -> str:
+        """What it acts on, as the operator log types it: key, entity, row, sweep, keys."""
+        if self.sweep:
+            return "sweep"
+        if self.bulk:
+            return "keys"
+        if self.name == "forget" and params.get("entity"):
+            return "entity"
+        return "row" if self.needs == "id" else "key"
+
     def subject(self, params: Mapping[str, str]) -> str:
-        """What it acts on, as the operator log names it: the key, ``entity E``, the row's
-        id, or ``older than D`` for a sweep."""
+        """What it acts on, in words: the key, ``entity E``, the row's id, ``older than D``
+        for a sweep, ``N keys`` for a bulk action."""
         if self.sweep:
             return f"older than {params.get('older_than') or '0s'}"
+        if self.bulk:
+            return counted(len(getattr(params, "selection", ())))
         if self.name == "forget" and params.get("entity"):
             return f"entity {params['entity']}"
         return params.get(self.needs, "")
 
-    def confirmation(self, preview: Mapping[str, Any], params: Mapping[str, str]) -> str:
-        """What the operator types to confirm ``preview``."""
-        if self.sweep:
-            return f"{self.name} {preview['count']}"
+    def name_of(self, params: Mapping[str, str]) -> str:
+        """What it acts on, bare: the key, the entity, the id; a sweep's or bulk's subject."""
         if self.name == "forget" and params.get("entity"):
             return params["entity"]
-        return params.get(self.needs, "")
+        return self.subject(params)
+
+    def confirmation(self, count: int, params: Mapping[str, str]) -> str:
+        """What the operator types to confirm a dry run that counted ``count``."""
+        if self.sweep:
+            return f"{self.name} {count}"
+        if self.bulk:
+            return f"{self.verb} {counted(count)}"
+        return self.name_of(params)
+
+
+def counted(n: int) -> str:
+    return f"{n} key" if n == 1 else f"{n} keys"
+
+
+# The dry runs and the runs ----------------------------------------------------------------
 
 
 def _target_of(params: Mapping[str, str], name: str) -> str:
@@ -71,64 +152,205 @@ def _document(where: Where, done: operate.Action) -> dict[str, Any]:
     return document
 
 
-def _unlock(where: Where, params: Mapping[str, str], dry_run: bool) -> dict[str, Any]:
-    key = _target_of(params, "key")
-    return _document(where, operate.unlock(where.target, key, dry_run=dry_run))
+def _shown(record: Any) -> dict[str, Any]:
+    """A record's document as the preview shows it (its result masked)."""
+    return masked(item_document.document(record, datetime.now(UTC)))
 
 
-def _forget(where: Where, params: Mapping[str, str], dry_run: bool) -> dict[str, Any]:
-    if params.get("entity"):
-        done = operate.forget_entity(where.target, params["entity"], dry_run=dry_run)
-    else:
-        done = operate.forget(where.target, _target_of(params, "key"), dry_run=dry_run)
-    return _document(where, done)
+def _one(bound: Mapping[str, Any], family: str, name: str) -> dict[str, Any]:
+    found = bound.get(family, {}).get(name)
+    if not isinstance(found, dict):
+        raise ConfigError(f"the preview does not name {name!r}: preview it again")
+    return found
 
 
-def _unlock_stale(where: Where, params: Mapping[str, str], dry_run: bool) -> dict[str, Any]:
-    return _document(
-        where, operate.unlock_stale(where.target, _older_than(params), dry_run=dry_run)
+def _unlock_dry(where: Where, asked: Asked) -> Dry:
+    key = _target_of(asked, "key")
+    before = operate.inspect(where.target, key)  # as it is now: the unlock's record is after
+    document = _document(where, operate.unlock(where.target, key, dry_run=True))
+    document["before"] = _shown(before)
+    return Dry(document, {"keys": {key: state_of(before)}}, 1)
+
+
+def _unlock_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+    key = _target_of(asked, "key")
+    done = operate.unlock(where.target, key, expect=_one(bound, "keys", key))
+    return Ran(_document(where, done), [Outcome(key, True, "freed")])
+
+
+def _forget_dry(where: Where, asked: Asked) -> Dry:
+    if asked.get("entity"):
+        done = operate.forget_entity(where.target, asked["entity"], dry_run=True)
+        assert done.entity is not None
+        return Dry(
+            _document(where, done), {"entities": {asked["entity"]: state_of(done.entity)}}, 1
+        )
+    key = _target_of(asked, "key")
+    done = operate.forget(where.target, key, dry_run=True)  # the record as it is
+    assert done.record is not None
+    return Dry(_document(where, done), {"keys": {key: state_of(done.record)}}, 1)
+
+
+def _forget_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+    if asked.get("entity"):
+        entity = asked["entity"]
+        expect = _one(bound, "entities", entity)
+        done = operate.forget_entity(where.target, entity, expect=expect)
+        return Ran(_document(where, done), [Outcome(entity, True, "forgot")])
+    key = _target_of(asked, "key")
+    done = operate.forget(where.target, key, expect=_one(bound, "keys", key))
+    return Ran(_document(where, done), [Outcome(key, True, "forgot")])
+
+
+def _unlock_stale_dry(where: Where, asked: Asked) -> Dry:
+    found = operate.unlock_stale(where.target, _older_than(asked), dry_run=True)
+    states = repair.states_of(where.target, (found.keys or [])[:LIMIT])
+    listed = replace(found, keys=list(states), count=len(states))
+    document = {**_document(where, listed), "found": found.count, "limit": LIMIT}
+    return Dry(document, {"keys": states}, len(states))
+
+
+def _unlock_stale_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+    expected: dict[str, Any] = bound.get("keys", {})
+    outcomes = repair.unlock_each(where.target, expected)
+    now = operate.unlock_stale(where.target, _older_than(asked), dry_run=True)
+    appeared = [k for k in now.keys or [] if k not in expected][:LIMIT]
+    return Ran(_acted(where, "unlock", outcomes, where.target.skipped), outcomes, appeared)
+
+
+def _acted(
+    where: Where, action: str, outcomes: list[Outcome], skipped: int | None = None
+) -> dict[str, Any]:
+    keys = [o.key for o in outcomes if o.done]
+    return action_document.document(
+        action, where.fields, dry_run=False, count=len(keys), keys=keys, skipped=skipped
     )
 
 
-def _purge(where: Where, params: Mapping[str, str], dry_run: bool) -> dict[str, Any]:
-    return _document(where, operate.purge(where.target, _older_than(params), dry_run=dry_run))
+def _purge_dry(where: Where, asked: Asked) -> Dry:
+    older = _older_than(asked)
+    at = time.time()  # before the store judges: the cutoff is at most this far back
+    done = operate.purge(where.target, older, dry_run=True)
+    return Dry(_document(where, done), {"older_than": older, "at": at}, done.count)
 
 
-def _replay(where: Where, params: Mapping[str, str], dry_run: bool) -> dict[str, Any]:
-    import uuid
+def _purge_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+    """What was past retention at the preview: the preview's ``older_than`` plus the time
+    since (by this console's clock; the store judges by its own, which runs as fast), so
+    that nothing whose retention ran out after the preview goes, to within the time a
+    store call takes to read its clock."""
+    since = max(0.0, time.time() - float(bound["at"]))
+    return Ran(_document(where, operate.purge(where.target, float(bound["older_than"]) + since)))
 
-    from idemctl.operate.documents import outbox as outbox_documents
+
+def _replay_of(where: Where, asked: Asked) -> Any:
     from idemctl.outbox.replay import Replay
     from idemctl.outbox.table import Selection
 
-    text = _target_of(params, "id")
+    text = _target_of(asked, "id")
     try:
         row_id = uuid.UUID(text)
     except ValueError:
         raise ConfigError(f"row id {text!r}: a UUID") from None
     chosen = Replay(store_of(where), Selection(ids=(row_id,)))
     chosen.table.check()
-    if dry_run:
-        rows = chosen.rows()
-        return {
-            "action": "replay", **where.fields, "dry_run": True, "count": len(rows),
-            "rows": [outbox_documents.row(r, chosen.topic_of(r)) for r in rows],
-        }  # fmt: skip
+    return chosen
+
+
+def _row_state(row: Any) -> dict[str, Any]:
+    return {"published_at": row.to_json()["published_at"]}
+
+
+def _replay_dry(where: Where, asked: Asked) -> Dry:
+    from idemctl.operate.documents import outbox as outbox_documents
+
+    chosen = _replay_of(where, asked)
+    rows = chosen.rows()
+    document = {
+        "action": "replay", **where.fields, "dry_run": True, "count": len(rows),
+        "rows": [outbox_documents.row(r, chosen.topic_of(r)) for r in rows],
+    }  # fmt: skip
+    return Dry(document, {"rows": {str(r.id): _row_state(r) for r in rows}}, len(rows))
+
+
+def _replay_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+    from idemctl.operate.documents import outbox as outbox_documents
+
+    chosen = _replay_of(where, asked)
+    row_id = _target_of(asked, "id")
+    expect = _one(bound, "rows", row_id)
+    rows = {str(r.id): _row_state(r) for r in chosen.rows()}
+    if rows.get(row_id) != expect:
+        raise Changed(row_id, expect, rows.get(row_id), "row")
     report = chosen.send(where.brokers, where.kafka_config)
     document = outbox_documents.replay(where.fields, 1, report.sent, report.failed, report.marked)
-    return {"action": "replay", "count": report.sent, **document}
+    outcome = Outcome(row_id, report.sent > 0, "replayed" if report.sent else "not sent")
+    return Ran({"action": "replay", "count": report.sent, **document}, [outcome])
+
+
+def _picked(asked: Asked) -> list[str]:
+    if not asked.selection:
+        raise ConfigError("pick the keys to act on (key=K, repeated)")
+    if len(asked.selection) > LIMIT:
+        raise ConfigError(f"{len(asked.selection)} keys picked: at most {LIMIT} at once")
+    return list(asked.selection)
+
+
+def _bulk_dry(action: str) -> Callable[[Where, Asked], Dry]:
+    """Each key picked: its record as it is now, and whether ``action`` would act on it
+    (the single action's dry run: its refusal in words)."""
+    single = operate.unlock if action == "unlock" else operate.forget
+
+    def dry(where: Where, asked: Asked) -> Dry:
+        items, bound = [], {}
+        for key in _picked(asked):
+            record = where.target.get(key)
+            item: dict[str, Any] = {"key": key, "record": None, "would": False, "why": None}
+            if record is None:
+                item["why"] = f"no record for key {key!r}"
+            else:
+                item["record"] = _shown(record)
+                try:
+                    single(where.target, key, dry_run=True)
+                except IdemctlError as exc:
+                    item["why"] = str(exc)
+                else:
+                    item["would"] = True
+                    bound[key] = state_of(record)
+            items.append(item)
+        document = action_document.document(
+            action, where.fields, dry_run=True, count=len(bound), keys=list(bound)
+        )
+        return Dry({**document, "items": items}, {"keys": bound}, len(bound))
+
+    return dry
+
+
+def _bulk_run(action: str) -> Callable[[Where, Asked, Mapping[str, Any]], Ran]:
+    each = repair.unlock_each if action == "unlock" else repair.forget_each
+
+    def run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+        outcomes = each(where.target, bound.get("keys", {}))
+        return Ran(_acted(where, action, outcomes), outcomes)
+
+    return run
 
 
 ACTS = {
     act.name: act
     for act in (
-        Act("unlock", "Unlock a key", "key", _unlock),
-        Act("forget", "Forget", "key", _forget),
-        Act("unlock-stale", "Unlock every stale key", "older_than", _unlock_stale),
-        Act("purge", "Purge what is past retention", "older_than", _purge),
-        Act("replay", "Replay an outbox row", "id", _replay),
+        Act("unlock", "Unlock a key", "key", _unlock_dry, _unlock_run),
+        Act("forget", "Forget", "key", _forget_dry, _forget_run),
+        Act("unlock-stale", "Unlock every stale key", "older_than", _unlock_stale_dry,
+            _unlock_stale_run),
+        Act("purge", "Purge what is past retention", "older_than", _purge_dry, _purge_run),
+        Act("replay", "Replay an outbox row", "id", _replay_dry, _replay_run),
+        Act("bulk-unlock", "Unlock the keys picked", "keys", _bulk_dry("unlock"),
+            _bulk_run("unlock"), verb="unlock"),
+        Act("bulk-forget", "Forget the keys picked", "keys", _bulk_dry("forget"),
+            _bulk_run("forget"), verb="forget"),
     )
-}
+}  # fmt: skip
 
 
 def act(name: str) -> Act:

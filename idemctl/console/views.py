@@ -77,16 +77,54 @@ def query(params: Mapping[str, str]) -> operate.Query:
     )
 
 
+SORTS = {
+    "key": "key", "status": "status", "attempts": "attempts", "lease": "lease_expires_at",
+    "error": "error", "retriable": "retriable", "token": "fencing_token",
+    "created": "created_at", "updated": "updated_at", "state": "state",
+    "expiration": "expiration", "in_progress_until": "in_progress_expiration",
+}  # fmt: skip
+"""``?sort=NAME`` (``-NAME``: descending): the field of a listed item it orders by."""
+
+
 def keys(where: Where, params: Mapping[str, str]) -> dict[str, Any]:
-    """A page of ``list --json``'s records (masked) and the cursor to the next."""
+    """A page of ``list --json``'s records (masked) and the cursor to the next; ``?sort=``
+    orders what the page holds (the store's order across pages stays the cursor's)."""
+    order = sort_of(params)
     page = next(operate.records(where.target, query(params), PAGE, params.get("cursor") or None))
     at = datetime.now(UTC)
+    items = [masked(item_document.document(r, at)) for r in page.items]
+    if order is not None:
+        items = sorted_by(items, SORTS[order[0]], order[1])
     return {
         "layout": where.target.layout,
-        "items": [masked(item_document.document(r, at)) for r in page.items],
+        "items": items,
         "cursor": page.cursor,
         "skipped": page.skipped,
     }
+
+
+def sort_of(params: Mapping[str, str]) -> tuple[str, bool] | None:
+    """``?sort=``'s column and whether descending; None for the store's order."""
+    text = (params.get("sort") or "").strip()
+    if not text:
+        return None
+    name = text.removeprefix("-")
+    if name not in SORTS:
+        raise ConfigError(f"sort {text!r}: one of {', '.join(SORTS)} (-NAME: descending)")
+    return name, text.startswith("-")
+
+
+def sorted_by(items: list[dict[str, Any]], name: str, descending: bool) -> list[dict[str, Any]]:
+    """``items`` by their ``name`` (numbers as numbers, the rest as text), those without it
+    last; a stable sort, so that equal ones keep the store's order."""
+    having = [i for i in items if i.get(name) is not None]
+    lacking = [i for i in items if i.get(name) is None]
+
+    def value(item: dict[str, Any]) -> tuple[int, Any]:
+        found = item[name]
+        return (0, float(found)) if isinstance(found, bool | int | float) else (1, str(found))
+
+    return sorted(having, key=value, reverse=descending) + lacking
 
 
 def key(where: Where, name: str, reveal: bool = False) -> dict[str, Any]:
@@ -115,6 +153,41 @@ def outbox(where: Where) -> dict[str, Any]:
     return outbox_status.document(where.fields, operate.outbox_status(store_of(where)))
 
 
+def no_outbox(where: Where) -> str | None:
+    """Why the console's store has no outbox; None when it has one (a PostgreSQL store of
+    idemctl's layout). Asks nothing of the store."""
+    from idemctl.backends import for_url
+
+    if where.target.layout != "idemctl":
+        return f"a {where.target.layout} table has no outbox"
+    kind = for_url(where.target.url).name
+    if kind != "postgresql":
+        return (
+            f"the transactional outbox lives in a PostgreSQL store, and this one is {kind}: "
+            "there is nothing to relay or replay here"
+        )
+    return None
+
+
+OUTBOX_ROWS = PAGE
+"""Rows the outbox page lists of each kind (unpublished, failing), the oldest first."""
+
+
+def outbox_rows(where: Where) -> dict[str, Any]:
+    """The oldest unpublished rows and the oldest failing ones, each with its id, what it
+    is, how often its delivery failed and the last error (payload and headers left out)."""
+    from idemctl.operate.brokers import outbox_pending
+
+    store = store_of(where)
+
+    def listed(failing: bool) -> list[dict[str, Any]]:
+        rows = outbox_pending(store, OUTBOX_ROWS, failing)
+        return [{k: v for k, v in r.to_json().items() if k not in ("payload", "headers")}
+                for r in rows]  # fmt: skip
+
+    return {"unpublished": listed(False), "failing": listed(True), "limit": OUTBOX_ROWS}
+
+
 def audit(where: Where, params: Mapping[str, str]) -> dict[str, Any]:
     """``audit --json`` of a group on a topic, keyed as consume's defaults key (``key``
     for another template), the last ``last`` messages of each partition."""
@@ -134,6 +207,25 @@ def audit(where: Where, params: Mapping[str, str]) -> dict[str, Any]:
     )  # fmt: skip
     report = operate.audit(store_of(where), options)
     return audit_document.document(report, where.fields, report.failing())
+
+
+def lost(
+    where: Where, name: str, params: Mapping[str, str], logged: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What is known of the key ``name``, which an audit called lost: its record (masked)
+    if the store has one, the message the link names (``group``, ``topic``, ``partition``,
+    ``offset``: what the audit page said, not checked), and the operator log's lines on it
+    (``logged``, the newest first)."""
+    from idemctl.errors import KeyNotFound
+
+    try:
+        record: dict[str, Any] | None = key(where, name)
+    except KeyNotFound:
+        record = None
+    message = {k: params[k] for k in ("group", "topic", "partition", "offset") if params.get(k)}
+    about = [e for e in logged if name in (e.get("target"), e.get("key"))]
+    return {"key": name, "record": record, "message": message, "logged": about,
+            "log_read": len(logged)}  # fmt: skip
 
 
 def masked(document: dict[str, Any]) -> dict[str, Any]:

@@ -258,6 +258,18 @@ WHERE o.seq = f.seq AND o.published_at IS NULL""",
             yield found
             after = found[-1].seq
 
+    def pending(self, limit: int, failing: bool = False) -> list[OutboxRow]:
+        """The oldest ``limit`` unpublished rows, in write order (the unpublished index);
+        ``failing``: only those whose delivery failed at least once."""
+        failed = " AND attempts > 0" if failing else ""
+        with self.store.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM {self.name} WHERE published_at IS NULL{failed} "
+                "ORDER BY seq LIMIT %(limit)s",
+                {"limit": limit},
+            ).fetchall()
+        return [_row(r) for r in rows]
+
     def mark_replayed(self, ids: Sequence[uuid.UUID]) -> int:
         """Mark rows replayed to their own topics published, unless they are published or a
         relay holds them (it publishes them itself); returns how many were marked."""
