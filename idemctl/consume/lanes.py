@@ -6,6 +6,10 @@ in one lane at a time, so its order holds). The lane claims, runs and completes 
 (``consume.overdue``) looks at what each lane runs now; past the hard time limit it marks
 the lane *abandoned*, and the loop settles the round without the stuck thread and puts a
 fresh lane in its place.
+
+Past ``--stall-timeout`` the lane is *overdue*: the loop moves the round's other partitions
+to another lane (``Round.hand_over``), a spare one if every lane is overdue, so a stuck
+handler holds up only its own partition.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class Round:
     """Keys of ``current`` whose handlers were started."""
     error: BaseException | None = None
     """What the lane raised while running it (a store error, a bug): raised in the loop."""
+    moved: set[Partition] = field(default_factory=set)
+    """Partitions taken out of the round while its lane's handler was overdue (the loop
+    handed them to another lane): the lane does nothing more with their messages."""
 
     def first_unfinished(self, tp: Partition | None = None) -> Item | None:
         """The first message not finished, of ``tp`` or of any partition."""
@@ -45,7 +52,9 @@ class Round:
         return next((item for items in parts for item in items if not item.done), None)
 
     def usable(self, item: Item) -> bool:
-        """Not behind the message its partition stopped at."""
+        """Not behind the message its partition stopped at, nor moved to another lane."""
+        if item.tp in self.moved:
+            return False
         at = self.blocked.get(item.tp)
         return at is None or item.offset < at[0].offset
 
@@ -55,6 +64,28 @@ class Round:
         at = self.blocked.get(item.tp)
         if at is None or item.offset < at[0].offset:
             self.blocked[item.tp] = (item, wait)
+
+    def hand_over(self, keep: Partition) -> Round:
+        """Take every partition but ``keep`` out of the round (its lane's handler is
+        overdue), with where each stopped; the caller gives back their claims not started
+        (``Batch.hand_over``). Called with the lane's lock held, while the handler runs."""
+        out = Round({tp: items for tp, items in self.partitions.items() if tp != keep})
+        for tp in out.partitions:
+            del self.partitions[tp]
+            if tp in self.blocked:
+                out.blocked[tp] = self.blocked.pop(tp)
+        self.moved |= out.partitions.keys()
+        return out
+
+    def not_started(self) -> set[str]:
+        """The keys of its messages not finished, whose handlers the current pass did not
+        start (their claims, if any, can be given back)."""
+        return {
+            item.key
+            for items in self.partitions.values()
+            for item in items
+            if item.key is not None and not item.done and item.key not in self.started
+        }
 
     def unfinished(self) -> int:
         return sum(len(items) - len(while_done(items)) for items in self.partitions.values())
@@ -71,6 +102,8 @@ class Running:
     """Said to be overdue (past --stall-timeout)."""
     interrupted: bool = False
     """HandlerTimeout was raised in its thread (the soft limit)."""
+    spared: bool = False
+    """The round's other partitions were moved to another lane (it was overdue)."""
 
     def seconds(self, now: float) -> float:
         return now - self.started
@@ -104,6 +137,13 @@ class Lane:
     @property
     def busy(self) -> bool:
         return self.round is not None
+
+    @property
+    def overdue(self) -> bool:
+        """Its handler ran past --stall-timeout and still runs (not abandoned yet): the
+        lane does not count among the --concurrency lanes that serve the others."""
+        running = self.running
+        return running is not None and running.spared and self.abandoned is None
 
     def give(self, rnd: Round) -> None:
         self.round = rnd

@@ -16,7 +16,8 @@ every partition the same way: fail closed; so does a dead letter the broker refu
 
 A handler that does not return is the watchdog's (``consume.overdue``): reported, then
 interrupted, then abandoned (``_abandon``: its key failed as timed out, its round settled
-without it, a fresh lane in its place); past ``--max-abandoned`` the consumer stops
+without it); once it is overdue, the other partitions go on in another lane, a spare one
+if need be (``consume.spares``); past ``--max-abandoned`` the consumer stops
 (StuckHandlers). ``stop()`` drains for at most ``--drain-timeout``; what is still running
 then is left uncommitted and named (StuckHandlers).
 
@@ -28,6 +29,7 @@ storm or ``--on-missing-key stop`` (ConsumeStopped).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -44,6 +46,7 @@ from idemctl.consume.overdue import Overdue
 from idemctl.consume.pausing import Pausing
 from idemctl.consume.policy import Keying, flag
 from idemctl.consume.rounds import Rounds
+from idemctl.consume.spares import Spares
 from idemctl.consume.traced import Tracing
 from idemctl.consume.watch import CLOSE_TIMEOUT, Watch, kafka_log, log, within
 from idemctl.drivers import require
@@ -68,7 +71,7 @@ PRESS_AFTER = 1.0
 it pauses the partitions in hand and polls only to stay in the group."""
 
 
-class Consumer(Rounds, Acting, Pausing, Watch):
+class Consumer(Spares, Rounds, Acting, Pausing, Watch):
     """Runs ``handler`` for each message of ``options.topics``, effectively once per key."""
 
     def __init__(
@@ -96,6 +99,8 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         self._in_lane: dict[Partition, Lane] = {}
         self._pressed: set[Partition] = set()
         """Paused while every lane is busy (``PRESS_AFTER``), resumed when one frees."""
+        self._parked: set[Partition] = set()
+        """Paused while the handler of their lane is overdue (``consume.spares``)."""
         self._fetched_at = time.monotonic()
         self._kafka: Any = None
         self._dlq: DeadLetters | None = None
@@ -109,11 +114,13 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         self._handler_timed: Callable[[float], None] | None = None
         self._store_timed: Callable[[str, float], None] | None = None
         self._lanes = [self._lane(i) for i in range(options.concurrency)]
+        """The lanes: --concurrency of them, and spare ones beside overdue handlers."""
+        self._lane_numbers = itertools.count(options.concurrency)
         self._abandoned: list[str] = []
         """Keys whose handlers' threads were abandoned past the hard limit."""
         hard = options.handler_timeout + options.handler_grace if options.handler_timeout else 0
         self._overdue = Overdue(
-            lambda: self._lanes, options.stall_timeout, options.handler_timeout, hard,
+            lambda: list(self._lanes), options.stall_timeout, options.handler_timeout, hard,
             self._wake.set,
         )  # fmt: skip
         self._trace = Tracing.start(store.url, options.trace_keys)
@@ -308,6 +315,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         for lane in list(self._lanes):
             if lane.abandoned is not None and lane.round is not None:
                 self._abandon(lane)
+        self._spare()
         failure, self._failure = self._failure, None
         if failure is not None:
             raise failure
@@ -318,11 +326,19 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         for tp in rnd.partitions:
             if self._in_lane.get(tp) is lane:
                 del self._in_lane[tp]
+        self._unpark(rnd)
         if self._storm_tripped is not None:
             self._failure = self._failure or ConsumeStopped(self._storm_tripped)
             return  # no offset of this round stored
         if rnd.error is not None:
             self._failure = self._failure or rnd.error
+        self._put_back(rnd)
+        self._unpress()
+        self._retire(lane)
+
+    def _put_back(self, rnd: Round) -> None:
+        """Store the offsets of what ``rnd`` finished; pause each of its partitions where it
+        stopped (sought back to its first unfinished message)."""
         self._store_offsets(list(rnd.partitions.values()))
         for tp in rnd.partitions:
             stop = rnd.blocked.get(tp)
@@ -333,7 +349,6 @@ class Consumer(Rounds, Acting, Pausing, Watch):
                 item, (seconds, _) = stop
                 self._waiting.pop(tp, None)  # fetched past it: it comes again
                 self._pause(item, seconds)
-        self._unpress()
 
     def _abandon(self, lane: Lane) -> None:
         """The watchdog abandoned ``lane`` past the hard limit: fail the stuck key as timed
@@ -392,10 +407,11 @@ class Consumer(Rounds, Acting, Pausing, Watch):
         wait = self._act(item, result)
         if wait is not None:
             self._block(rnd, item, wait)
+        self._lanes.remove(lane)
         self._settle(lane, rnd)
         lane.close()
         batch.close()
-        self._lanes[lane.index] = self._lane(lane.index)
+        self._staff()  # a fresh lane in its place, unless a spare one took it already
         if len(self._abandoned) > o.max_abandoned:
             self._failure = self._failure or StuckHandlers(
                 f"{len(self._abandoned)} handler(s) passed their hard limit {limit}, more "
@@ -496,6 +512,7 @@ class Consumer(Rounds, Acting, Pausing, Watch):
 
     def _forget_partitions(self, partitions: list[Any]) -> None:
         super()._forget_partitions(partitions)
+        self._forget_parked(partitions)
         for p in partitions:
             tp = (p.topic, p.partition)
             self._waiting.pop(tp, None)

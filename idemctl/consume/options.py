@@ -225,14 +225,17 @@ class ConsumeOptions(Handling):
         "only then)",
     )  # fmt: skip
     stall_timeout: float = option(
-        30.0, kind="duration", given="30s", metavar="DUR",
-        help="A partition assigned, not paused, behind its end and without progress for "
-        "DUR is stalled: a warning, idemctl_stalled_partitions, /readyz 503, then "
-        "resumed and sent back to its committed offset; 0: never",
+        10.0, kind="duration", given="10s", metavar="DUR",
+        help="A handler running DUR is overdue: a warning with its stack, /readyz 503, and "
+        "the other partitions of its lane go on in another (a spare lane if need be); a "
+        "partition assigned, not paused, behind its end and without progress for DUR is "
+        "stalled: reported, resumed and sent back to its committed offset; 0: never",
     )  # fmt: skip
-    """Seconds a partition may be assigned, not paused, behind its end and without progress
-    before it counts as stalled: it is reported and recovered (resumed, sent back to its
-    committed offset). 0: never."""
+    """Seconds a handler may run before it is overdue (reported; its lane's other
+    partitions move to another lane, a spare one while every lane is overdue), and a
+    partition may be assigned, not paused, behind its end and without progress before it
+    counts as stalled (reported and recovered: resumed, sent back to its committed offset).
+    0: never."""
     handler_timeout: float = option(
         300.0, kind="duration", given="5m", metavar="DUR",
         help="A handler running DUR gets HandlerTimeout raised in its thread (the attempt "

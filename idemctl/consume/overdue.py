@@ -2,7 +2,8 @@
 
 - past ``--stall-timeout`` a handler is *overdue*: one warning names its key and where its
   thread is stuck (its stack), ``/readyz`` answers 503 naming it, and
-  ``idemctl_handlers_overdue`` counts it (``idemctl_stalled_partitions`` its partition);
+  ``idemctl_handlers_overdue`` counts it (``idemctl_stalled_partitions`` its partition),
+  and the loop moves the lane's other partitions to another lane (``consume.spares``);
 - past ``--handler-timeout`` (the soft limit) ``HandlerTimeout`` is raised in its thread;
 - past the hard limit (the soft one plus ``--handler-grace``) its lane is abandoned, and
   the loop is woken to settle it (``Consumer._abandon``).
@@ -76,6 +77,7 @@ class Overdue:
                 if not running.reported:
                     running.reported = True
                     self._report(running, ran)
+                    self._wake()  # the loop moves the lane's other partitions (spares)
             if self.soft and ran >= self.soft and not running.interrupted:
                 self._interrupt(lane, running, ran)
             if self.hard and ran >= self.hard:

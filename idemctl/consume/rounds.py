@@ -75,7 +75,7 @@ class Rounds(_Base):
             self._pass(lane, rnd, round_items)
             if self._stop.is_set() or self._storm_tripped is not None:
                 return  # draining, or stopping: later passes were never claimed
-            pending = [items for items in later if items[0].tp not in rnd.blocked]
+            pending = [items for items in later if rnd.usable(items[0])]
 
     def _block(self, rnd: Round, item: Item, wait: Pause) -> None:
         self._count(wait[1])
@@ -93,6 +93,8 @@ class Rounds(_Base):
         def release(part: list[Item]) -> None:
             """Give back the claims of messages that will not run now."""
             for item in part:
+                if item.tp in rnd.moved:
+                    continue  # given back by the loop, which moved its partition
                 if item.key is not None and claimed[item.key].outcome is HELD:
                     batch.give_back(item.key)
 
@@ -100,6 +102,8 @@ class Rounds(_Base):
             """One partition's messages in order; stops at the first that must wait, on
             stop() (SIGTERM: the handler in hand finishes, no more) or a tripped breaker."""
             for i, item in enumerate(part):
+                if item.tp in rnd.moved:
+                    return None  # moved to another lane while this one's handler was overdue
                 if self._stop.is_set() or self._storm_tripped is not None:
                     release(part[i:])
                     return None
@@ -165,13 +169,17 @@ class Rounds(_Base):
         partition already: nothing past it may be stored."""
         keyed = {i.key: i for i in items if i.key is not None}
         failed = []
+        executed = 0
         for result in completed:
+            item = keyed[result.key]
+            if item.tp in rnd.moved:
+                continue  # its partition went on in another lane, from its Kafka offset
             if result.outcome is EXECUTED:
-                item = keyed[result.key]
                 item.done, item.outcome = True, EXECUTED.value
+                executed += 1
             else:
                 failed.append(result)
-        self._count(EXECUTED.value, len(completed) - len(failed))
+        self._count(EXECUTED.value, executed)
         for result in sorted(failed, key=lambda r: keyed[r.key].offset):
             item = keyed[result.key]
             if rnd.usable(item):

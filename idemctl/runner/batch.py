@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,8 @@ class Batch:
         self._orders: dict[str, Order] = {}
         self._claimer: ThreadPoolExecutor | None = None
         self._round: list[Ahead] = []
+        self._handed: set[str] = set()
+        """Keys of this round given back by ``hand_over``: the round skips them."""
         self.timed: Callable[[str, float], None] | None = None
         """Told each claim and completion round trip: ``"claim"`` or ``"complete"``, seconds."""
 
@@ -232,18 +234,43 @@ class Batch:
         """Give back a key this round holds and will not run now: its attempt is not
         counted, so ``max_attempts`` counts runs. ``ran``: its handler was started (and is
         left running: a drain that ran out of time), so the attempt counts."""
-        self._heartbeat.done([key])
         a = self._held.get(key)
-        if a is None:  # transactional: nothing was claimed
+        if key in self._handed:
             return RunResult(Step.RELEASED, key)
-        order = self._orders.get(key)
+        if a is None:  # transactional: nothing was claimed
+            self._heartbeat.done([key])
+            return RunResult(Step.RELEASED, key)
+        self._release(a, ran)
+        return RunResult(Step.RELEASED, key, attempt=a.attempt, fencing_token=a.fencing_token)
+
+    def hand_over(self, keys: Collection[str]) -> None:
+        """Give back held keys of this round from another thread while one of its handlers
+        runs (the consumer moved their partitions to another lane): those claimed, and those
+        whose claims are on their way (waited for). The round skips them from now on."""
+        keys = set(keys) - self._handed
+        self._handed |= keys
+        for ahead in list(self._round):
+            if ahead.done or ahead.future is None:
+                continue
+            try:
+                _, held, _ = ahead.future.result()
+            except Exception as exc:  # not claimed (the store did not answer, or dropped)
+                self.logger.debug("claims handed over: %s", exc)
+                continue
+            for key in keys & held.keys():
+                self._release(held[key])
+        for key in keys & self._held.keys():
+            self._release(self._held[key])
+
+    def _release(self, a: Acquired, ran: bool = False) -> None:
+        self._heartbeat.done([a.key])
+        order = self._orders.get(a.key)
         if order is not None:
             let_go(self.store, a, order, self.logger)
         try:
             self.store.release(a.key, a.owner, a.fencing_token, handler_ran=ran)
         except IdemctlError as exc:  # its lease runs out by itself
-            self.logger.debug("release %s: %s", key, exc)
-        return RunResult(Step.RELEASED, key, attempt=a.attempt, fencing_token=a.fencing_token)
+            self.logger.debug("release %s: %s", a.key, exc)
 
     def abandon(self, key: str, error: Exception) -> RunResult:
         """A held key whose handler passed its hard time limit in a thread left to itself:
@@ -275,7 +302,7 @@ class Batch:
                     ahead.drop()
             return self._completer.drain()
         finally:
-            self._round = []
+            self._round, self._handed = [], set()
             self._heartbeat.clear()
             self._held, self._orders, self._fingerprints = {}, {}, {}
 
@@ -307,7 +334,7 @@ class Ahead:
         orders: Sequence[Order | None],
         future: Future[_Asked] | None,
     ) -> None:
-        self._batch, self.requests, self._orders, self._future = batch, requests, orders, future
+        self._batch, self.requests, self._orders, self.future = batch, requests, orders, future
         self.sent: tuple[int, int] | None = None
         """Once taken: when the claim was sent and answered, in ns since the epoch."""
         self.done = False
@@ -318,16 +345,14 @@ class Ahead:
         nothing of this chunk was claimed)."""
         self.done = True
         b = self._batch
-        asked = (
-            b._ask(self.requests, self._orders) if self._future is None else self._future.result()
-        )
+        asked = b._ask(self.requests, self._orders) if self.future is None else self.future.result()
         self.sent = asked[2]
         return b._accept(self.requests, self._orders, asked)
 
     def drop(self) -> None:
         """Not wanted now: not claimed if it was not sent yet, else given back."""
         self.done = True
-        if self._future is None or self._future.cancel():
+        if self.future is None or self.future.cancel():
             return
         try:
             taken = self.take()
