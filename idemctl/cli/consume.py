@@ -116,7 +116,9 @@ def consume(
 
     Offsets are stored only after a message is completed, replayed, stale or dead-lettered.
     Handlers run in threads beside the poll loop; one running past --stall-timeout is
-    reported (/readyz 503, its stack in a warning), past --handler-timeout interrupted.
+    reported (/readyz 503, its stack in a warning) and holds up only its own partition
+    (the others go on in another lane, a spare one if need be), past --handler-timeout
+    it is interrupted.
     SIGTERM or Ctrl-C drains: the running handlers finish (within --drain-timeout, else
     exit 9) and are completed, the other claims are released, offsets are committed, exit 0;
     a second signal exits 130 at once. Before anything is claimed it checks the handler's

@@ -53,6 +53,8 @@ class Round:
 
     def usable(self, item: Item) -> bool:
         """Not behind the message its partition stopped at, nor moved to another lane."""
+        if not self.blocked and not self.moved:
+            return True
         if item.tp in self.moved:
             return False
         at = self.blocked.get(item.tp)
@@ -91,7 +93,7 @@ class Round:
         return sum(len(items) - len(while_done(items)) for items in self.partitions.values())
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Running:
     """A handler running now: its message, since when, in which thread."""
 
@@ -129,6 +131,8 @@ class Lane:
         """Taken to end a handler's run and to interrupt or abandon it: never both."""
         self._work, self._done = work, done
         self._inbox: queue.SimpleQueue[Round | None] = queue.SimpleQueue()
+        self._ident = 0
+        """The thread's identity, once it runs (HandlerTimeout is raised in it by it)."""
         self.thread = threading.Thread(
             target=self._serve, name=f"idemctl-handler-{index}", daemon=True
         )
@@ -155,7 +159,7 @@ class Lane:
 
     def started(self, item: Item) -> Running:
         """The lane's thread starts ``item``'s handler."""
-        running = Running(item, time.monotonic(), threading.get_ident())
+        running = Running(item, time.monotonic(), self._ident)
         self.running = running
         return running
 
@@ -170,6 +174,7 @@ class Lane:
             return self.abandoned is not None
 
     def _serve(self) -> None:
+        self._ident = threading.get_ident()
         while (rnd := self._inbox.get()) is not None:
             try:
                 self._work(self, rnd)

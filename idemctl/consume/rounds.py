@@ -231,7 +231,6 @@ class Rounds(_Base):
         rnd.started.add(claimed.key)
 
         def call(ctx: Context) -> Any:
-            started = time.perf_counter()
             running = lane.started(item)
             try:
                 value = self.handler(event, ctx)
@@ -248,7 +247,7 @@ class Rounds(_Base):
                 raise
             finally:
                 if timed is not None:
-                    timed(time.perf_counter() - started)
+                    timed(time.monotonic() - running.started)
             if lane.returned(running):
                 self._late(ctx, running, value, None)
                 raise Abandoned
