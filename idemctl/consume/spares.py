@@ -78,8 +78,10 @@ class Spares(Pausing):
             if lane.running is not running or lane.abandoned is not None or rnd is None:
                 return None
             running.spared = True
+            kept = {item.key for item in rnd.partitions.get(keep, ())}
             moved = rnd.hand_over(keep)
-            lane.batch.hand_over(moved.not_started() - rnd.started)
+            # Not a key the lane still runs: one started, or one of the stuck partition's.
+            lane.batch.hand_over(moved.not_started() - rnd.started - kept)
         for tp in moved.partitions:
             if self._in_lane.get(tp) is lane:
                 del self._in_lane[tp]
