@@ -15,7 +15,7 @@ import pytest
 
 from tests.consume.test_consume import names
 from tests.consume.test_processes import Run
-from tests.consume.test_stuck import STUCK, _lines, _produce, _wait
+from tests.consume.test_stuck import MODES, STUCK, _lines, _produce, _wait, stuck_topic
 from tests.scrape import probe
 from tests.servers import KafkaBroker, RedisServer, free_port
 
@@ -35,15 +35,9 @@ def _consume(kafka_broker: KafkaBroker, redis_server: RedisServer, tmp_path: Pat
 def test_a_stuck_handler_holds_up_only_its_own_partition_at_the_defaults(
     mode: str, kafka_broker: KafkaBroker, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    (tmp_path / "stuck.py").write_text(STUCK)
-    topic, group = names()
-    kafka_broker.create_topic(topic, partitions=3)
-    first = [(0, "a-0"), (0, "stuck-1"), (0, "a-1")]
-    first += [(p, f"b{p}-{i}") for p in (1, 2) for i in range(20)]
-    _produce(kafka_broker, topic, first)
+    topic, group, first = stuck_topic(kafka_broker, tmp_path)
     port = free_port()
-    more = {"alone": [], "concurrency": ["--concurrency", "3"], "processes": ["--processes", "2"]}
-    run = _consume(kafka_broker, redis_server, tmp_path, topic, group, port, *more[mode])
+    run = _consume(kafka_broker, redis_server, tmp_path, topic, group, port, *MODES[mode])
     try:
         done = lambda: {k for k, what, _ in _lines(tmp_path) if what == "done"}  # noqa: E731
         _wait("stuck", lambda: ("stuck-1", "start", 1) in _lines(tmp_path), 90, run)

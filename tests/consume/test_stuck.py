@@ -57,6 +57,23 @@ def _produce(broker: KafkaBroker, topic: str, messages: list[tuple[int, str]]) -
     assert producer.flush(30) == 0
 
 
+MODES = {"alone": [], "concurrency": ["--concurrency", "3"], "processes": ["--processes", "2"]}
+"""Consume's options for each way a stuck handler is tried: one lane, three, two processes."""
+
+
+def stuck_topic(broker: KafkaBroker, tmp_path: Path) -> tuple[str, str, list[tuple[int, str]]]:
+    """A topic of 3 partitions whose partition 0 holds a key that hangs (``stuck-1``, with
+    ``STUCK`` as the handler in ``tmp_path``) between two others, and 20 keys on each of
+    partitions 1 and 2: its name, a new group, and the (partition, key) pairs produced."""
+    (tmp_path / "stuck.py").write_text(STUCK)
+    topic, group = names()
+    broker.create_topic(topic, partitions=3)
+    first = [(0, "a-0"), (0, "stuck-1"), (0, "a-1")]
+    first += [(p, f"b{p}-{i}") for p in (1, 2) for i in range(20)]
+    _produce(broker, topic, first)
+    return topic, group, first
+
+
 def _lines(tmp_path: Path) -> list[tuple[str, str, int]]:
     path = tmp_path / "effects.txt"
     text = path.read_text() if path.exists() else ""
@@ -79,19 +96,13 @@ def _wait(what: str, check: Any, timeout: float, run: Run) -> float:
 def test_a_handler_that_never_returns_is_reported_passed_by_and_drained(
     mode: str, kafka_broker: KafkaBroker, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    (tmp_path / "stuck.py").write_text(STUCK)
-    topic, group = names()
-    kafka_broker.create_topic(topic, partitions=3)
-    first = [(0, "a-0"), (0, "stuck-1"), (0, "a-1")]
-    first += [(p, f"b{p}-{i}") for p in (1, 2) for i in range(20)]
-    _produce(kafka_broker, topic, first)
+    topic, group, first = stuck_topic(kafka_broker, tmp_path)
     port = free_port()
-    more = {"alone": [], "concurrency": ["--concurrency", "3"], "processes": ["--processes", "2"]}
     url = redis_server.url(query=f"prefix=s-{tmp_path.name[-8:]}:")
     run = Run(kafka_broker, url, topic, group, tmp_path,
               "--handler", "stuck:handle", "--stall-timeout", "5s", "--handler-timeout", "10s",
               "--handler-grace", "2s", "--max-attempts", "2", "--drain-timeout", "5s",
-              "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *more[mode])  # fmt: skip
+              "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *MODES[mode])  # fmt: skip
     try:
         done = lambda: {k for k, what, _ in _lines(tmp_path) if what == "done"}  # noqa: E731
         _wait("stuck", lambda: ("stuck-1", "start", 1) in _lines(tmp_path), 90, run)
