@@ -343,6 +343,7 @@ class ScriptsAlone:
         import hiredis
 
         from idemctl.stores.redis import load_scripts
+        from idemctl.stores.redis.core import INDEX_NAMES
 
         parts = urlsplit(url)
         self.sock = socket.create_connection((parts.hostname or HOST, parts.port or 6379))
@@ -358,6 +359,9 @@ class ScriptsAlone:
         self.owner = uuid.uuid4().hex
         self.batch = batch
         self.numbers = itertools.count()
+        # The index's keys after the records', as the store sends them (lua/_lib.lua's
+        # indexed() takes the last five keys as LIVE, COUNTS, DUE, GONE, FAILED).
+        self.index = [f"{prefix}idx:{name}" for name in INDEX_NAMES]
 
     def call(self, *args: Any) -> Any:
         BARE_WRITES[0] += 1
@@ -374,14 +378,14 @@ class ScriptsAlone:
     def single(self) -> int:
         key = f"{self.prefix}{{{next(self.numbers)}}}"
         ((code, token, *_),) = self.call(
-            "EVALSHA", self.claim_sha, 1, key, self.lease_ms, self.retention_ms,
-            self.FINGERPRINT, self.owner,
+            "EVALSHA", self.claim_sha, 1 + len(self.index), key, *self.index, self.lease_ms,
+            self.retention_ms, self.FINGERPRINT, self.owner,
         )  # fmt: skip
         if code != b"acquired":
             raise BenchError(f"scripts: claim of new key {key} answered {code!r}")
         ((done, *_),) = self.call(
-            "EVALSHA", self.complete_sha, 1, key, self.retention_ms, "1",
-            self.owner, token, self.RESULT,
+            "EVALSHA", self.complete_sha, 1 + len(self.index), key, *self.index,
+            self.retention_ms, "1", self.owner, token, self.RESULT,
         )  # fmt: skip
         if done != b"done":
             raise BenchError(f"scripts: complete of {key} answered {done!r}")
@@ -391,16 +395,17 @@ class ScriptsAlone:
         first = next(self.numbers) * self.batch
         keys = [f"{self.prefix}b{{{i}}}" for i in range(first, first + self.batch)]
         claims = self.call(
-            "EVALSHA", self.claim_sha, len(keys), *keys, self.lease_ms, self.retention_ms,
-            *[self.FINGERPRINT, self.owner] * len(keys),
+            "EVALSHA", self.claim_sha, len(keys) + len(self.index), *keys, *self.index,
+            self.lease_ms, self.retention_ms, *[self.FINGERPRINT, self.owner] * len(keys),
         )  # fmt: skip
-        if any(reply[0] != b"acquired" for reply in claims):
+        if len(claims) != len(keys) or any(reply[0] != b"acquired" for reply in claims):
             raise BenchError("scripts: a batch of new keys was not all acquired")
         values = [v for reply in claims for v in (self.owner, reply[1], self.RESULT)]
         done = self.call(
-            "EVALSHA", self.complete_sha, len(keys), *keys, self.retention_ms, "0", *values
-        )
-        if any(reply[0] != b"ok" for reply in done):
+            "EVALSHA", self.complete_sha, len(keys) + len(self.index), *keys, *self.index,
+            self.retention_ms, "0", *values,
+        )  # fmt: skip
+        if len(done) != len(keys) or any(reply[0] != b"ok" for reply in done):
             raise BenchError("scripts: a batch was not all completed")
         return self.batch
 
