@@ -338,7 +338,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
-class Page:
+class RecordPage:
     """One page of ``scan``; pass ``cursor`` back for the next, None when there is none."""
 
     records: list[Record]

@@ -31,9 +31,9 @@ from idemctl.model import (
     GuardReply,
     Holder,
     Order,
-    Page,
     Provisioning,
     Record,
+    RecordPage,
     Settle,
     Stale,
     Stats,
@@ -151,7 +151,7 @@ class AsyncStore(AsyncFront):
         cursor: str | None = None,
         older_than: float = 0.0,
         released_only: bool = False,
-    ) -> Page:
+    ) -> RecordPage:
         return await self._thread(
             self.sync.scan, status, stale_only, prefix, limit, cursor, older_than, released_only
         )

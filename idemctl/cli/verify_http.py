@@ -121,12 +121,12 @@ def body_of(data: str | None, data_file: str | None) -> bytes:
 def run_http(ctx: typer.Context, given_options: HttpOptions) -> None:
     """Check the API, print its points (a table, or --json), exit 1 if one failed."""
     from idemctl.cli.common import duration
-    from idemctl.harness.httpcheck import Target, check_api, header_pair
+    from idemctl.harness.httpcheck import HttpTarget, check_api, header_pair
     from idemctl.operate.documents import verify_http as verify_http_document
 
     opts = given_options
     current = settings(ctx)
-    target = Target(
+    target = HttpTarget(
         url=opts.url,
         method=opts.method.upper(),
         body=body_of(opts.data, opts.data_file),

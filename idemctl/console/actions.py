@@ -69,7 +69,7 @@ class Ran:
 
 
 @dataclass(frozen=True)
-class Act:
+class Repair:
     """One repair: its dry run and its run on what the dry run bound."""
 
     name: str
@@ -339,21 +339,21 @@ def _bulk_run(action: str) -> Callable[[Where, Asked, Mapping[str, Any]], Ran]:
 ACTS = {
     act.name: act
     for act in (
-        Act("unlock", "Unlock a key", "key", _unlock_dry, _unlock_run),
-        Act("forget", "Forget", "key", _forget_dry, _forget_run),
-        Act("unlock-stale", "Unlock every stale key", "older_than", _unlock_stale_dry,
+        Repair("unlock", "Unlock a key", "key", _unlock_dry, _unlock_run),
+        Repair("forget", "Forget", "key", _forget_dry, _forget_run),
+        Repair("unlock-stale", "Unlock every stale key", "older_than", _unlock_stale_dry,
             _unlock_stale_run),
-        Act("purge", "Purge what is past retention", "older_than", _purge_dry, _purge_run),
-        Act("replay", "Replay an outbox row", "id", _replay_dry, _replay_run),
-        Act("bulk-unlock", "Unlock the keys picked", "keys", _bulk_dry("unlock"),
+        Repair("purge", "Purge what is past retention", "older_than", _purge_dry, _purge_run),
+        Repair("replay", "Replay an outbox row", "id", _replay_dry, _replay_run),
+        Repair("bulk-unlock", "Unlock the keys picked", "keys", _bulk_dry("unlock"),
             _bulk_run("unlock"), verb="unlock"),
-        Act("bulk-forget", "Forget the keys picked", "keys", _bulk_dry("forget"),
+        Repair("bulk-forget", "Forget the keys picked", "keys", _bulk_dry("forget"),
             _bulk_run("forget"), verb="forget"),
     )
 }  # fmt: skip
 
 
-def act(name: str) -> Act:
+def act(name: str) -> Repair:
     found = ACTS.get(name)
     if found is None:
         raise ConfigError(f"no action {name!r}: {', '.join(ACTS)}")

@@ -325,7 +325,7 @@ def make_app(console: Console) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(guard.Guard)],
+        middleware=[Middleware(guard.RequestGuard)],
         lifespan=sampler.lifespan,
         exception_handlers={HTTPException: error, IdemctlError: error},
     )

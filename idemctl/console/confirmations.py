@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from idemctl.console.actions import Act, Dry, Ran
+from idemctl.console.actions import Dry, Ran, Repair
 from idemctl.console.display import plain
 from idemctl.console.oplog import Entry, OperatorLog, OperatorLogUnwritable
 from idemctl.console.previews import SIGNER, Asked
@@ -25,7 +25,7 @@ from idemctl.operate.repair import Changed, Outcome, what_changed
 class Preview:
     """A dry run as shown: its document, the confirmation it asks for, its token."""
 
-    act: Act
+    act: Repair
     asked: Asked
     dry: Dry
     confirm: str
@@ -42,7 +42,7 @@ class Preview:
         }  # fmt: skip
 
 
-def preview(chosen: Act, where: Where, asked: Asked, user: str) -> Preview:
+def preview(chosen: Repair, where: Where, asked: Asked, user: str) -> Preview:
     """``chosen``'s dry run on ``asked``, for ``user``, with its signed token."""
     dry = chosen.dry(where, asked)
     confirm = chosen.confirmation(dry.count, asked)
@@ -80,7 +80,7 @@ class Refusal:
 
 
 def _refused(
-    chosen: Act,
+    chosen: Repair,
     where: Where,
     asked: Asked,
     user: str,
@@ -116,7 +116,7 @@ def _changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[st
 class Plan:
     """A confirmation that matched its preview: what it will act on."""
 
-    act: Act
+    act: Repair
     asked: Asked
     user: str
     payload: dict[str, Any]
@@ -127,7 +127,7 @@ class Plan:
 
 
 def confirmed(
-    chosen: Act, where: Where, asked: Asked, user: str, typed: str, token: str
+    chosen: Repair, where: Where, asked: Asked, user: str, typed: str, token: str
 ) -> Refusal | Plan:
     """The plan a confirmation binds, or why nothing will be done (with a new preview)."""
     payload = SIGNER.read(token)

@@ -59,7 +59,7 @@ FLASHES = Flashes()
 
 
 def after(act: Any, params: Mapping[str, str], result: str, user: str = "") -> str:
-    """Where an operator lands after ``act`` (an ``actions.Act``) on ``params`` came to
+    """Where an operator lands after ``act`` (an ``actions.Repair``) on ``params`` came to
     ``result`` (the operator log's words): the log, with the message."""
     message = {
         "action": act.name,

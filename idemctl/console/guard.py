@@ -61,7 +61,7 @@ def _console(request: Request) -> Console:
     return console
 
 
-class Guard(BaseHTTPMiddleware):
+class RequestGuard(BaseHTTPMiddleware):
     """Every request: a name of the console's own (else 421), who it is (or the way to the
     login page), a POST from the console's own origin (else 403), and the security
     headers on whatever answers, an unexpected error included."""

@@ -33,7 +33,7 @@ class Item:
     """With tracing: its claim's time, and its process span while it is open."""
     ran_ns: int = 0
     assignment: int = 0
-    """Its partition's assignment when it was fetched (``Watch._owns``)."""
+    """Its partition's assignment when it was fetched (``KafkaState._owns``)."""
 
     @property
     def topic(self) -> str:

@@ -48,7 +48,7 @@ from idemctl.consume.policy import Keying, flag
 from idemctl.consume.rounds import Rounds
 from idemctl.consume.spares import Spares
 from idemctl.consume.traced import Tracing
-from idemctl.consume.watch import CLOSE_TIMEOUT, Watch, kafka_log, log, within
+from idemctl.consume.watch import CLOSE_TIMEOUT, KafkaState, kafka_log, log, within
 from idemctl.drivers import require
 from idemctl.durations import format_duration
 from idemctl.errors import (
@@ -71,7 +71,7 @@ PRESS_AFTER = 1.0
 it pauses the partitions in hand and polls only to stay in the group."""
 
 
-class Consumer(Spares, Rounds, Acting, Pausing, Watch):
+class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
     """Runs ``handler`` for each message of ``options.topics``, effectively once per key."""
 
     def __init__(

@@ -67,7 +67,7 @@ def within(call: Callable[[], None], seconds: float, what: str) -> bool:
     return True
 
 
-class Watch:
+class KafkaState:
     """What the Consumer knows of Kafka's state, kept from librdkafka's callbacks (error,
     assign, revoke, lost) and from what each poll returns."""
 

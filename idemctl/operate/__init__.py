@@ -17,8 +17,9 @@ calls work on it, with its states, and options that mean nothing there raise
 ``--json`` documents."""
 
 from idemctl.operate.doctor import DoctorReport, diagnose
-from idemctl.operate.kafka import audit, outbox_status
+from idemctl.operate.kafka import audit
 from idemctl.operate.look import entities, inspect, inspect_entity, records, stats
+from idemctl.operate.outbox import outbox_status
 from idemctl.operate.repair import forget, forget_entity, purge, unlock, unlock_stale
 from idemctl.operate.results import Action, Counts, Page, Words
 from idemctl.operate.targets import PowertoolsTarget, Query, StoreTarget, Target, open_target

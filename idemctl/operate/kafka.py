@@ -1,5 +1,4 @@
-"""The operator's views of Kafka work on idemctl's own store: a consumer group's audit and
-the transactional outbox."""
+"""The operator's view of Kafka work on idemctl's own store: a consumer group's audit."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from idemctl.errors import ConfigError
 
 if TYPE_CHECKING:
     from idemctl.audit import AuditOptions, AuditProgress, AuditReport
-    from idemctl.outbox.table import OutboxStatus
     from idemctl.stores.base import Store
 
 
@@ -31,10 +29,3 @@ def audit(
         )
     store.get("idemctl:probe")  # an unreachable or unprovisioned store fails here
     return run(store, options, on_progress=on_progress)
-
-
-def outbox_status(store: Store) -> OutboxStatus:
-    """Unpublished rows, the oldest one's age and rows failing, per aggregate type."""
-    from idemctl.outbox.table import OutboxTable
-
-    return OutboxTable(store).status()

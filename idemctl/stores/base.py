@@ -28,9 +28,9 @@ from idemctl.model import (
     Guard,
     GuardReply,
     Order,
-    Page,
     Provisioning,
     Record,
+    RecordPage,
     Settle,
     Stale,
     Stats,
@@ -124,12 +124,12 @@ class Store(Protocol):
         cursor: str | None = None,
         older_than: float = 0.0,
         released_only: bool = False,
-    ) -> Page:
+    ) -> RecordPage:
         """Live records (not past retention), at most ``limit``, created at least
         ``older_than`` seconds ago; ``stale_only``: in-progress keys whose owner's lease
         expired (Record.stale: what ``unlock_stale`` frees); ``released_only``: in-progress
         keys with no owner, waiting for their next delivery (Record.released). Pass
-        ``Page.cursor`` back for the next page."""
+        ``RecordPage.cursor`` back for the next page."""
         ...
 
     def stats(self, exact: bool = False) -> Stats:
@@ -298,12 +298,12 @@ class BaseStore(Front):
         cursor: str | None = None,
         older_than: float = 0.0,
         released_only: bool = False,
-    ) -> Page:
+    ) -> RecordPage:
         wanted = Scan(status, stale_only, prefix, limit, cursor, older_than, released_only)
-        return Page([], None) if wanted.nothing else self._scan_page(wanted)
+        return RecordPage([], None) if wanted.nothing else self._scan_page(wanted)
 
     @abstractmethod
-    def _scan_page(self, scan: Scan) -> Page:
+    def _scan_page(self, scan: Scan) -> RecordPage:
         """``scan`` for filters that can match something."""
 
     def finish_many(

@@ -12,7 +12,7 @@ from typing import Any
 
 from idemctl.model import Entity, Finding, Provisioning, Record, canonical_json
 from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
-from idemctl.stores.queries import Query
+from idemctl.stores.queries import RecordFilter
 from idemctl.stores.rows import RowStore
 from idemctl.urls import UrlOptions
 
@@ -79,7 +79,7 @@ class _MemoryTx:
     def delete(self, key: str) -> None:
         self.pending[key] = None
 
-    def select(self, query: Query) -> list[Record]:
+    def select(self, query: RecordFilter) -> list[Record]:
         out = []
         for key in sorted(self._rows.keys() | self.pending.keys()):
             record = self.get(key)

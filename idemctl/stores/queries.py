@@ -1,4 +1,4 @@
-"""What the operator's reads share across stores: a filter over records (``Query``), what
+"""What the operator's reads share across stores: a filter over records (``RecordFilter``), what
 ``scan`` was asked for (``Scan``), the counts ``stats`` reports, the server clock's finding,
 and admin batches."""
 
@@ -15,7 +15,7 @@ CLOCK_SKEW_TOLERANCE = 5.0
 
 
 @dataclass(frozen=True)
-class Query:
+class RecordFilter:
     """A filter over records, pushed down into SQL by stores that have it."""
 
     status: Status | None = None
@@ -76,10 +76,10 @@ class Scan:
             and self.status not in (None, Status.IN_PROGRESS)
         )
 
-    def query(self, now: datetime) -> Query:
+    def query(self, now: datetime) -> RecordFilter:
         """What it selects at ``now``, for stores that filter records themselves. Stale: in
         progress, an owner, its lease ended (Record.stale); released: in progress, no owner."""
-        return Query(
+        return RecordFilter(
             status=Status.IN_PROGRESS if self.stale_only or self.released_only else self.status,
             live_at=now,
             lease_expired_at=now if self.stale_only else None,

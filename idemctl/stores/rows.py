@@ -20,8 +20,8 @@ from idemctl.model import (
     Guard,
     GuardReply,
     Holder,
-    Page,
     Record,
+    RecordPage,
     Settle,
     Stats,
     validate_key,
@@ -40,7 +40,7 @@ from idemctl.stores.machine import (
     released,
     unlocked,
 )
-from idemctl.stores.queries import Query, Scan, batched, stats_of
+from idemctl.stores.queries import RecordFilter, Scan, batched, stats_of
 
 
 class RowTx(Protocol):
@@ -49,7 +49,7 @@ class RowTx(Protocol):
     def get(self, key: str) -> Record | None: ...
     def put(self, record: Record) -> None: ...
     def delete(self, key: str) -> None: ...
-    def select(self, query: Query) -> list[Record]:
+    def select(self, query: RecordFilter) -> list[Record]:
         """Matching records in key order, at most ``query.limit``."""
         ...
 
@@ -253,19 +253,19 @@ class RowStore(BaseStore):
         now = self.now()
         return {r.key: r for r in records if r is not None and not r.retention_over(now)}
 
-    def _scan_page(self, scan: Scan) -> Page:
+    def _scan_page(self, scan: Scan) -> RecordPage:
         limit = scan.limit
         query = replace(scan.query(self.now()), after=scan.cursor, limit=limit + 1)
         with self._transaction(write=False) as tx:
             records = tx.select(query)
         more = len(records) > limit
         records = records[:limit]
-        return Page(records, records[-1].key if more and records else None)
+        return RecordPage(records, records[-1].key if more and records else None)
 
     def stats(self, exact: bool = False) -> Stats:
         now = self.now()
         with self._transaction(write=False) as tx:
-            records = tx.select(Query())
+            records = tx.select(RecordFilter())
         return stats_of(records, now)
 
     def unlock(self, key: str, force: bool = False) -> Record:
@@ -282,8 +282,8 @@ class RowStore(BaseStore):
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> list[str]:
-        def stale(now: datetime) -> Query:
-            return Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
+        def stale(now: datetime) -> RecordFilter:
+            return RecordFilter(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
 
         with self._transaction(write=False) as tx:
             found = [r.key for r in tx.select(stale(self.now()))]
@@ -317,8 +317,8 @@ class RowStore(BaseStore):
     def purge(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> int:
-        def over(now: datetime) -> Query:
-            return Query(retention_over_at=now - timedelta(seconds=older_than))
+        def over(now: datetime) -> RecordFilter:
+            return RecordFilter(retention_over_at=now - timedelta(seconds=older_than))
 
         with self._transaction(write=False) as tx:
             found = [r.key for r in tx.select(over(self.now()))]

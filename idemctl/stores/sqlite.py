@@ -24,7 +24,7 @@ from idemctl.errors import ConfigError, NotProvisioned, StoreError, StoreUnavail
 from idemctl.model import Entity, Finding, Provisioning, Record, Stats, Status
 from idemctl.resources import read_resource
 from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION, LEASE_RANGE, RETENTION_RANGE
-from idemctl.stores.queries import Query
+from idemctl.stores.queries import RecordFilter
 from idemctl.stores.rows import RowStore
 from idemctl.urls import UrlOptions, redact_url
 
@@ -156,7 +156,7 @@ class _SQLiteTx:
     def delete(self, key: str) -> None:
         self._conn.execute("DELETE FROM idem_keys WHERE key = ?", (key,))
 
-    def select(self, query: Query) -> list[Record]:
+    def select(self, query: RecordFilter) -> list[Record]:
         where, args = _where(query)
         sql = f"SELECT {_COLUMNS} FROM idem_keys WHERE {where} ORDER BY key"
         if query.limit is not None:
@@ -216,7 +216,7 @@ class _SQLiteTx:
         return [_entity(row) for row in self._conn.execute(sql, args)]
 
 
-def _where(q: Query) -> tuple[str, list[Any]]:
+def _where(q: RecordFilter) -> tuple[str, list[Any]]:
     clauses: list[str] = ["1 = 1"]
     args: list[Any] = []
     if q.status is not None:

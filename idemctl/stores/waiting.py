@@ -34,7 +34,7 @@ from idemctl.model import Record, Status
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
 
-log = logging.getLogger("idemctl.runner")
+log = logging.getLogger("idemctl.stores")
 
 MAX_WAIT = 3600.0
 """The longest ``wait=`` a call may give (seconds)."""

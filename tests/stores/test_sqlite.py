@@ -55,7 +55,7 @@ def test_reads_pushed_into_sql_agree_with_reading_every_row(tmp_path: Path) -> N
     from datetime import UTC, datetime, timedelta
 
     from idemctl.model import ClaimRequest, Guard, Settle, Status
-    from idemctl.stores.queries import Query, stats_of
+    from idemctl.stores.queries import RecordFilter, stats_of
     from idemctl.stores.rows import RowStore
     from idemctl.stores.sqlite import SQLiteStore
 
@@ -88,7 +88,7 @@ def test_reads_pushed_into_sql_agree_with_reading_every_row(tmp_path: Path) -> N
     for step in (0, 2, 10):  # leases end at 1 s, retentions at 5 s
         now[0] += timedelta(seconds=step)
         with store._transaction(write=False) as tx:
-            every = tx.select(Query())
+            every = tx.select(RecordFilter())
             entities = tx.select_entities(None, None, None)
         expected = stats_of(every, now[0])
         got_stats = store.stats()
@@ -117,7 +117,7 @@ def test_reads_pushed_into_sql_agree_with_reading_every_row(tmp_path: Path) -> N
                 assert pages[0] == pages[1], (prefix, limit)
         for prefix in ("a", "a/", "a0", f"a{top}", "b", "b\ud7ff", "é", "é/", "z", ""):
             for status in (None, *Status):
-                query = Query(status=status, prefix=prefix or None, live_at=now[0])
+                query = RecordFilter(status=status, prefix=prefix or None, live_at=now[0])
                 expected_keys = sorted(r.key for r in every if query.matches(r))
                 found: list[str] = []
                 cursor = None

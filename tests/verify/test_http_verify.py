@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from idemctl.harness.httpcheck import TITLES, Target, check_api, masked
+from idemctl.harness.httpcheck import TITLES, HttpTarget, check_api, masked
 from idemctl.operate.documents import verify_http
 from tests.cli.helpers import run, validate
 from tests.http.conftest import Served, serve, store_url
@@ -318,8 +318,8 @@ def stub() -> Iterator[tuple[str, Behaviour]]:
         server.server_close()
 
 
-def target(url: str, **given: Any) -> Target:
-    return Target(
+def target(url: str, **given: Any) -> HttpTarget:
+    return HttpTarget(
         url,
         body=b'{"order": "{uuid}"}',
         headers=(("Content-Type", "application/json"), ("Authorization", "Bearer one")),

@@ -2,7 +2,7 @@
 with the user's own request against the cases of the IETF draft
 (draft-ietf-httpapi-idempotency-key-header) and Stripe's rules.
 
-Each point sends the user's request (``Target``: method, URL, body, headers) with a key of
+Each point sends the user's request (``HttpTarget``: method, URL, body, headers) with a key of
 its own (``verify-`` and a uuid4; as the draft's Structured Field string ``"..."`` unless
 ``bare_key``) and judges what came back:
 
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from idemctl.harness.httpcheck.cases import LONG_KEY, PLACEHOLDER, Checker
 from idemctl.harness.httpcheck.client import REPLAYED, Answer
 from idemctl.harness.httpcheck.report import FAIL, PASS, SKIP, TITLES, VERDICTS, WARN, Point, Report
-from idemctl.harness.httpcheck.target import Target, Unreachable, header_pair, masked, merged
+from idemctl.harness.httpcheck.target import HttpTarget, Unreachable, header_pair, masked, merged
 from idemctl.urls import redact_url
 
 __all__ = [
@@ -53,9 +53,9 @@ __all__ = [
     "VERDICTS",
     "WARN",
     "Answer",
+    "HttpTarget",
     "Point",
     "Report",
-    "Target",
     "Unreachable",
     "check_api",
     "header_pair",
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 
-def check_api(target: Target, on_point: Callable[[Point], None] = lambda point: None) -> Report:
+def check_api(target: HttpTarget, on_point: Callable[[Point], None] = lambda point: None) -> Report:
     """Send every case to the API at ``target.url`` and judge each; Unreachable when its
     host takes no connection (checked first, before any request is sent)."""
     target.check()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from idemctl.harness.httpcheck.client import REPLAYED, Answer, Client, difference
 from idemctl.harness.httpcheck.report import FAIL, PASS, SEVERITY, SKIP, WARN, Point
-from idemctl.harness.httpcheck.target import Target, merged
+from idemctl.harness.httpcheck.target import HttpTarget, merged
 
 PLACEHOLDER = b"{uuid}"
 LONG_KEY = 256
@@ -33,7 +33,7 @@ class _Points:
 class Checker(Client):
     """The cases, each a method returning its Point."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: HttpTarget) -> None:
         super().__init__(target)
         self.marks_replays: bool | None = None
         """Whether the API marks a replay (``Idempotent-Replayed``); None: none seen yet."""

@@ -12,7 +12,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from idemctl.harness.httpcheck.target import Target, Unreachable
+from idemctl.harness.httpcheck.target import HttpTarget, Unreachable
 from idemctl.urls import redact_url
 
 REPLAYED = "Idempotent-Replayed"
@@ -83,7 +83,7 @@ def _describe(exc: BaseException, timeout: float) -> str:
 class Client:
     """Requests to the target's host: the caller's headers, the key if any, the body."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: HttpTarget) -> None:
         self.target = target
         parts = urlsplit(target.url)
         self.https = parts.scheme == "https"

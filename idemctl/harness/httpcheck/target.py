@@ -62,7 +62,7 @@ def merged(
 
 
 @dataclass(frozen=True)
-class Target:
+class HttpTarget:
     """The request to send, as the user gives it, and how to send the cases."""
 
     url: str

@@ -19,7 +19,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from idemctl.errors import InvalidCursor, KeyNotFound, StoreError
-from idemctl.model import Page, Record, Stats, Status
+from idemctl.model import Record, RecordPage, Stats, Status
 from idemctl.stores import dynamodb as package
 from idemctl.stores.base import Progress
 from idemctl.stores.dynamodb.client import translate
@@ -35,7 +35,7 @@ from idemctl.stores.dynamodb.items import (
     to_record,
 )
 from idemctl.stores.machine import check_forgettable, unlocked
-from idemctl.stores.queries import Query, Scan, stats_of
+from idemctl.stores.queries import RecordFilter, Scan, stats_of
 
 BATCH_GET = 100
 """Keys one BatchGetItem may ask for."""
@@ -100,7 +100,7 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
             if not start:
                 return
 
-    def _scan_page(self, scan: Scan) -> Page:
+    def _scan_page(self, scan: Scan) -> RecordPage:
         """Records in DynamoDB's scan order (not by key), at most ``limit`` a page; in-progress
         keys from the index where the table has it."""
         in_progress = scan.stale_only or scan.released_only or scan.status is Status.IN_PROGRESS
@@ -114,12 +114,12 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
                     found.append(record)
                     if len(found) == limit:
                         if after is None and not any(query.matches(r) for r in records[i + 1 :]):
-                            return Page(found, None)  # nothing left: offer no empty page
+                            return RecordPage(found, None)  # nothing left: offer no empty page
                         # DynamoDB resumes a Scan after any item's key: go on after this one.
-                        return Page(found, json.dumps({"key": s(record.key)}))
+                        return RecordPage(found, json.dumps({"key": s(record.key)}))
             if after is None:
                 break
-        return Page(found, None)
+        return RecordPage(found, None)
 
     def stats(self, exact: bool = False) -> Stats:
         """From the index where the table has it: the keys in progress exact, the rest
@@ -161,7 +161,7 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
             raise StoreError(f"key {key!r} changed while it was being unlocked; try again")
         return freed
 
-    def _batches(self, query: Query) -> Iterator[list[Record]]:
+    def _batches(self, query: RecordFilter) -> Iterator[list[Record]]:
         """The records matching ``query``, at most ``ITEMS_PER_BATCH`` at a time: each is
         written by a request of its own, so a batch is only how often progress is told."""
         size = package.ITEMS_PER_BATCH  # read from the package at each call: it may be set
@@ -170,7 +170,7 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
             for i in range(0, len(matching), size):
                 yield matching[i : i + size]
 
-    def _stale_batches(self, stale: Query, cutoff: int) -> Iterator[list[Record]]:
+    def _stale_batches(self, stale: RecordFilter, cutoff: int) -> Iterator[list[Record]]:
         """The stale records, at most ITEMS_PER_BATCH at a time: from the index where the
         table has it (a Query of each shard for leases ended by ``cutoff``, ms: released
         keys among them are left out here), else from a scan of the table."""
@@ -192,7 +192,7 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> list[str]:
         cutoff = datetime.fromtimestamp(time.time() - older_than, UTC)
-        stale = Query(lease_expired_at=cutoff, owned=True)
+        stale = RecordFilter(lease_expired_at=cutoff, owned=True)
         keys: set[str] = set()
         for batch in self._stale_batches(stale, to_ms(cutoff.timestamp())):
             # Each is freed by a conditional write that reads the item again: skipped if it
@@ -235,7 +235,7 @@ class DynamoDBAdmin(DynamoDBEntities, DynamoDBInProgress):
     ) -> int:
         cutoff = self._now() - to_ms(older_than)
         purged = 0
-        for batch in self._batches(Query(retention_over_at=from_ms(cutoff))):
+        for batch in self._batches(RecordFilter(retention_over_at=from_ms(cutoff))):
             purged += sum(1 for r in batch if dry_run or self._delete_over(r.key, cutoff))
             if batch and not dry_run and progress is not None:
                 progress(len(batch))

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from idemctl.errors import ConfigError, InvalidCursor
-from idemctl.model import Page, Record, Stats, Status
+from idemctl.model import Record, RecordPage, Stats, Status
 from idemctl.stores.dynamodb.core import DynamoDBCore
 from idemctl.stores.dynamodb.items import (
     INDEX,
@@ -171,7 +171,7 @@ class DynamoDBInProgress(DynamoDBCore):
             if not start:
                 shard += 1
 
-    def _index_page(self, scan: Scan) -> Page:
+    def _index_page(self, scan: Scan) -> RecordPage:
         """A page of in-progress keys (``scan`` asks for stale, released or in-progress
         ones) from the index, in shard order, by lease within a shard; its cursor is the
         index position of its last key. A key whose lease changes between two pages moves
@@ -187,10 +187,10 @@ class DynamoDBInProgress(DynamoDBCore):
             if not query.matches(record):
                 continue
             if len(found) >= scan.limit:  # one more is there: offer the next page
-                return Page(found, None if last is None else last.cursor())
+                return RecordPage(found, None if last is None else last.cursor())
             found.append(record)
             last = at
-        return Page(found, None)
+        return RecordPage(found, None)
 
     def _index_stats(self) -> Stats:
         """In progress, stale, released and the oldest in progress, exact from the index

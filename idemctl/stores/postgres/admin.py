@@ -15,8 +15,8 @@ from idemctl.errors import (
     StoreError,
 )
 from idemctl.model import (
-    Page,
     Record,
+    RecordPage,
     Stats,
     Status,
 )
@@ -36,7 +36,7 @@ from idemctl.stores.queries import Scan
 
 
 class PostgresAdmin(PostgresSteps):
-    def _scan_page(self, scan: Scan) -> Page:
+    def _scan_page(self, scan: Scan) -> RecordPage:
         where = ["(expires_at IS NULL OR expires_at > now())"]
         if scan.older_than:
             where.append("created_at <= now() - %(older)s * interval '1 second'")
@@ -60,7 +60,7 @@ class PostgresAdmin(PostgresSteps):
             params,
         )
         records = [record_of(r) for r in rows[: scan.limit]]
-        return Page(records, records[-1].key if len(rows) > scan.limit else None)
+        return RecordPage(records, records[-1].key if len(rows) > scan.limit else None)
 
     def stats(self, exact: bool = False) -> Stats:
         rows = self._fetch(

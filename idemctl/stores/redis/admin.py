@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
 from idemctl.errors import KeyNotFound
-from idemctl.model import Page, Record, Stats, Status, validate_key
+from idemctl.model import Record, RecordPage, Stats, Status, validate_key
 from idemctl.stores.base import Progress
 from idemctl.stores.machine import check_forgettable, live_lease, not_unlockable
-from idemctl.stores.queries import Query, Scan, stats_of
+from idemctl.stores.queries import RecordFilter, Scan, stats_of
 from idemctl.stores.redis.client import Client, ClusterNode
 from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.index import RedisIndex
@@ -71,7 +71,7 @@ class RedisAdmin(RedisIndex):
         match = glob_escape(self.prefix) + "{" + glob_escape(prefix or "") + "*"
         return self._scan_batches(match, start, self._read_records)
 
-    def _scan_page(self, scan: Scan) -> Page:
+    def _scan_page(self, scan: Scan) -> RecordPage:
         in_progress = scan.stale_only or scan.released_only or scan.status is Status.IN_PROGRESS
         if in_progress and self.index_ready():
             return self._index_page(scan)
@@ -85,7 +85,7 @@ class RedisAdmin(RedisIndex):
             for at, records, then in self._iterate(scan.prefix, position)
         )
         found, cursor = walk_page(batches, after, scan.limit, lambda r: r.key)
-        return Page(found, cursor)
+        return RecordPage(found, cursor)
 
     def stats(self, exact: bool = False) -> Stats:
         if not exact and self.index_ready():
@@ -106,7 +106,7 @@ class RedisAdmin(RedisIndex):
             raise live_lease(record)
         return record
 
-    def _batches(self, query: Callable[[datetime], Query]) -> Iterator[list[Record]]:
+    def _batches(self, query: Callable[[datetime], RecordFilter]) -> Iterator[list[Record]]:
         """The records matching ``query`` at the server's time, a SCAN batch at a time."""
         with self._guard():
             matching = query(self._now())
@@ -116,8 +116,8 @@ class RedisAdmin(RedisIndex):
     def unlock_stale(
         self, older_than: float = 0.0, *, dry_run: bool = False, progress: Progress | None = None
     ) -> list[str]:
-        def stale(now: datetime) -> Query:
-            return Query(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
+        def stale(now: datetime) -> RecordFilter:
+            return RecordFilter(lease_expired_at=now - timedelta(seconds=older_than), owned=True)
 
         ready = self.index_ready()
         keys: list[str] = []
@@ -152,8 +152,8 @@ class RedisAdmin(RedisIndex):
         if self.index_ready():
             return self._index_purge(older_than, dry_run, progress)
 
-        def over(now: datetime) -> Query:
-            return Query(retention_over_at=now - timedelta(seconds=older_than))
+        def over(now: datetime) -> RecordFilter:
+            return RecordFilter(retention_over_at=now - timedelta(seconds=older_than))
 
         purged = 0
         for batch in self._batches(over):

@@ -31,7 +31,7 @@ _CLIENT_TEXTS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile",
 
 
 @dataclass(frozen=True)
-class Target:
+class ClientTarget:
     """What a store URL asks of the client: the server's URL without idemctl's options,
     whether it is a cluster, and redis-py's client options (the async client's too)."""
 
@@ -40,7 +40,7 @@ class Target:
     options: dict[str, Any]
 
 
-def target(url: str, options: UrlOptions) -> Target:
+def target(url: str, options: UrlOptions) -> ClientTarget:
     """The client ``url`` asks for. Reads the client's options from ``options`` and finishes
     them: the store's own must have been read before."""
     parts = options.parts
@@ -64,22 +64,22 @@ def target(url: str, options: UrlOptions) -> Target:
     if cluster and database not in ("", "0"):
         raise ConfigError(f"Redis URL {redact_url(url)}: a Redis Cluster has database 0 only")
     plain = urlunsplit(parts._replace(scheme="redis" if cluster else parts.scheme, query=""))
-    return Target(plain, cluster, client_options)
+    return ClientTarget(plain, cluster, client_options)
 
 
-def connect(url: str, to: Target) -> PlainClient | RedisCluster:
+def connect(url: str, to: ClientTarget) -> PlainClient | RedisCluster:
     """The client for ``to`` (``url`` is what errors name, redacted)."""
     client: PlainClient | RedisCluster = _made(url, to, redis.Redis, RedisCluster, _Retry)
     return client
 
 
-def connect_async(url: str, to: Target) -> AsyncClient:
+def connect_async(url: str, to: ClientTarget) -> AsyncClient:
     """``connect``'s client on ``redis.asyncio`` (``idemctl.aio``), with the same options."""
     client: AsyncClient = _made(url, to, redis.asyncio.Redis, AsyncCluster, _AsyncRetry)
     return client
 
 
-def _made(url: str, to: Target, plain: Any, cluster: Any, retry: type[Any]) -> Any:
+def _made(url: str, to: ClientTarget, plain: Any, cluster: Any, retry: type[Any]) -> Any:
     """A client of class ``plain``, or ``cluster``, for ``to``, with ``retry``'s policy."""
     # A few quick retries ride out a reconnect; a dead server is reported in about a second,
     # a closed port or refused credentials at once.

@@ -16,7 +16,7 @@ from idemctl.errors import ConfigError
 from idemctl.stores.base import BaseStore
 from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION
 from idemctl.stores.redis.client import Client, ClusterClient, ClusterNode, PlainClient
-from idemctl.stores.redis.connect import Target
+from idemctl.stores.redis.connect import ClientTarget
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import guard
 from idemctl.stores.redis.nodes import ClusterRunner
@@ -96,7 +96,7 @@ class RedisCore(BaseStore):
             )  # fmt: skip
         self.scripts = self.script_runner.scripts
         self._all_indexes: list[tuple[str, ...]] | None = None
-        self.target: Target | None = None
+        self.target: ClientTarget | None = None
         """The client's settings, when the store was opened by URL (``idemctl.aio``'s too)."""
 
     def _rkey(self, key: str) -> str:

@@ -21,9 +21,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from idemctl.errors import InvalidCursor
-from idemctl.model import Page, Record, Stats, Status
+from idemctl.model import Record, RecordPage, Stats, Status
 from idemctl.stores.base import Progress
-from idemctl.stores.queries import InProgressTally, Query, Scan
+from idemctl.stores.queries import InProgressTally, RecordFilter, Scan
 from idemctl.stores.redis.core import glob_escape
 from idemctl.stores.redis.records import fields_of, from_ms, text, to_record
 from idemctl.stores.redis.walk import RedisWalk
@@ -261,7 +261,7 @@ class RedisIndex(RedisWalk):
             counted_by="index",
         )
 
-    def _index_page(self, scan: Scan) -> Page:
+    def _index_page(self, scan: Scan) -> RecordPage:
         """A page of in-progress keys (stale, released, or all) from LIVE, in (slot, lease,
         key) order, or of failed keys from FAILED, in (slot, end of retention, key) order;
         the cursor is the position of the last key given."""
@@ -280,10 +280,10 @@ class RedisIndex(RedisWalk):
                 if record is None or not query.matches(record):
                     continue
                 if len(found) == scan.limit and last is not None:
-                    return Page(found, _position(last, name))
+                    return RecordPage(found, _position(last, name))
                 found.append(record)
                 last = at
-        return Page(found, None)
+        return RecordPage(found, None)
 
     def _index_stale(self, older_than: float) -> Iterator[list[Record]]:
         """The records whose lease ended at least ``older_than`` seconds ago, an admin batch
@@ -291,7 +291,7 @@ class RedisIndex(RedisWalk):
         with self._guard():
             now = self._now()
         cutoff = now - timedelta(seconds=older_than)
-        stale = Query(lease_expired_at=cutoff, owned=True, live_at=now)
+        stale = RecordFilter(lease_expired_at=cutoff, owned=True, live_at=now)
         for chunk in self._chunks(LIVE, _ms(cutoff)):
             yield [r for _, _, r in chunk if r is not None and stale.matches(r)]
 
@@ -299,7 +299,7 @@ class RedisIndex(RedisWalk):
         with self._guard():
             now = self._now()
         cutoff = now - timedelta(seconds=older_than)
-        over = Query(retention_over_at=cutoff)
+        over = RecordFilter(retention_over_at=cutoff)
         purged = 0
         for chunk in self._chunks(GONE, _ms(cutoff)):
             batch = [r for _, _, r in chunk if r is not None and over.matches(r)]
