@@ -343,7 +343,7 @@ class ScriptsAlone:
         import hiredis
 
         from idemctl.stores.redis import load_scripts
-        from idemctl.stores.redis.core import INDEX_NAMES
+        from idemctl.stores.redis.core import index_of
 
         parts = urlsplit(url)
         self.sock = socket.create_connection((parts.hostname or HOST, parts.port or 6379))
@@ -361,7 +361,7 @@ class ScriptsAlone:
         self.numbers = itertools.count()
         # The index's keys after the records', as the store sends them (lua/_lib.lua's
         # indexed() takes the last five keys as LIVE, COUNTS, DUE, GONE, FAILED).
-        self.index = [f"{prefix}idx:{name}" for name in INDEX_NAMES]
+        self.index = index_of(prefix)
 
     def call(self, *args: Any) -> Any:
         BARE_WRITES[0] += 1

@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 INDEX_NAMES = ("live", "counts", "due", "gone", "failed")
+
+
+def index_of(prefix: str, tag: str = "") -> tuple[str, ...]:
+    """The index's keys (lua/_lib.lua's LIVE, COUNTS, DUE, GONE, FAILED) of a store under
+    ``prefix``: on one server (no ``tag``), or for one hash slot's tag on a cluster."""
+    braces = f"{{{tag}}}" if tag else ""
+    return tuple(f"{prefix}idx:{name}{braces}" for name in INDEX_NAMES)
+
+
 SLOTS = 16384
 
 
@@ -113,8 +122,7 @@ class RedisCore(BaseStore):
         return self._index_of(slot_tag(self._cluster.keyslot(rkey)))
 
     def _index_of(self, tag: str) -> tuple[str, ...]:
-        braces = f"{{{tag}}}" if tag else ""
-        return tuple(f"{self.prefix}idx:{name}{braces}" for name in INDEX_NAMES)
+        return index_of(self.prefix, tag)
 
     def _indexes(self) -> list[tuple[str, ...]]:
         """Every set of the index's keys: one on one server, one per hash slot on a cluster."""
