@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar, cast
@@ -128,6 +129,7 @@ def consume(
     from idemctl.consume import Consumer, load_handler
     from idemctl.consume.loop import check_kafka
     from idemctl.consume.metrics import register as consume_metrics
+    from idemctl.consume.supervisor import REPLACEMENT
 
     current = use_log_format(ctx, log_format, metrics_port)
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
@@ -142,6 +144,7 @@ def consume(
     values = declared.values()
     if worker_index is not None:  # a worker of --processes exits at the first: its
         values["max_abandoned"] = 0  # supervisor starts a fresh one
+        values["replacement"] = os.environ.get(REPLACEMENT, "0") != "0"
     options = ConsumeOptions(brokers=brokers, kafka_config=kafka, **values)
     sys.path.insert(0, ".")  # handlers next to where idemctl runs, as `python -m` finds them
     show_warnings(current, "idemctl.consume")

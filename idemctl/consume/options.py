@@ -267,6 +267,11 @@ class ConsumeOptions(Handling):
     period); those still running then are left uncommitted (StuckHandlers)."""
     kafka_config: dict[str, str] = field(default_factory=dict)
     poll_timeout: float = 0.5
+    replacement: bool = False
+    """A worker of ``--processes`` started in place of one that died: the run's brokers
+    and group were proven, so it waits for its partitions however long its group takes to
+    rebalance (``join_timeout`` does not apply to its first partition; the run's other
+    workers still judge the brokers by it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

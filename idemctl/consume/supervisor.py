@@ -46,6 +46,10 @@ FINAL = frozenset(
 a usage or configuration error, a store not provisioned, Kafka unreachable for
 ``--join-timeout``, a dead-letter storm or ``--on-missing-key stop``."""
 
+REPLACEMENT = "IDEMCTL_WORKER_RESTARTS"
+"""The environment variable that tells a worker how many workers its slot had before it:
+above 0, it replaces one that died (``ConsumeOptions.replacement``)."""
+
 STUCK = ExitCode.HANDLERS_STUCK
 """A worker's exit code when handlers did not return (its --drain-timeout passed, or one
 passed the hard limit): replaced while the run goes on; the run's own code while it stops."""
@@ -234,7 +238,11 @@ class Supervisor:
             worker.proc = subprocess.Popen(  # noqa: S603 - idemctl's own argv
                 [*self.command, *self.args_for(worker.index), "--worker-index", str(worker.index)],
                 cwd=self.cwd,
-                env={**self.env, "IDEMCTL_WORKER_INDEX": str(worker.index)},
+                env={
+                    **self.env,
+                    "IDEMCTL_WORKER_INDEX": str(worker.index),
+                    REPLACEMENT: str(worker.restarts),
+                },
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -108,7 +108,7 @@ class KafkaState:
         if self._down_since is not None:
             self._while_down(now)
         if not self._ever_assigned:
-            if o.join_timeout and now - started >= o.join_timeout:
+            if o.join_timeout and not o.replacement and now - started >= o.join_timeout:
                 raise KafkaUnavailable(self._no_partitions(now - started))
             return False
         if self._down_since is None:

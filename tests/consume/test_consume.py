@@ -456,3 +456,24 @@ def test_wrong_brokers_stop_the_consumer_after_the_join_timeout(tmp_path: Path) 
     assert "no partitions within 2s" in message
     with open_store(f"sqlite:///{tmp_path}/keys.db") as store:
         assert store.stats().total == 0  # nothing claimed
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_a_replacement_worker_waits_for_its_group_past_the_join_timeout(
+    replacement: bool, tmp_path: Path
+) -> None:
+    """The first join is judged by --join-timeout; a worker of --processes that replaces one
+    that died waits however long its group's rebalance takes (the brokers were proven)."""
+    from idemctl.errors import KafkaUnavailable
+
+    with open_store(f"sqlite:///{tmp_path}/keys.db") as store:
+        consumer = Consumer(
+            store, adapt(lambda e: None),
+            ConsumeOptions("127.0.0.1:1", ["t"], "g", join_timeout=60.0, replacement=replacement),
+        )  # fmt: skip
+        long_ago = time.monotonic() - 3600  # started an hour ago, no partition since
+        if replacement:
+            assert consumer._watch(long_ago) is False
+        else:
+            with pytest.raises(KafkaUnavailable, match="no partitions within 3600s"):
+                consumer._watch(long_ago)

@@ -105,3 +105,22 @@ def test_the_supervisor_reads_counts_and_errors_from_the_protocol_alone(tmp_path
     assert ending.code == 2 and second.last_error == "bad config"
     assert "bad config" in (ending.reason or "")
     assert any(isinstance(x, dict) and x.get("msg") == "consume progress" for x in logged)
+
+
+def test_a_replacement_worker_is_told_it_replaces_one(tmp_path: Path) -> None:
+    """The first process of a slot sees IDEMCTL_WORKER_RESTARTS=0; the one started in place
+    of it after it died sees 1 (and waits for its group past --join-timeout)."""
+    from idemctl.consume.supervisor import REPLACEMENT
+
+    script = textwrap.dedent(f"""\
+        import os, pathlib, sys
+        seen = pathlib.Path({str(tmp_path)!r}) / "seen"
+        with seen.open("a") as f:
+            f.write(os.environ["{REPLACEMENT}"] + "\\n")
+        sys.exit(0 if len(seen.read_text().split()) > 1 else 1)  # the first one dies
+    """)
+    supervisor = Supervisor([sys.executable, "-c", script], 1, env=dict(os.environ), backoff=0.01)
+    ending = supervisor.run()
+    assert ending.code == 0
+    assert (tmp_path / "seen").read_text().split() == ["0", "1"]
+    assert supervisor.workers[0].restarts == 1
