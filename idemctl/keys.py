@@ -14,10 +14,10 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from idemctl.errors import ConfigError, InvalidKey, InvalidPayload
+from idemctl.frozen import frozen
 from idemctl.model import (
     Order,
     fingerprint,
@@ -40,7 +40,7 @@ class MissingField(MissingKey):
     sign of a template that cannot work rather than of one bad message."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Message:
     """What a key strategy may look at."""
 

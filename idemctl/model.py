@@ -10,12 +10,13 @@ import json
 import json.scanner
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple, TypeAlias
 
 from idemctl.errors import InvalidKey, InvalidPayload
+from idemctl.frozen import frozen
 
 MAX_KEY_BYTES = 512
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -30,7 +31,7 @@ class Status(StrEnum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True)
+@frozen
 class Record:
     """One idempotency key as the store holds it. Times are timezone-aware UTC."""
 
@@ -106,7 +107,7 @@ def iso_time(value: datetime | None) -> str | None:
 # Claim outcomes -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Acquired:
     """This attempt holds the key: run the handler, then complete or fail with these tokens."""
 
@@ -120,14 +121,14 @@ class Acquired:
     that attempt may have done part of its work."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Completed:
     """Done before: replay ``record.result`` instead of running the handler."""
 
     record: Record
 
 
-@dataclass(frozen=True)
+@frozen
 class Busy:
     """Another owner holds a live lease: try again later. ``record`` is None when the
     holder's claim is not visible yet (an open PostgreSQL transaction holds the key)."""
@@ -135,7 +136,7 @@ class Busy:
     record: Record | None
 
 
-@dataclass(frozen=True)
+@frozen
 class Mismatch:
     """The key was seen with another payload fingerprint: never run."""
 
@@ -143,7 +144,7 @@ class Mismatch:
     fingerprint: str | None
 
 
-@dataclass(frozen=True)
+@frozen
 class Failed:
     """The key failed permanently: never run again until forgotten or past retention."""
 
@@ -153,7 +154,7 @@ class Failed:
 ClaimOutcome: TypeAlias = Acquired | Completed | Busy | Mismatch | Failed
 
 
-@dataclass(frozen=True)
+@frozen
 class ClaimRequest:
     """One item of ``claim_many``."""
 
@@ -161,7 +162,7 @@ class ClaimRequest:
     fingerprint: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Holder:
     """The attempt that holds a key: what complete, fail, extend and release must name."""
 
@@ -170,7 +171,7 @@ class Holder:
     fencing_token: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Completion(Holder):
     """One item of ``complete_many``."""
 
@@ -183,7 +184,7 @@ MAX_SEQUENCE = 2**53 - 1
 """The largest sequence every store compares exactly (a Lua number is a double)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Order:
     """What the sequence guard needs of one event: the entity it changes and its place in
     that entity's history. Only an event whose sequence is above the entity's last applied
@@ -226,7 +227,7 @@ class Verdict(StrEnum):
     """Another key's attempt holds the entity: try again later."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Stale:
     """The event is not newer than what its entity applied: never run. In PostgreSQL
     transactional mode, ``Unit.outcome`` when the key's order guard said so."""
@@ -245,7 +246,7 @@ class GuardReply(NamedTuple):
     """BUSY: the key whose attempt holds the entity."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Entity:
     """One entity of the sequence guard as the store holds it. Times are timezone-aware UTC."""
 
@@ -287,7 +288,7 @@ class Entity:
         }
 
 
-@dataclass(frozen=True)
+@frozen
 class EntityPage:
     """One page of ``scan_entities``; pass ``cursor`` back for the next."""
 
@@ -337,7 +338,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Admin values ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class RecordPage:
     """One page of ``scan``; pass ``cursor`` back for the next, None when there is none."""
 
@@ -345,7 +346,7 @@ class RecordPage:
     cursor: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Stats:
     total: int
     by_status: Mapping[Status, int | None]
@@ -367,7 +368,7 @@ class Stats:
     about every six hours, with the in-progress keys exact from the index)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Finding:
     """One line of ``check()``: what was looked at, whether it is fine, how to fix it.
 
@@ -388,7 +389,7 @@ class Finding:
         return "warn" if self.warning else "ok"
 
 
-@dataclass(frozen=True)
+@frozen
 class Provisioning:
     """What ``provision`` ran (or, with ``dry_run``, would run)."""
 

@@ -7,14 +7,15 @@ import importlib
 import inspect
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from idemctl.errors import ConfigError
+from idemctl.frozen import frozen
 from idemctl.runner import Context
 
 
-@dataclass(frozen=True)
+@frozen
 class Event:
     """One Kafka record, as a handler sees it."""
 

@@ -6,10 +6,10 @@ import contextvars
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import HandlerTimeout
+from idemctl.frozen import frozen
 from idemctl.outbox.rows import NoOutbox
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ NO_OUTBOX = NoOutbox(
 """``ctx.outbox`` outside transactional mode: one for every context, it only says why."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Context:
     """What a handler may know about the attempt running it."""
 

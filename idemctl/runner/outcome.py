@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from idemctl.errors import AttemptsExhausted, LeaseLost, OutboxError, Permanent
+from idemctl.frozen import frozen
 from idemctl.model import (
     JSON,
     Acquired,
@@ -121,7 +121,7 @@ def error_text(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
 
 
-@dataclass(frozen=True)
+@frozen
 class Invocation:
     """What running a handler under a held key gave: a storable ``value``, or ``error``
     (already recorded in the store with ``store.fail``), or a lost lease."""
