@@ -50,7 +50,7 @@ class Batch:
         permanent: tuple[type[BaseException], ...] = (),
         max_attempts: int | None = None,
         transactional: bool = False,
-        complete_batch: int = 100,
+        complete_batch: int = 100,  # consume.options.COMPLETE_BATCH (runner imports no consume)
         complete_wait: float = 0.005,
         logger: logging.Logger = log,
     ) -> None:
