@@ -24,7 +24,8 @@ class ConfigError(IdemctlError):
 
 class OptionError(ConfigError):
     """An option, filter or cursor an operator action cannot take as given: ``option`` names
-    it as the CLI spells it (``--cursor``), for a front end to point at."""
+    what it means, as the parameter is called (``cursor``, ``key_header``); each front end
+    spells it its own way (the CLI's ``--key-header``, the console's form field)."""
 
     def __init__(self, option: str, message: str) -> None:
         super().__init__(f"{option}: {message}")

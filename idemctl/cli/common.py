@@ -326,7 +326,7 @@ def command(
                 note(current, "interrupted", level="error", markup="[bold red]interrupted[/]")
                 raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
             except OptionError as exc:  # shown with the command's usage, as typer's own
-                raise usage_error(ctx, exc.option, exc.message) from None
+                raise usage_error(ctx, option_of(ctx, exc.option), exc.message) from None
             except IdemctlError as exc:
                 if current.log_format in ("json", "logfmt"):
                     note(current, str(exc), level="error")
@@ -437,6 +437,15 @@ def confirm(ctx: typer.Context, question: str, yes: bool) -> None:
         agreed = False
     if not agreed:
         raise Refused("nothing changed: not confirmed (pass --yes to skip the question)")
+
+
+def option_of(ctx: typer.Context, name: str) -> str:
+    """The command's flag for its parameter ``name`` (``key_header`` -> ``--key-header``):
+    the library's OptionError names what an option means, the CLI how it is spelled."""
+    for param in ctx.command.params:
+        if param.name == name and getattr(param, "opts", None):
+            return str(param.opts[0])
+    return "--" + name.replace("_", "-")
 
 
 def usage_error(ctx: typer.Context, option: str, message: str) -> typer.BadParameter:

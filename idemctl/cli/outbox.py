@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from idemctl import operate
 from idemctl.cli import render
 from idemctl.cli.common import (
     app,
@@ -41,7 +42,7 @@ from idemctl.cli.running import (
 from idemctl.operate.documents import action as action_document
 from idemctl.operate.documents import outbox as outbox_documents
 from idemctl.operate.documents import outbox_status
-from idemctl.outbox.table import OutboxRow, OutboxTable, Selection
+from idemctl.outbox.table import OutboxRow, Selection
 
 outbox_app = typer.Typer(
     name="outbox",
@@ -230,8 +231,6 @@ def replay(
     see each event once. Rows replayed to their own topics that were still unpublished are
     marked published. Times without a zone are UTC.
     """
-    from idemctl.outbox.replay import Replay  # the relay's producer: see relay()
-
     current = settings(ctx)
     selection = Selection(
         ids=tuple(_row_id(i) for i in ids or ()),
@@ -248,14 +247,13 @@ def replay(
     timeout = duration(delivery_timeout, "--delivery-timeout", positive=True)
     show_warnings(current, "idemctl.outbox")
     with cli_store(ctx) as store:
-        chosen = Replay(
+        chosen = operate.outbox_replay(
             store,
             selection,
             topic_template=topic_template,
             to_topic=to_topic,
             batch_size=batch_size,
         )
-        chosen.table.check()
         if dry_run:
             _list_rows(ctx, chosen.rows(), chosen.topic_of)
             return
@@ -324,13 +322,11 @@ def purge(
     current = settings(ctx)
     age = duration(older_than, "--older-than")
     with cli_store(ctx) as store:
-        table = OutboxTable(store)
-        table.check()
-        found = table.purge(age, dry_run=True)
+        found = operate.outbox_purge(store, age, dry_run=True)
         if not dry_run and found:
             question = f"Delete {found} published outbox row(s) on {store.url}?"
             with changing(ctx, question, yes, "purging", found, "row(s)") as advance:
-                found = table.purge(age, progress=advance)
+                found = operate.outbox_purge(store, age, progress=advance)
     if current.json:
         where = store_fields(ctx, store.url)
         emit_json(action_document.document("outbox purge", where, dry_run=dry_run, count=found))

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from idemctl import operate
 from idemctl.cli.common import (
     cli_store,
     command,
@@ -33,7 +34,7 @@ def init(
     """
     current = settings(ctx)
     with cli_store(ctx) as store:
-        plan = store.provision(dry_run=dry_run)
+        plan = operate.init(store, dry_run=dry_run)
         url = store.url
     if current.json:
         emit_json(init_document.document(store_fields(ctx, url), plan, dry_run))

@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from idemctl.cli.common import emit_json, note, settings
+from idemctl.cli.common import emit_json, note, option_of, settings
 
 if TYPE_CHECKING:
     from idemctl.harness.httpcheck import Point, Report
@@ -83,13 +83,6 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
-def option_of(ctx: typer.Context, name: str) -> str:
-    for param in ctx.command.params:
-        if param.name == name and getattr(param, "opts", None):
-            return str(param.opts[0])
-    return "--" + name.replace("_", "-")
-
-
 def refuse_mixed(ctx: typer.Context, http: bool) -> None:
     """A usage error for an option of the other mode."""
     from idemctl.cli.common import usage_error
@@ -107,7 +100,7 @@ def body_of(data: str | None, data_file: str | None) -> bytes:
     from idemctl.errors import OptionError
 
     if data is not None and data_file is not None:
-        raise OptionError("--data-file", "give --data or --data-file, not both")
+        raise OptionError("data_file", "give --data or --data-file, not both")
     if data_file is None:
         return (data or "").encode()
     if data_file == "-":
@@ -115,7 +108,7 @@ def body_of(data: str | None, data_file: str | None) -> bytes:
     try:
         return Path(data_file).read_bytes()
     except OSError as exc:
-        raise OptionError("--data-file", f"{data_file}: {exc.strerror or exc}") from None
+        raise OptionError("data_file", f"{data_file}: {exc.strerror or exc}") from None
 
 
 def run_http(ctx: typer.Context, given_options: HttpOptions) -> None:
@@ -130,9 +123,9 @@ def run_http(ctx: typer.Context, given_options: HttpOptions) -> None:
         url=opts.url,
         method=opts.method.upper(),
         body=body_of(opts.data, opts.data_file),
-        headers=tuple(header_pair(h, "--header") for h in opts.header),
+        headers=tuple(header_pair(h, "header") for h in opts.header),
         second_caller=tuple(
-            header_pair(h, "--second-caller-header") for h in opts.second_caller_header
+            header_pair(h, "second_caller_header") for h in opts.second_caller_header
         ),
         key_header=opts.key_header,
         bare_key=opts.bare_key,

@@ -244,7 +244,6 @@ def _purge_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
 
 
 def _replay_of(where: Where, asked: Asked) -> Any:
-    from idemctl.outbox.replay import Replay
     from idemctl.outbox.table import Selection
 
     text = _target_of(asked, "id")
@@ -252,9 +251,7 @@ def _replay_of(where: Where, asked: Asked) -> Any:
         row_id = uuid.UUID(text)
     except ValueError:
         raise ConfigError(f"row id {text!r}: a UUID") from None
-    chosen = Replay(store_of(where), Selection(ids=(row_id,)))
-    chosen.table.check()
-    return chosen
+    return operate.outbox_replay(store_of(where), Selection(ids=(row_id,)))
 
 
 def _row_state(row: Any) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from idemctl.http.policy import (
 from idemctl.model import Acquired, Busy, ClaimOutcome, Status
 from idemctl.runner.attempt import waited
 from idemctl.runner.heartbeat import Heartbeat
+from idemctl.runner.outcome import Rollback
 from idemctl.stores.base import Store, TransactionalStore
 
 if TYPE_CHECKING:
@@ -208,14 +209,6 @@ def _forget(store: Store, a: Acquired) -> None:
         log.warning("%s: could not give the key back (its lease will end): %s", a.key, exc)
 
 
-class _Rollback(Exception):
-    """Raised in the transaction to roll back the claim when the response is not stored."""
-
-    def __init__(self, response: Response | None) -> None:
-        super().__init__()
-        self.response = response
-
-
 def _transactional(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
     """The claim, the app's SQL on the attempt's connection and the stored response in one
     transaction: a response not stored rolls the claim back with the app's writes."""
@@ -230,8 +223,8 @@ def _transactional(store: Store, options: Options, guarded: Guarded, app: App) -
             sent = None if isinstance(produced, Streamed) else produced
             kept = stored_form(options, guarded.request, produced, body_limit(options, store))
             if kept is None:
-                raise _Rollback(sent)
+                raise Rollback(sent)
             unit.complete(kept, options.retention)
             return Ran(sent, stored=True)
-    except _Rollback as rollback:
-        return Ran(rollback.response, stored=False)
+    except Rollback as rollback:
+        return Ran(rollback.value, stored=False)

@@ -43,6 +43,7 @@ from idemctl.http.policy import (
     stored_form,
 )
 from idemctl.model import Acquired, Busy, ClaimOutcome, Status
+from idemctl.runner.outcome import Rollback
 
 if TYPE_CHECKING:
     from idemctl.model import JSON
@@ -206,14 +207,6 @@ async def _forget(store: AsyncStore, a: Acquired) -> None:
         log.warning("%s: could not give the key back (its lease will end): %s", a.key, exc)
 
 
-class _Rollback(Exception):
-    """Raised in the transaction to roll back the claim when the response is not stored."""
-
-    def __init__(self, response: Response | None) -> None:
-        super().__init__()
-        self.response = response
-
-
 async def _transactional(store: AsyncStore, options: Options, guarded: Guarded, app: App) -> Answer:
     """The claim, the app's SQL on the attempt's connection and the stored response in one
     transaction: a response not stored rolls the claim back with the app's writes."""
@@ -230,8 +223,8 @@ async def _transactional(store: AsyncStore, options: Options, guarded: Guarded, 
             sent = None if isinstance(produced, Streamed) else produced
             kept = stored_form(options, guarded.request, produced, body_limit(options, store))
             if kept is None:
-                raise _Rollback(sent)
+                raise Rollback(sent)
             await unit.complete(kept, options.retention)
             return Ran(sent, stored=True)
-    except _Rollback as rollback:
-        return Ran(rollback.response, stored=False)
+    except Rollback as rollback:
+        return Ran(rollback.value, stored=False)

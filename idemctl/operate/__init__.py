@@ -1,7 +1,7 @@
-"""The operator's actions as library calls returning data: what ``idemctl inspect``,
-``list``, ``stats``, ``doctor``, ``unlock``, ``forget``, ``purge``, ``audit`` and ``outbox
-status`` do, for every front end (the CLI renders these results; the console and a user's
-own tooling call the same functions)::
+"""The operator's actions as library calls returning data: what ``idemctl init``,
+``inspect``, ``list``, ``stats``, ``doctor``, ``unlock``, ``forget``, ``purge``, ``audit``
+and ``outbox status``, ``replay`` and ``purge`` do, for every front end (the CLI renders
+these results; the console and a user's own tooling call the same functions)::
 
     from idemctl import operate
 
@@ -17,9 +17,10 @@ calls work on it, with its states, and options that mean nothing there raise
 ``--json`` documents."""
 
 from idemctl.operate.doctor import DoctorReport, diagnose
+from idemctl.operate.init import init
 from idemctl.operate.kafka import audit
 from idemctl.operate.look import entities, inspect, inspect_entity, records, stats
-from idemctl.operate.outbox import outbox_status
+from idemctl.operate.outbox import outbox_purge, outbox_replay, outbox_status
 from idemctl.operate.repair import forget, forget_entity, purge, unlock, unlock_stale
 from idemctl.operate.results import Action, Counts, Page, Words
 from idemctl.operate.targets import PowertoolsTarget, Query, StoreTarget, Target, open_target
@@ -39,9 +40,12 @@ __all__ = [
     "entities",
     "forget",
     "forget_entity",
+    "init",
     "inspect",
     "inspect_entity",
     "open_target",
+    "outbox_purge",
+    "outbox_replay",
     "outbox_status",
     "purge",
     "records",

@@ -25,7 +25,7 @@ def audit(
     if not backends.for_url(store.url).shared:
         raise ConfigError(
             f"audit reads the store the group's consumers wrote, and a {store.url} store "
-            "lives in one process: give that store's URL (--store, IDEMCTL_STORE)"
+            "lives in one process: give the URL of the shared store they wrote"
         )
     store.get("idemctl:probe")  # an unreachable or unprovisioned store fails here
     return run(store, options, on_progress=on_progress)

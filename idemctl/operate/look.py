@@ -61,7 +61,7 @@ def _pages(
         try:
             page = fetch(PAGE if remaining is None else min(PAGE, remaining), cursor)
         except InvalidCursor as exc:
-            raise OptionError("--cursor", str(exc)) from None
+            raise OptionError("cursor", str(exc)) from None
         yield page
         cursor = page.cursor
         if remaining is not None:

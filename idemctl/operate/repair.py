@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from idemctl.errors import ConfigError, IdemctlError, KeyNotFound, Refused
+from idemctl.errors import IdemctlError, KeyNotFound, OptionError, Refused
 from idemctl.model import Entity, Record, iso_time, validate_key
 from idemctl.operate.results import Action
 from idemctl.operate.targets import Target, now
@@ -118,7 +118,7 @@ def purge(
     """Delete records past retention by at least ``older_than`` seconds (with ``dry_run``:
     count them), at most ``rate`` a second on average over batches."""
     if rate is not None and not 1 <= rate <= MAX_RATE:
-        raise ConfigError(f"--rate {rate:g}: a rate is 1-{MAX_RATE:.0f} records a second")
+        raise OptionError("rate", f"{rate:g}: a rate is 1-{MAX_RATE:.0f} records a second")
     if rate is not None and not dry_run:
         progress = paced(rate, progress)
     count = target.purge(older_than, dry_run, progress)

@@ -59,14 +59,14 @@ class Target(ABC):
     def get(self, key: str) -> Record | PowertoolsRecord | None: ...
 
     def get_entity(self, entity: str) -> Entity | None:
-        raise self.not_applicable("--entity")
+        raise self.not_applicable("entity")
 
     @abstractmethod
     def scan(self, query: Query, size: int, cursor: str | None) -> Page[Record | PowertoolsRecord]:
         """A page of ``size`` records at most matching ``query``, after ``cursor``."""
 
     def scan_entities(self, prefix: str | None, size: int, cursor: str | None) -> Page[Entity]:
-        raise self.not_applicable("--entities")
+        raise self.not_applicable("entities")
 
     @abstractmethod
     def stats(self, exact: bool) -> Counts | PowertoolsStats: ...
@@ -87,7 +87,7 @@ class Target(ABC):
     def forget(self, key: str, force: bool, dry_run: bool) -> Record | PowertoolsRecord: ...
 
     def forget_entity(self, entity: str, force: bool, dry_run: bool) -> Entity:
-        raise self.not_applicable("--entity")
+        raise self.not_applicable("entity")
 
     @abstractmethod
     def unlock_stale(
@@ -112,7 +112,7 @@ class Target(ABC):
         """OptionError for the first of ``used`` (option -> value) that was given."""
         for option, value in used.items():
             if value:
-                raise self.not_applicable("--" + option.replace("_", "-"))
+                raise self.not_applicable(option)
 
     @abstractmethod
     def close(self) -> None: ...
@@ -149,9 +149,9 @@ class StoreTarget(Target):
 
     def scan(self, query: Query, size: int, cursor: str | None) -> Page[Record]:
         if query.blocked:
-            raise OptionError("--blocked", "is for Powertools tables (layout=powertools)")
+            raise OptionError("blocked", "is for Powertools tables (layout=powertools)")
         if query.stale and query.released:
-            raise OptionError("--released", "a key is either stale or released: pick one")
+            raise OptionError("released", "a key is either stale or released: pick one")
         page = self.store.scan(
             status=query.status,
             stale_only=query.stale,

@@ -36,6 +36,7 @@ from idemctl.runner.outcome import (
     NEVER_RETRIED,
     Invocation,
     Outcome,
+    Rollback,
     RunResult,
     discarded,
     error_text,
@@ -241,10 +242,6 @@ def _complete(
     )
 
 
-class _Rollback(Exception):
-    """Raised inside a transaction to roll it back after the handler failed."""
-
-
 def _run_transactional(
     store: Store,
     key: str,
@@ -270,14 +267,14 @@ def _run_transactional(
             a = unit.outcome
             if exhausted(a, max_attempts):
                 failure = exhausted_error(a, max_attempts)
-                raise _Rollback
+                raise Rollback
             outbox = Outbox(unit.connection, store.outbox_table)
             ctx = Context.held(a, store, logger, unit.connection, outbox, order)
             try:
                 value = stored_form(call_handler(ctx, handler, timeout))
             except Exception as exc:
                 failure = exc
-                raise _Rollback from exc
+                raise Rollback from exc
             record = unit.complete(value, retention)
             return RunResult(
                 Outcome.EXECUTED,
@@ -287,7 +284,7 @@ def _run_transactional(
                 attempt=a.attempt,
                 fencing_token=a.fencing_token,
             )
-    except _Rollback:
+    except Rollback:
         assert failure is not None
     # The handler's transaction is gone with all it wrote; record the failure on its own,
     # so attempts are counted and a permanent failure is not run again.

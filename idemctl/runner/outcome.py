@@ -79,6 +79,15 @@ class RunResult(NamedTuple):
     """With an order: the entity's last applied sequence when the guard answered."""
 
 
+class Rollback(Exception):
+    """Raised inside a store transaction to roll it back, the claim with it (the handler
+    failed, or the HTTP response is not to be stored); ``value`` rides out with it."""
+
+    def __init__(self, value: Any = None) -> None:
+        super().__init__()
+        self.value = value
+
+
 def not_acquired(key: str, outcome: ClaimOutcome) -> RunResult:
     """What a claim that did not acquire its key comes to."""
     match outcome:

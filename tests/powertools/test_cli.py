@@ -429,6 +429,8 @@ def test_verify_is_refused_before_kafka(single: PtTable) -> None:
 def test_options_of_idemctls_own_layout_are_usage_errors(single: PtTable, args: list[str]) -> None:
     result = on(single.url, *args)
     assert result.exit_code == ExitCode.USAGE, (result.stdout, result.stderr)
+    # operate names what the option means (older_than); the CLI spells it as its flag
+    assert f"error: {args[1]}: does not apply" in result.stderr, result.stderr
 
 
 def test_redis_lock_keys(redis_pt: PtTable, redis_client: Any) -> None:

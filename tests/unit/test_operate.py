@@ -46,10 +46,10 @@ def test_records_come_a_page_at_a_time_up_to_the_limit_and_the_cursor_goes_on(
 def test_a_query_the_layout_cannot_answer_names_its_option(target: operate.StoreTarget) -> None:
     with pytest.raises(OptionError) as both:
         list(operate.records(target, operate.Query(stale=True, released=True), 10))
-    assert both.value.option == "--released"
+    assert both.value.option == "released"
     with pytest.raises(OptionError) as blocked:
         list(operate.records(target, operate.Query(blocked=True), 10))
-    assert blocked.value.option == "--blocked"
+    assert blocked.value.option == "blocked"
 
 
 def test_dry_runs_judge_as_the_action_does_and_change_nothing(
@@ -161,12 +161,12 @@ def test_a_powertools_table_answers_the_same_calls_with_its_states() -> None:
 @pytest.mark.parametrize(
     ("call", "option"),
     [
-        (lambda t: operate.inspect_entity(t, "acct-1"), "--entity"),
-        (lambda t: operate.forget_entity(t, "acct-1"), "--entity"),
-        (lambda t: list(operate.entities(t, None, 10)), "--entities"),
-        (lambda t: operate.stats(t, exact=True), "--exact"),
-        (lambda t: list(operate.records(t, operate.Query(released=True), 10)), "--released"),
-        (lambda t: list(operate.records(t, operate.Query(older_than=60.0), 10)), "--older-than"),
+        (lambda t: operate.inspect_entity(t, "acct-1"), "entity"),
+        (lambda t: operate.forget_entity(t, "acct-1"), "entity"),
+        (lambda t: list(operate.entities(t, None, 10)), "entities"),
+        (lambda t: operate.stats(t, exact=True), "exact"),
+        (lambda t: list(operate.records(t, operate.Query(released=True), 10)), "released"),
+        (lambda t: list(operate.records(t, operate.Query(older_than=60.0), 10)), "older_than"),
     ],
 )
 def test_what_a_powertools_table_has_not_is_refused_by_option(call, option: str) -> None:  # type: ignore[no-untyped-def]
@@ -174,3 +174,30 @@ def test_what_a_powertools_table_has_not_is_refused_by_option(call, option: str)
         call(powertools_target())
     assert refused.value.option == option
     assert "does not apply to a Powertools table" in refused.value.message
+
+
+def test_init_previews_then_provisions_once(tmp_path: Path) -> None:
+    """``operate.init`` is what ``idemctl init`` calls: a dry run changes nothing, the run
+    provisions, a second run finds nothing to do."""
+    from idemctl.stores import open_store
+
+    with open_store(f"sqlite:///{tmp_path}/fresh.db") as store:
+        plan = operate.init(store, dry_run=True)
+        assert plan.dry_run and plan.statements and not plan.changed
+        assert operate.init(store).changed  # the dry run had created nothing
+        assert store.get("k") is None
+        assert not operate.init(store).changed
+
+
+def test_outbox_calls_refuse_a_store_without_an_outbox(tmp_path: Path) -> None:
+    """Replay and purge check the outbox table before anything else (the CLI and the
+    console both come through here)."""
+    from idemctl.outbox.table import Selection
+    from idemctl.stores import open_store
+
+    with open_store(f"sqlite:///{tmp_path}/keys.db") as store:
+        store.provision()
+        with pytest.raises(ConfigError, match="outbox"):
+            operate.outbox_replay(store, Selection(aggregatetype="order"))
+        with pytest.raises(ConfigError, match="outbox"):
+            operate.outbox_purge(store, 0.0, dry_run=True)

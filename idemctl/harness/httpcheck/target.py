@@ -89,25 +89,23 @@ class HttpTarget:
             parts = urlsplit(self.url)
             parts.port  # noqa: B018 - parses the port, raising for a bad one
         except ValueError as exc:
-            raise OptionError("--http", f"{shown}: {exc}") from None
+            raise OptionError("http", f"{shown}: {exc}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise OptionError(
-                "--http", f"{shown}: expected http://HOST[:PORT]/PATH or https://HOST[:PORT]/PATH"
+                "http", f"{shown}: expected http://HOST[:PORT]/PATH or https://HOST[:PORT]/PATH"
             )
         if "@" in parts.netloc:
-            raise OptionError(
-                "--http", f"{shown}: give credentials as --header 'Authorization: ...'"
-            )
+            raise OptionError("http", f"{shown}: give credentials as --header 'Authorization: ...'")
         if not _TOKEN.fullmatch(self.method):
-            raise OptionError("--method", f"{self.method!r} is no HTTP method")
+            raise OptionError("method", f"{self.method!r} is no HTTP method")
         if not _TOKEN.fullmatch(self.key_header):
-            raise OptionError("--key-header", f"{self.key_header!r} is no header name")
+            raise OptionError("key_header", f"{self.key_header!r} is no header name")
         for name, _ in (*self.headers, *self.second_caller):
             if name.lower() == self.key_header.lower():
-                raise OptionError("--header", f"{name}: verify sends the keys itself")
+                raise OptionError("header", f"{name}: verify sends the keys itself")
         if self.fault_path is not None and not self.fault_path.startswith("/"):
-            raise OptionError("--fault-path", f"{self.fault_path!r}: a path of the same host, /...")
+            raise OptionError("fault_path", f"{self.fault_path!r}: a path of the same host, /...")
         if self.concurrency < 2:
-            raise OptionError("--concurrency", "at least 2 requests at once")
+            raise OptionError("concurrency", "at least 2 requests at once")
         if self.timeout <= 0:
-            raise OptionError("--timeout", "must be more than 0")
+            raise OptionError("timeout", "must be more than 0")
