@@ -51,7 +51,7 @@ def frozen(cls: type[T]) -> type[T]:
             if value is not None:
                 body.append(f"d[{n!r}] = {value}")
             continue
-        if param.endswith("=_FACTORY"):
+        if f.default_factory is not dataclasses.MISSING:
             body.append(f"if {n} is _FACTORY: {n} = {value}")
         (keyword if f.kw_only else positional).append(param)
         body.append(f"d[{n!r}] = {n}")
