@@ -30,8 +30,8 @@ from faststream import FastStream
 from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
 
-from idemctl.consume import Handling
 from idemctl.faststream import IdemContext, IdempotencyMiddleware
+from idemctl.kafka.options import Handling
 
 
 class Ledger:

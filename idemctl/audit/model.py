@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from idemctl.consume.options import Keyed
 from idemctl.errors import ConfigError
-from idemctl.keys import DEFAULT_KEY_STRATEGY
+from idemctl.kafka.keys import DEFAULT_KEY_STRATEGY
+from idemctl.kafka.options import Keyed
 
 CLASSES = ("done", "dead_lettered", "stale", "skipped", "lost", "beyond_retention", "in_flight")
 """What a message below the committed offset can be (see README, "idemctl audit")."""

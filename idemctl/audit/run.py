@@ -12,8 +12,8 @@ from typing import Any
 from idemctl.audit.judge import Judge, Seen
 from idemctl.audit.kafka import Kafka
 from idemctl.audit.model import LOST_SHOWN, AuditOptions, AuditReport, LostMessage, PartitionAudit
-from idemctl.consume.policy import Keying
-from idemctl.keys import Message
+from idemctl.kafka.keys import Message
+from idemctl.kafka.policy import Keying
 from idemctl.pacing import paced
 from idemctl.stores.base import Store
 

@@ -25,8 +25,8 @@ from idemctl.cli.running import (
     KafkaConfigOption,
     kafka_settings,
 )
-from idemctl.consume.options import Keyed
 from idemctl.errors import ConfigError
+from idemctl.kafka.options import Keyed
 
 if TYPE_CHECKING:
     from rich.console import Console

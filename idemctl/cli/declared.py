@@ -1,4 +1,4 @@
-"""A command's parameters built from a declaration of options (``idemctl.consume.flags``):
+"""A command's parameters built from a declaration of options (``idemctl.kafka.flags``):
 each declared field becomes a typer option with its flag, help and default, and the
 command receives the fields' values, converted (durations, exception classes), as one
 mapping. The options are declared once, in the library's dataclass."""
@@ -17,8 +17,8 @@ from typing import Annotated, Any, TypeVar, cast
 import typer
 
 from idemctl.cli.common import duration
-from idemctl.consume.flags import FIELD_DEFAULT, Flag, flag_name, flags
 from idemctl.errors import ConfigError
+from idemctl.kafka.flags import FIELD_DEFAULT, Flag, flag_name, flags
 
 F = TypeVar("F", bound=Callable[..., Any])
 DECLARED = "declared"

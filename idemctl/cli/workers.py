@@ -27,9 +27,9 @@ from idemctl.cli.live import consume_status
 from idemctl.cli.logs import log_line, print_line
 from idemctl.cli.running import stop_on_signals
 from idemctl.consume.metrics import OUTCOMES
-from idemctl.consume.options import Summary
 from idemctl.consume.supervisor import Supervisor, Worker
 from idemctl.errors import ConfigError, IdemctlError
+from idemctl.kafka.options import Summary
 from idemctl.operate.documents import consume as consume_document
 
 if TYPE_CHECKING:

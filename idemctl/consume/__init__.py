@@ -1,8 +1,9 @@
 """``idemctl consume``: run a handler against Kafka topics, effectively once per key.
 
-The names below load on first use, so that the options' declaration
-(``idemctl.consume.options``) loads without the Kafka consumer (``audit``'s command line
-takes consume's keying options from it).
+The names below load on first use, so that ``import idemctl.consume`` stays light. The
+Kafka rules consume shares with FastStream and ``audit`` (keys, options, the outcome policy,
+dead letters) live in ``idemctl.kafka``; ``Handling``, ``Keyed`` and ``Summary`` are
+exported here too.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from idemctl.consume.event import Event, Handler, adapt, load_handler
     from idemctl.consume.loop import Consumer
-    from idemctl.consume.options import ConsumeOptions, Handling, Keyed, Summary
+    from idemctl.consume.options import ConsumeOptions
     from idemctl.errors import ConsumeAborted
+    from idemctl.kafka.options import Handling, Keyed, Summary
 
 _EXPORTS = {
     "ConsumeAborted": "idemctl.errors",
@@ -22,9 +24,9 @@ _EXPORTS = {
     "Consumer": "idemctl.consume.loop",
     "Event": "idemctl.consume.event",
     "Handler": "idemctl.consume.event",
-    "Handling": "idemctl.consume.options",
-    "Keyed": "idemctl.consume.options",
-    "Summary": "idemctl.consume.options",
+    "Handling": "idemctl.kafka.options",
+    "Keyed": "idemctl.kafka.options",
+    "Summary": "idemctl.kafka.options",
     "adapt": "idemctl.consume.event",
     "load_handler": "idemctl.consume.event",
 }

@@ -1,5 +1,5 @@
 """The consume loop's acts on a message once the policy decided, by the shared act layer
-(``consume.acts``, which the FastStream middleware drives too): this part writes dead
+(``idemctl.kafka.acts``, which the FastStream middleware drives too): this part writes dead
 letters with confluent-kafka, carrying the trace on."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from idemctl.consume.acts import Acts, DeadLetter, Finished, Paused, about, where
 from idemctl.consume.event import Event
 from idemctl.consume.item import Item, Pause
-from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.options import ConsumeOptions
+from idemctl.kafka.acts import Acts, DeadLetter, Finished, Paused, about, where
+from idemctl.kafka.options import Summary
 from idemctl.runner import RunResult
 
 if TYPE_CHECKING:

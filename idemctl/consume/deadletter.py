@@ -6,22 +6,23 @@ the partition waits at it, with back-off, until the dead letter is written."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from idemctl import tracing
 from idemctl.consume.options import ConsumeOptions
 from idemctl.errors import ConfigError
+from idemctl.kafka.deadletter import (
+    HEADROOM,
+    RECEIVE_MAX,
+    dead_letter_headers,
+    dead_letter_topic,
+)
 
 log = logging.getLogger("idemctl.consume")
 kafka_log = logging.getLogger("idemctl.consume.kafka")
 
 SHARED = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
 """Settings the dead-letter producer takes from the consumer's: the connection, no more."""
-RECEIVE_MAX = 100_000_000
-"""librdkafka's default ``receive.message.max.bytes``: the largest message a consumer reads."""
-HEADROOM = 64 * 1024
-"""Bytes a dead letter adds to its message: the headers that say where and why."""
 TRUNCATE_TO = 64 * 1024
 """Payload bytes kept by ``--dlq-oversize truncate``."""
 OVERSIZE = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "MESSAGE_TOO_LARGE"})
@@ -162,42 +163,6 @@ def _name(error: Any) -> str:
     from confluent_kafka import KafkaError
 
     return str(error.name()) if isinstance(error, KafkaError) else "UNKNOWN"
-
-
-def dead_letter_topic(dlq_topic: str | None, topic: str) -> str:
-    """Where a message of ``topic`` goes: ``dlq_topic`` if given, else ``<topic>.dlq``."""
-    return dlq_topic or f"{topic}.dlq"
-
-
-def dead_letter_headers(
-    original: Sequence[tuple[str, bytes | None]],
-    topic: str,
-    partition: int,
-    offset: int,
-    group: str,
-    reason: str,
-    detail: str,
-    exc: BaseException | None,
-) -> list[tuple[str, bytes | None]]:
-    """A dead letter's headers: the message's own, then where it came from and why, under
-    Spring Kafka's names and encodings (partition a 4-byte and offset an 8-byte big-endian
-    integer), and ``idemctl-dlt-reason``. The same for every Kafka client idemctl drives."""
-    return [
-        *original,
-        ("kafka_dlt-original-topic", topic.encode()),
-        ("kafka_dlt-original-partition", partition.to_bytes(4, "big", signed=True)),
-        ("kafka_dlt-original-offset", offset.to_bytes(8, "big", signed=True)),
-        ("kafka_dlt-original-consumer-group", group.encode()),
-        ("kafka_dlt-exception-fqcn", fqcn(exc).encode()),
-        ("kafka_dlt-exception-message", f"{reason}: {detail}".encode()[:4000]),
-        ("idemctl-dlt-reason", reason.encode()),
-    ]
-
-
-def fqcn(exc: BaseException | None) -> str:
-    if exc is None:
-        return "idemctl.consume.DeadLetter"
-    return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
 def kafka_text(exc: BaseException) -> str:

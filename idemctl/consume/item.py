@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from idemctl.consume.acts import about
+from idemctl.kafka.acts import about
 from idemctl.model import Order
 
 Pause = tuple[float, str]

@@ -6,7 +6,7 @@ a time, and goes on polling (so a slow handler never exceeds ``max.poll.interval
 serving the rebalance callbacks, pausing and resuming, and storing offsets as rounds come
 back. What a lane does with a round (claim in one round trip a chunk, run, complete) is
 ``consume.rounds``; what each message and RunResult comes to in Kafka is the policy's
-(``consume.policy``, shared with the FastStream middleware); ``acting`` carries its
+(``idemctl.kafka.policy``, shared with the FastStream middleware); ``acting`` carries its
 decisions out.
 
 Offsets are stored only for messages that are finished (completed, replayed, skipped, stale
@@ -37,14 +37,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.acting import Acting
-from idemctl.consume.acts import Acts
 from idemctl.consume.deadletter import DeadLetters, kafka_text
 from idemctl.consume.item import Item, about
 from idemctl.consume.lanes import Lane, Partition, Round
-from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.options import ConsumeOptions
 from idemctl.consume.overdue import Overdue
 from idemctl.consume.pausing import Pausing
-from idemctl.consume.policy import Keying, flag
 from idemctl.consume.rounds import Rounds
 from idemctl.consume.spares import Spares
 from idemctl.consume.traced import Tracing
@@ -58,7 +56,10 @@ from idemctl.errors import (
     KafkaUnavailable,
     StuckHandlers,
 )
-from idemctl.keys import Message
+from idemctl.kafka.acts import Acts
+from idemctl.kafka.keys import Message
+from idemctl.kafka.options import Summary
+from idemctl.kafka.policy import Keying, flag
 from idemctl.runner import Batch, Step
 from idemctl.runner.limits import stack_of
 

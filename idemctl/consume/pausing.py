@@ -9,8 +9,8 @@ from typing import Any
 
 from idemctl.consume.deadletter import kafka_text
 from idemctl.consume.item import Item, while_done
-from idemctl.consume.policy import MAX_BACKOFF
 from idemctl.consume.watch import log
+from idemctl.kafka.policy import MAX_BACKOFF
 
 Partition = tuple[str, int]
 

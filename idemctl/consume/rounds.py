@@ -29,8 +29,8 @@ from idemctl.runner.ordering import missing_predecessor
 if TYPE_CHECKING:
     from idemctl.consume.acting import Acting
     from idemctl.consume.event import Handler
-    from idemctl.consume.policy import Keying
     from idemctl.consume.traced import Tracing
+    from idemctl.kafka.policy import Keying
     from idemctl.runner import Batch
     from idemctl.stores.base import Store
 

@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any
 
-from idemctl.consume.options import ConsumeOptions, Summary
+from idemctl.consume.options import ConsumeOptions
 from idemctl.consume.overdue import Overdue
 from idemctl.consume.stalls import Stalls
 from idemctl.errors import KafkaUnavailable
+from idemctl.kafka.options import Summary
 
 if TYPE_CHECKING:
     from idemctl.consume.item import Item

@@ -4,7 +4,7 @@ handler: the same key strategies, outcomes, dead letters and fail-closed pauses.
     from faststream import FastStream
     from faststream.kafka import KafkaBroker
     from faststream.middlewares import AckPolicy
-    from idemctl.consume import Handling
+    from idemctl.kafka.options import Handling
     from idemctl.faststream import IdempotencyMiddleware
     from idemctl.runner import current_context
 

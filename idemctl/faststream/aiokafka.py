@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from idemctl.consume.deadletter import HEADROOM, RECEIVE_MAX
 from idemctl.errors import MissingDriver
+from idemctl.kafka.deadletter import HEADROOM, RECEIVE_MAX
 from idemctl.model import JSON, Order
 
 try:

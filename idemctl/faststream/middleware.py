@@ -1,5 +1,5 @@
 """``IdempotencyMiddleware``: a FastStream Kafka subscriber's messages keyed, claimed, run
-and committed or paused by the shared policy (``idemctl.consume.policy``)."""
+and committed or paused by the shared policy (``idemctl.kafka.policy``)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any
 
 from idemctl import aio
-from idemctl.consume.acts import Acts, DeadLetter, Finished, Paused, about
-from idemctl.consume.deadletter import (
-    dead_letter_headers,
-    dead_letter_topic,
-    fqcn,
-)
-from idemctl.consume.options import Handling, Summary
-from idemctl.consume.policy import MAX_BACKOFF, Keying, keyword
 from idemctl.errors import (
     ConfigError,
     ConsumeAborted,
@@ -28,7 +20,15 @@ from idemctl.errors import (
     MissingDriver,
     StoreUnavailable,
 )
-from idemctl.keys import Message
+from idemctl.kafka.acts import Acts, DeadLetter, Finished, Paused, about
+from idemctl.kafka.deadletter import (
+    dead_letter_headers,
+    dead_letter_topic,
+    fqcn,
+)
+from idemctl.kafka.keys import Message
+from idemctl.kafka.options import Handling, Summary
+from idemctl.kafka.policy import MAX_BACKOFF, Keying, keyword
 from idemctl.runner import Context, RunResult
 
 try:
@@ -75,7 +75,7 @@ class IdempotencyMiddleware:
 
     ``store``: an ``idemctl.aio.AsyncStore``, or a store URL (opened here, and closed by
     ``aclose``). ``options``: ``idemctl consume``'s options for each message
-    (``idemctl.consume.Handling``): ``key`` (a key strategy: ``header:NAME``,
+    (``idemctl.kafka.options.Handling``): ``key`` (a key strategy: ``header:NAME``,
     ``template:{field}:{field}``, ``payload-hash``, ``offset``), ``on_missing_key`` (dlq,
     offset, skip or stop), ``lease``, ``max_attempts``, ``backoff`` (seconds before the
     first retry, doubled each attempt, at most 60), ``dlq_topic`` (default

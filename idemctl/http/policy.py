@@ -3,7 +3,7 @@ the fingerprint, the problems it answers, what is stored and how it is replayed.
 
 No I/O and no framework: ``idemctl.http.asgi`` and ``idemctl.http.wsgi`` read a request
 into a ``Request``, ask this module what to do, and drive the store with
-``idemctl.http.attempt`` (the way ``consume.policy`` is shared by consume and FastStream).
+``idemctl.http.attempt`` (the way ``idemctl.kafka.policy`` is shared by consume and FastStream).
 
 Semantics: draft-ietf-httpapi-idempotency-key-header-07 and Stripe's documented behaviour;
 the table is in docs/guides/http.md.

@@ -22,8 +22,8 @@ import pytest
 from idemctl import Acquired, Permanent, open_store
 from idemctl.audit import LOST_SHOWN, AuditOptions, AuditReport, audit
 from idemctl.consume import ConsumeOptions, Consumer, Event, adapt
-from idemctl.consume.options import Summary
 from idemctl.errors import ConfigError
+from idemctl.kafka.options import Summary
 from tests.backends import QUICK_FAMILIES, unique_prefix, unique_schema
 from tests.consume.test_consume import committed, names
 from tests.servers import KafkaBroker

@@ -17,7 +17,7 @@ import pytest
 
 from idemctl import open_store
 from idemctl.consume import Consumer, Event, adapt
-from idemctl.consume.options import Summary
+from idemctl.kafka.options import Summary
 from idemctl.runner import Context
 from tests.consume.test_consume import committed, names, options, produce, read_all
 from tests.servers import KafkaBroker

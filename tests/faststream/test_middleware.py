@@ -18,8 +18,8 @@ import pytest
 from faststream.kafka import KafkaBroker as FastStreamBroker
 from faststream.middlewares import AckPolicy
 
-from idemctl.consume import Handling
 from idemctl.faststream import IdemContext, IdempotencyMiddleware
+from idemctl.kafka.options import Handling
 from idemctl.runner import current_context
 from tests.backends import unique_prefix
 from tests.consume.test_consume import committed, names, produce, read_all

@@ -1,6 +1,7 @@
 """The layers of ARCHITECTURE.md hold in the import graph: data flows one way (front ends,
 then operations, then attempts, then stores), the library never imports the CLI, consume
-asks the runner and never the store. The contracts are pyproject.toml's
+asks the runner and never the store, and the Kafka front ends (consume, FastStream, audit)
+share ``idemctl.kafka`` rather than import one another. The contracts are pyproject.toml's
 ``[tool.importlinter]``; import-linter checks them, and fails on an import that breaks one
 (shown on a copy of the package with one such import added)."""
 
@@ -33,7 +34,7 @@ def lint(root: Path) -> subprocess.CompletedProcess[str]:
 def test_every_contract_is_kept() -> None:
     done = lint(REPO)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Contracts: 3 kept, 0 broken." in done.stdout
+    assert "Contracts: 4 kept, 0 broken." in done.stdout
 
 
 def test_a_store_that_imports_the_cli_breaks_them(tmp_path: Path) -> None:
@@ -46,3 +47,17 @@ def test_a_store_that_imports_the_cli_breaks_them(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "idemctl.stores is not allowed to import idemctl.cli" in done.stdout
     assert "the library never imports the CLI" in done.stdout
+
+
+def test_faststream_importing_consume_breaks_them(tmp_path: Path) -> None:
+    shutil.copytree(
+        REPO / "idemctl", tmp_path / "idemctl", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    middleware = tmp_path / "idemctl" / "faststream" / "middleware.py"
+    middleware.write_text(
+        middleware.read_text() + "\nfrom idemctl.consume.options import COMPLETE_BATCH  # noqa\n"
+    )
+    done = lint(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the Kafka front ends share idemctl.kafka, not each other BROKEN" in done.stdout
+    assert "idemctl.faststream is not allowed to import idemctl.consume" in done.stdout

@@ -18,9 +18,10 @@ from idemctl.cli import app
 from idemctl.cli.consume import HELP_ORDER
 from idemctl.cli.declared import Given, declared
 from idemctl.cli.workers import worker_args
-from idemctl.consume.flags import FIELD_DEFAULT, flag_name, flags, option
-from idemctl.consume.options import ConsumeOptions, Handling, Keyed
+from idemctl.consume.options import ConsumeOptions
 from idemctl.errors import ConfigError
+from idemctl.kafka.flags import FIELD_DEFAULT, flag_name, flags, option
+from idemctl.kafka.options import Handling, Keyed
 from tests.unit.test_workers import consume_context
 
 

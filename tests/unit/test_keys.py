@@ -10,7 +10,7 @@ import pytest
 
 from idemctl.consume import Event, adapt, load_handler
 from idemctl.errors import ConfigError, InvalidKey, InvalidPayload
-from idemctl.keys import Message, MissingKey, key_strategy
+from idemctl.kafka.keys import Message, MissingKey, key_strategy
 from idemctl.model import fingerprint
 
 

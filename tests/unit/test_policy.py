@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from idemctl.consume.options import ConsumeOptions
-from idemctl.consume.policy import (
+from idemctl.errors import AttemptsExhausted, ConfigError, ConsumeAborted
+from idemctl.kafka.keys import Message
+from idemctl.kafka.policy import (
     MAX_BACKOFF,
     Act,
     Breaker,
@@ -18,8 +20,6 @@ from idemctl.consume.policy import (
     keyword,
     log_line,
 )
-from idemctl.errors import AttemptsExhausted, ConfigError, ConsumeAborted
-from idemctl.keys import Message
 from idemctl.model import Order
 from idemctl.runner import Outcome, RunResult, Step
 

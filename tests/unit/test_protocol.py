@@ -17,8 +17,8 @@ from typing import Any
 import jsonschema
 
 from idemctl.consume import protocol
-from idemctl.consume.options import Summary
 from idemctl.consume.supervisor import Supervisor
+from idemctl.kafka.options import Summary
 from idemctl.operate.documents.consume import fields
 
 SCHEMA = json.loads(

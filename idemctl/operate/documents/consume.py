@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from idemctl.consume import Summary
+    from idemctl.kafka.options import Summary
 
 
 def fields(summary: Summary) -> dict[str, Any]:

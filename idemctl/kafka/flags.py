@@ -1,11 +1,11 @@
 """How a consume option is given on the command line, declared once beside its field.
 
-``ConsumeOptions`` and ``Handling`` (``idemctl.consume.options``) are the declaration of
-consume's options: each field that ``idemctl consume`` takes carries a ``Flag`` in its
-metadata (``option()``). The CLI builds its parameters from them (``idemctl.cli.declared``),
-the FastStream middleware takes a ``Handling``, and ``--processes`` gives its workers the
-options as given, from the same parameters. No typer here: the library declares, the CLI
-renders.
+``Handling`` (``idemctl.kafka.options``) and ``ConsumeOptions`` (``idemctl.consume.options``)
+are the declaration of consume's options: each field that ``idemctl consume`` takes carries
+a ``Flag`` in its metadata (``option()``). The CLI builds its parameters from them
+(``idemctl.cli.declared``), the FastStream middleware takes a ``Handling``, and
+``--processes`` gives its workers the options as given, from the same parameters. No typer
+here: the library declares, the CLI renders.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from idemctl.consume.options import Handling, Summary
-from idemctl.consume.policy import (
+from idemctl.kafka.options import Handling, Summary
+from idemctl.kafka.policy import (
     DEAD_LETTERED,
     REFUSED,
     SKIPPED,

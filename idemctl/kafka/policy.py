@@ -29,12 +29,12 @@ from idemctl.errors import (
     InvalidKey,
     InvalidPayload,
 )
-from idemctl.keys import Message, MissingField, key_strategy, order_strategy, unusable_reason
+from idemctl.kafka.keys import Message, MissingField, key_strategy, order_strategy, unusable_reason
 from idemctl.model import Order
 from idemctl.runner import Outcome, RunResult, Step
 
 if TYPE_CHECKING:
-    from idemctl.consume.options import Handling
+    from idemctl.kafka.options import Handling
 
 MAX_BACKOFF = 60.0
 """Seconds a partition is paused at most, whatever the back-off doubled to."""
