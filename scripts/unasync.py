@@ -2,7 +2,8 @@
 """Derive idemctl's sync code from its async original, so it is written once.
 
 Every piece of idemctl that exists for both sync and async callers is written once, for
-asyncio (under ``idemctl/aio/``, the HTTP middleware's attempt in
+asyncio (a store family's async half beside its sync one, ``*_async.py`` under
+``idemctl/stores/``; the runner's under ``idemctl/aio/``; the HTTP middleware's attempt in
 ``idemctl/http/attempt_aio.py``): the stores' front (their callers' arguments checked),
 the runner's attempt, ``@idempotent`` and a heartbeat's beat, the protocol's steps on
 PostgreSQL and Redis, the Redis script runner, the PostgreSQL flows' driver, PostgreSQL's
@@ -31,13 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 FILES = {
     "idemctl/aio/attempt.py": "idemctl/runner/attempt.py",
-    "idemctl/aio/unit.py": "idemctl/stores/postgres/unit.py",
+    "idemctl/stores/postgres/unit_async.py": "idemctl/stores/postgres/unit.py",
     "idemctl/aio/outbox.py": "idemctl/outbox/writer.py",
-    "idemctl/aio/postgres_steps.py": "idemctl/stores/postgres/steps.py",
-    "idemctl/aio/postgres_drive.py": "idemctl/stores/postgres/drive.py",
-    "idemctl/aio/redis_steps.py": "idemctl/stores/redis/steps.py",
-    "idemctl/aio/redis_runner.py": "idemctl/stores/redis/runner.py",
-    "idemctl/aio/front.py": "idemctl/stores/front.py",
+    "idemctl/stores/postgres/steps_async.py": "idemctl/stores/postgres/steps.py",
+    "idemctl/stores/postgres/drive_async.py": "idemctl/stores/postgres/drive.py",
+    "idemctl/stores/redis/steps_async.py": "idemctl/stores/redis/steps.py",
+    "idemctl/stores/redis/runner_async.py": "idemctl/stores/redis/runner.py",
+    "idemctl/stores/front_async.py": "idemctl/stores/front.py",
     "idemctl/aio/decorator.py": "idemctl/runner/decorator.py",
     "idemctl/aio/beat.py": "idemctl/runner/beat.py",
     "idemctl/http/attempt_aio.py": "idemctl/http/attempt.py",
@@ -49,20 +50,20 @@ MODULES = {
     "idemctl.aio.attempt": "idemctl.runner.attempt",
     "idemctl.aio.context": "idemctl.runner.context",
     "idemctl.aio.beat": "idemctl.runner.beat",
-    "idemctl.aio.front": "idemctl.stores.front",
+    "idemctl.stores.front_async": "idemctl.stores.front",
     "idemctl.aio.heartbeat": "idemctl.runner.heartbeat",
     "idemctl.http.attempt_aio": "idemctl.http.attempt",
     "idemctl.aio.outbox": "idemctl.outbox.writer",
-    "idemctl.aio.postgres": "idemctl.stores.postgres.store",
-    "idemctl.aio.postgres_core": "idemctl.stores.postgres.core",
-    "idemctl.aio.postgres_drive": "idemctl.stores.postgres.drive",
-    "idemctl.aio.postgres_steps": "idemctl.stores.postgres.steps",
-    "idemctl.aio.redis_core": "idemctl.stores.redis.core",
-    "idemctl.aio.redis_direct": "idemctl.stores.redis.connections",
-    "idemctl.aio.redis_runner": "idemctl.stores.redis.runner",
-    "idemctl.aio.redis_steps": "idemctl.stores.redis.steps",
-    "idemctl.aio.store": "idemctl.stores.base",
-    "idemctl.aio.unit": "idemctl.stores.postgres.unit",
+    "idemctl.stores.postgres.store_async": "idemctl.stores.postgres.store",
+    "idemctl.stores.postgres.core_async": "idemctl.stores.postgres.core",
+    "idemctl.stores.postgres.drive_async": "idemctl.stores.postgres.drive",
+    "idemctl.stores.postgres.steps_async": "idemctl.stores.postgres.steps",
+    "idemctl.stores.redis.core_async": "idemctl.stores.redis.core",
+    "idemctl.stores.redis.connections_async": "idemctl.stores.redis.connections",
+    "idemctl.stores.redis.runner_async": "idemctl.stores.redis.runner",
+    "idemctl.stores.redis.steps_async": "idemctl.stores.redis.steps",
+    "idemctl.stores.base_async": "idemctl.stores.base",
+    "idemctl.stores.postgres.unit_async": "idemctl.stores.postgres.unit",
 }
 
 NAMES = {
@@ -112,8 +113,8 @@ def unasync(text: str, original: str) -> str:
         f"Written by scripts/unasync.py from ``{_module(original)}``.",
     )
     header = (
-        f"# Written by scripts/unasync.py from {original}: change that file and run the\n"
-        "# script (scripts/test checks the two agree). Do not edit this one.\n"
+        f"# Written by scripts/unasync.py from {original}.\n"
+        "# Do not edit: change that file and run the script (scripts/test checks the two agree).\n"
     )
     return header + text
 

@@ -98,7 +98,7 @@ def _fakeredis(request: pytest.FixtureRequest) -> Backend:
         )
 
     def open_fake_async() -> AsyncStore:
-        from idemctl.aio.redis import AsyncRedisStore
+        from idemctl.stores.redis.store_async import AsyncRedisStore
 
         sync = open_fake()
         assert isinstance(sync, RedisStore)

@@ -20,10 +20,10 @@ from __future__ import annotations
 from idemctl import backends
 from idemctl.aio.attempt import run
 from idemctl.aio.decorator import idempotent
-from idemctl.aio.store import AsyncStore
 from idemctl.stores import DEFAULT_URL
 from idemctl.stores import open_store as open_sync_store
 from idemctl.stores.base import Store
+from idemctl.stores.base_async import AsyncStore
 
 __all__ = ["AsyncStore", "idempotent", "open_store", "run", "wrap"]
 

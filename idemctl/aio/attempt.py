@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, TypeVar
 from idemctl.aio.context import Handler, call_handler
 from idemctl.aio.heartbeat import Heartbeat
 from idemctl.aio.outbox import AsyncOutbox
-from idemctl.aio.store import AsyncTransactionalStore
 from idemctl.errors import ConfigError, IdemctlError, InvalidPayload, LeaseLost, StoreError
 from idemctl.model import Acquired, Busy, GuardReply, Order, Stale, Verdict, validate_key
 from idemctl.runner.context import Context
@@ -48,10 +47,11 @@ from idemctl.runner.outcome import (
     result_lost,
     stored_form,
 )
+from idemctl.stores.base_async import AsyncTransactionalStore
 from idemctl.stores.waiting import MAX_WAIT, STATS
 
 if TYPE_CHECKING:
-    from idemctl.aio.store import AsyncStore
+    from idemctl.stores.base_async import AsyncStore
 
 log = logging.getLogger("idemctl.runner")
 T = TypeVar("T")

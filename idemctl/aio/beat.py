@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from idemctl.errors import LeaseLost, StoreError
 
 if TYPE_CHECKING:
-    from idemctl.aio.store import AsyncStore
     from idemctl.model import Acquired, Guard
+    from idemctl.stores.base_async import AsyncStore
 
 log = logging.getLogger("idemctl.runner")
 

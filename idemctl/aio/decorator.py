@@ -14,7 +14,7 @@ from idemctl.aio.attempt import run
 from idemctl.runner.calls import Calls, answer, check_order
 
 if TYPE_CHECKING:
-    from idemctl.aio.store import AsyncStore
+    from idemctl.stores.base_async import AsyncStore
 
 P = ParamSpec("P")
 T = TypeVar("T")

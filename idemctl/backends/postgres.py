@@ -9,7 +9,7 @@ register(
         store="idemctl.stores.postgres:PostgresStore",
         driver="psycopg",
         extra="postgres",
-        async_store="idemctl.aio.postgres:AsyncPostgresStore",
+        async_store="idemctl.stores.postgres.store_async:AsyncPostgresStore",
         transactional=True,
         scratch="idemctl.harness.rooms:PostgresRoom",
     )

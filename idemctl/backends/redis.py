@@ -9,7 +9,7 @@ register(
         store="idemctl.stores.redis:RedisStore",
         driver="redis",
         extra="redis",
-        async_store="idemctl.aio.redis:AsyncRedisStore",
+        async_store="idemctl.stores.redis.store_async:AsyncRedisStore",
         layouts={"powertools": "idemctl.powertools.redis:RedisPowertoolsTable"},
         scratch="idemctl.harness.rooms:RedisRoom",
     )

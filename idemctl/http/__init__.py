@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from idemctl.http.policy import HEADER, REPLAYED, Attempt, Options, Request, authorization_caller
 
 if TYPE_CHECKING:
-    from idemctl.aio.store import AsyncStore
     from idemctl.stores.base import Store
+    from idemctl.stores.base_async import AsyncStore
 
 __all__ = ["HEADER", "REPLAYED", "Attempt", "Options", "Request", "authorization_caller"]
 

@@ -26,8 +26,8 @@ from idemctl.http.stats import STATS
 from idemctl.http.tracing import observed
 
 if TYPE_CHECKING:
-    from idemctl.aio.store import AsyncStore
     from idemctl.stores.base import Store
+    from idemctl.stores.base_async import AsyncStore
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -1,5 +1,5 @@
-# Written by scripts/unasync.py from idemctl/http/attempt_aio.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/http/attempt_aio.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """One guarded HTTP request against the store: claim its key, run the app, then store its
 response or release the key. The ASGI middleware drives this module; the WSGI one its sync
 copy, ``idemctl.http.attempt``. What to answer and what to store is ``idemctl.http.policy``'s.

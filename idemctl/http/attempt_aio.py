@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from idemctl.aio.attempt import waited
 from idemctl.aio.heartbeat import Heartbeat
-from idemctl.aio.store import AsyncStore, AsyncTransactionalStore
 from idemctl.errors import (
     ConfigError,
     KeyNotFound,
@@ -44,6 +43,7 @@ from idemctl.http.policy import (
 )
 from idemctl.model import Acquired, Busy, ClaimOutcome, Status
 from idemctl.runner.outcome import Rollback
+from idemctl.stores.base_async import AsyncStore, AsyncTransactionalStore
 
 if TYPE_CHECKING:
     from idemctl.model import JSON

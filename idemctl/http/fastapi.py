@@ -35,8 +35,8 @@ from idemctl.http.asgi import IdempotencyMiddleware, Receive, Scope, Send
 from idemctl.http.policy import Options
 
 if TYPE_CHECKING:
-    from idemctl.aio.store import AsyncStore
     from idemctl.stores.base import Store
+    from idemctl.stores.base_async import AsyncStore
 
 MARK = "__idemctl_http__"
 """The endpoint's attribute that holds its ``Marked``."""
@@ -142,8 +142,8 @@ _OPENING = threading.Lock()
 def shared_store(given: str | Store | AsyncStore | None) -> AsyncStore:
     """The one async store of the routes given ``given``: per URL (None: ``$IDEMCTL_STORE``,
     else the embedded default) or per store object, opened once (it connects on first use)."""
-    from idemctl.aio.store import AsyncStore
     from idemctl.http import opened_async
+    from idemctl.stores.base_async import AsyncStore
 
     if isinstance(given, AsyncStore):
         return given

@@ -1,5 +1,5 @@
-# Written by scripts/unasync.py from idemctl/aio/outbox.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/aio/outbox.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """Writing outbox rows: in the same transaction as the effect they announce.
 
 Inside a transactional handler, ``ctx.outbox.add(...)``. Anywhere else, on a psycopg

@@ -1,5 +1,5 @@
-# Written by scripts/unasync.py from idemctl/aio/attempt.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/aio/attempt.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """One attempt at a key: claim it, run the handler, complete or fail it.
 
 ``run()`` is what ``@idempotent`` builds on; ``invoke()`` runs a handler for a key already

@@ -14,10 +14,10 @@ from idemctl.outbox.rows import NoOutbox
 
 if TYPE_CHECKING:
     from idemctl.aio.outbox import AsyncOutbox
-    from idemctl.aio.store import AsyncStore
     from idemctl.model import Acquired, Order
     from idemctl.outbox.writer import Outbox
     from idemctl.stores.base import Store
+    from idemctl.stores.base_async import AsyncStore
 
 NO_OUTBOX = NoOutbox(
     "ctx.outbox needs the PostgreSQL store in transactional mode (consume --transactional, "

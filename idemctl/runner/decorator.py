@@ -1,5 +1,5 @@
-# Written by scripts/unasync.py from idemctl/aio/decorator.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/aio/decorator.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """``@idempotent``: a function made to run at most once to completion per key, with the
 same arguments, results and errors for plain and ``async def`` functions.
 

@@ -1,5 +1,5 @@
-# Written by scripts/unasync.py from idemctl/aio/front.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/stores/front_async.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """What every store's claim/complete path shares, before its own steps: the caller's
 arguments checked (keys, entities, sequences, leases and retentions in their ranges), and
 the sequence guard's finish in two round trips for a store without one of its own.

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from idemctl import aio
-from idemctl.aio.redis import AsyncRedisStore
 from idemctl.errors import (
     FingerprintMismatch,
     KeyBusy,
@@ -23,6 +22,7 @@ from idemctl.errors import (
 )
 from idemctl.model import Acquired, Busy, Status
 from idemctl.runner import Context, Outcome, current_context
+from idemctl.stores.redis.store_async import AsyncRedisStore
 from tests.backends import unique_prefix
 from tests.servers import RedisServer, free_port
 

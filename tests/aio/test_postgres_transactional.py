@@ -1,6 +1,7 @@
-"""The async PostgreSQL store (``idemctl.aio.postgres``) on a real server: transactional mode
-on psycopg's async connections, and the claim/complete path answered natively, beyond the
-contract suite (which runs on it too, through ``idemctl.aio.open_store``).
+"""The async PostgreSQL store (``idemctl.stores.postgres.store_async``) on a real server:
+transactional mode on psycopg's async connections, and the claim/complete path answered
+natively, beyond the contract suite (which runs on it too, through
+``idemctl.aio.open_store``).
 
 Each test runs its coroutine with ``asyncio.run`` in a schema of its own on the session's
 server; the handlers' effects go to a table of the test's own, counted in rows."""
@@ -20,7 +21,6 @@ from psycopg import sql
 
 from idemctl import aio
 from idemctl.aio.outbox import AsyncOutbox
-from idemctl.aio.postgres import AsyncPostgresStore
 from idemctl.errors import (
     ConfigError,
     IncompleteTransaction,
@@ -45,6 +45,7 @@ from idemctl.model import (
     fingerprint,
 )
 from idemctl.stores import open_store
+from idemctl.stores.postgres.store_async import AsyncPostgresStore
 from tests.backends import unique_schema
 from tests.servers import PostgresServer, free_port
 

@@ -10,10 +10,12 @@
 - ``transactional``: transactional mode's flows, with the entity's row locked and advanced
   in the same transaction when given an order
 - ``unit``: ``PostgresStore.transaction`` and its ``Unit``, driving those flows (written by
-  scripts/unasync.py from ``idemctl.aio.unit``, ``async with store.transaction(key)``)
+  scripts/unasync.py from ``idemctl.stores.postgres.unit_async``,
+  ``async with store.transaction(key)``)
 - ``core``: the store's settings, pool and statements; ``steps`` on it: the protocol's
   steps, each a flow driven on a pooled connection, and what a row held by an open
-  transaction makes of it (written by scripts/unasync.py from ``idemctl.aio.postgres_steps``)
+  transaction makes of it (written by scripts/unasync.py from
+  ``idemctl.stores.postgres.steps_async``)
 - ``admin``, ``entities``, ``provision``: the operator's operations, the entities', and
   provisioning
 - ``store``: ``PostgresStore``, of those parts, and its transactional mode

@@ -1,8 +1,8 @@
-# Written by scripts/unasync.py from idemctl/aio/postgres_drive.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/stores/postgres/drive_async.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """A flow (``stores.postgres.flows``) run on a connection.
 
-Written by scripts/unasync.py from ``idemctl.aio.postgres_drive``.
+Written by scripts/unasync.py from ``idemctl.stores.postgres.drive_async``.
 
 The driver throws a driver error back into the flow at the statement that raised it, so a
 flow may catch it (transactional mode catches ``LockNotAvailable``); what the flow does not

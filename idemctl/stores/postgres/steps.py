@@ -1,11 +1,11 @@
-# Written by scripts/unasync.py from idemctl/aio/postgres_steps.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/stores/postgres/steps_async.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """The protocol's steps on PostgreSQL: each is a flow (``stores.postgres.flows``: the
 statements, their parameters and the reading of their rows) driven on a pooled connection,
 and what a row that an open transaction holds (transactional mode: LockTimeout) makes of
 it: a claim or a guard of that row alone answers Busy, a settle waits for it a while.
 
-Written by scripts/unasync.py from ``idemctl.aio.postgres_steps``.
+Written by scripts/unasync.py from ``idemctl.stores.postgres.steps_async``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ __all__ = ["ADMIN_LOCK_WAIT", "PROVISION_LOCK_WAIT", "PostgresStore"]
 
 class PostgresStore(PostgresAdmin, PostgresEntities, PostgresProvisioning):
     """PostgreSQL's store: the protocol's steps (``steps``, written from
-    ``idemctl.aio.postgres_steps``), the operator's operations, the sequence guard's and
+    ``idemctl.stores.postgres.steps_async``), the operator's operations, the sequence guard's and
     provisioning are its parts (admin, entities, provision); transactional mode is here."""
 
     def transaction(

@@ -10,7 +10,7 @@ the entity in the same transaction as everything else.
 
 This module holds what happens inside the transaction, sans-IO: two flows (``flows``),
 ``open_unit`` before the block and ``complete_unit`` in it. ``idemctl.stores.postgres.unit``
-drives them on a sync connection, ``idemctl.aio.unit`` on an async one."""
+drives them on a sync connection, ``idemctl.stores.postgres.unit_async`` on an async one."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-# Written by scripts/unasync.py from idemctl/aio/unit.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/stores/postgres/unit_async.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """Transactional mode's unit: one key claimed in a transaction that stays open around the
 caller's block, with the caller's SQL, outbox rows and the completion in it; leaving the
 block without completing, or with an exception, rolls all of it back.
@@ -7,7 +7,7 @@ block without completing, or with an exception, rolls all of it back.
 What runs in the transaction is two flows (``idemctl.stores.postgres.transactional``):
 ``open_unit`` before the block and ``complete_unit`` in it.
 
-Written by scripts/unasync.py from ``idemctl.aio.unit``.
+Written by scripts/unasync.py from ``idemctl.stores.postgres.unit_async``.
 """
 
 from __future__ import annotations

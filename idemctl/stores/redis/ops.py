@@ -1,7 +1,7 @@
 """The claim/complete path's operations on Redis, sans-IO: each builds its script call and
 says what the call's replies come to (an ``Op``). ``RedisStore`` runs them on its client;
-``idemctl.aio.redis`` awaits the same ones on an async client, so the Lua, the keys and the
-reading of the replies are one. Model: ``idemctl.stores.postgres.flows``."""
+``idemctl.stores.redis.store_async`` awaits the same ones on an async client, so the Lua,
+the keys and the reading of the replies are one. Model: ``idemctl.stores.postgres.flows``."""
 
 from __future__ import annotations
 

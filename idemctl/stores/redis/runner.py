@@ -1,9 +1,9 @@
-# Written by scripts/unasync.py from idemctl/aio/redis_runner.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/stores/redis/runner_async.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """How a Redis store sends its script calls (``stores.redis.scripts`` makes them), and reads
 a record with the server's clock.
 
-Written by scripts/unasync.py from ``idemctl.aio.redis_runner``.
+Written by scripts/unasync.py from ``idemctl.stores.redis.runner_async``.
 
 On one server a call is one EVALSHA on a direct connection (up to MAX_CALL_KEYS keys);
 otherwise, or to confirm it under durable=1, one pipelined round trip. A server that lost

@@ -87,7 +87,7 @@ class ScriptPlan:
     """How a store's script calls are made, without I/O: the scripts, the EVALSHA commands
     for a call's items (grouped by slot on a cluster, ``keyslot``), and how a pipeline's
     replies and durable=1's confirmation (``replicas``, ``timeout``) are read. The runner
-    (``stores.redis.runner``, written from ``idemctl.aio.redis_runner``) sends them."""
+    (``stores.redis.runner``, written from ``idemctl.stores.redis.runner_async``) sends them."""
 
     def __init__(
         self,

@@ -1,10 +1,10 @@
-# Written by scripts/unasync.py from idemctl/aio/redis_steps.py: change that file and run the
-# script (scripts/test checks the two agree). Do not edit this one.
+# Written by scripts/unasync.py from idemctl/stores/redis/steps_async.py.
+# Do not edit: change that file and run the script (scripts/test checks the two agree).
 """The protocol's steps on Redis: each an operation of ``stores.redis.ops`` (its script
 call, and what the replies come to) run on this store's client; on one server an entity
 and its key finish in one script.
 
-Written by scripts/unasync.py from ``idemctl.aio.redis_steps``.
+Written by scripts/unasync.py from ``idemctl.stores.redis.steps_async``.
 """
 
 from __future__ import annotations

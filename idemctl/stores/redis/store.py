@@ -1,4 +1,4 @@
-"""RedisStore: its parts (the protocol's steps, written from ``idemctl.aio.redis_steps``;
+"""RedisStore: its parts (the protocol's steps, written from ``idemctl.stores.redis.steps_async``;
 the operator's operations, the entities', provisioning) and how a URL opens it."""
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from idemctl.aio.redis_core import AsyncRedisCore
 from idemctl.model import (
     ClaimOutcome,
     ClaimRequest,
@@ -21,6 +20,7 @@ from idemctl.model import (
     Record,
     Settle,
 )
+from idemctl.stores.redis.core_async import AsyncRedisCore
 
 
 class AsyncRedisSteps(AsyncRedisCore):

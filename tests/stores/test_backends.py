@@ -19,7 +19,7 @@ from idemctl.harness.scratch import Scratch
 from idemctl.harness.verify.plan import Plan
 from idemctl.model import Acquired, Completed
 from idemctl.stores.memory import MemoryStore
-from tests.unit.test_operate import DictTable, powertools_target
+from tests.operate.test_operate import DictTable, powertools_target
 
 SCHEME = "fakestore"
 

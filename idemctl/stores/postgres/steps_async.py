@@ -15,8 +15,6 @@ from typing import Any
 
 import psycopg
 
-from idemctl.aio.postgres_core import AsyncPostgresCore
-from idemctl.aio.postgres_drive import drive_async
 from idemctl.errors import NotProvisioned, StoreError
 from idemctl.model import (
     Busy,
@@ -31,6 +29,8 @@ from idemctl.model import (
 )
 from idemctl.stores.postgres import flows
 from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT
+from idemctl.stores.postgres.core_async import AsyncPostgresCore
+from idemctl.stores.postgres.drive_async import drive_async
 from idemctl.stores.postgres.flows import Flow, T
 from idemctl.stores.postgres.pool import LockTimeout
 from idemctl.stores.postgres.sql import lock_wait

@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from idemctl.aio.store import AsyncStore
 from idemctl.errors import NotProvisioned
+from idemctl.stores.base_async import AsyncStore
 from idemctl.stores.postgres import PostgresStore
 from idemctl.stores.postgres.pool import AsyncPool
 

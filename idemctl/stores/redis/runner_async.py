@@ -16,9 +16,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from idemctl.aio.redis_direct import AsyncDirect
 from idemctl.errors import StoreError
 from idemctl.stores.redis.client import AsyncClient, AsyncPipeline
+from idemctl.stores.redis.connections_async import AsyncDirect
 from idemctl.stores.redis.errors import translate
 from idemctl.stores.redis.records import server_time
 from idemctl.stores.redis.scripts import (

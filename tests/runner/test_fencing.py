@@ -14,7 +14,7 @@ from idemctl.stores.machine import first_token
 from idemctl.stores.memory import MemoryStore
 from idemctl.stores.rows import RowStore
 from idemctl.stores.sqlite import SQLiteStore
-from tests.unit.test_runner import START, Clock
+from tests.runner.test_runner import START, Clock
 
 
 def test_first_token_is_the_clock_in_microseconds() -> None:

@@ -22,7 +22,7 @@ from idemctl.consume.options import ConsumeOptions
 from idemctl.errors import ConfigError
 from idemctl.kafka.flags import FIELD_DEFAULT, flag_name, flags, option
 from idemctl.kafka.options import Handling, Keyed
-from tests.unit.test_workers import consume_context
+from tests.consume.test_workers import consume_context
 
 
 def consume_params() -> dict[str, Any]:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from idemctl.aio.postgres_drive import drive_async
 from idemctl.errors import StoreError
 from idemctl.model import JSON, Acquired, ClaimOutcome, Order, Record, Stale, validate_key
+from idemctl.stores.postgres.drive_async import drive_async
 from idemctl.stores.postgres.transactional import (
     NOT_ACQUIRED,
     complete_unit,
@@ -29,7 +29,7 @@ from idemctl.stores.postgres.transactional import (
 )
 
 if TYPE_CHECKING:
-    from idemctl.aio.postgres import AsyncPostgresStore
+    from idemctl.stores.postgres.store_async import AsyncPostgresStore
 
 
 @dataclass

@@ -27,7 +27,7 @@ def test_async_syntax_and_names_become_their_sync_forms() -> None:
     unasync = _script()
     original = "idemctl/aio/attempt.py"
     text = (
-        "from idemctl.aio.store import AsyncStore\n"
+        "from idemctl.stores.base_async import AsyncStore\n"
         "async def run(store: AsyncStore) -> None:\n"
         "    async with store.transaction('k') as unit:\n"
         "        await unit.complete()\n"

@@ -2,7 +2,7 @@
 
 The claim/complete path (claim, complete, fail, extend, release, get, the sequence guard's
 guard, settle and finish) and transactional mode (``async with store.transaction(key)``)
-run natively: the protocol's steps (``idemctl.aio.postgres_steps``, from which the sync
+run natively: the protocol's steps (``idemctl.stores.postgres.steps_async``, from which the sync
 store's are written) drive the same flows (``stores.postgres.flows``) on an async
 connection, with the same pool settings and the same translation of the driver's errors.
 The operator's operations (scan, stats, unlock, forget, purge, provision, check, the
@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
-from idemctl.aio import unit
-from idemctl.aio.postgres_steps import AsyncPostgresSteps
-from idemctl.aio.unit import AsyncUnit
 from idemctl.model import (
     Completion,
     Order,
     Settle,
 )
+from idemctl.stores.postgres import unit_async as unit
+from idemctl.stores.postgres.steps_async import AsyncPostgresSteps
+from idemctl.stores.postgres.unit_async import AsyncUnit
 
 
 class AsyncPostgresStore(AsyncPostgresSteps):

@@ -18,7 +18,6 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
 
-from idemctl.aio.front import AsyncFront
 from idemctl.model import (
     JSON,
     ClaimOutcome,
@@ -40,6 +39,7 @@ from idemctl.model import (
     Status,
 )
 from idemctl.stores.base import Progress, Store
+from idemctl.stores.front_async import AsyncFront
 
 if TYPE_CHECKING:
     from idemctl.stores.waiting import Watch

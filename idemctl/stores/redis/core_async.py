@@ -1,5 +1,5 @@
 """What ``AsyncRedisStore`` stands on: an async client of the sync store's server, and the
-script runner (``idemctl.aio.redis_runner``, the sync store's written from it) that sends
+script runner (``idemctl.stores.redis.runner_async``, the sync store's written from it) that sends
 the sync store's own operations (``stores.redis.ops``) on it."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from typing import TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from idemctl.aio.redis_direct import AsyncDirect
-from idemctl.aio.redis_runner import AsyncScriptRunner
-from idemctl.aio.store import AsyncStore
 from idemctl.errors import ConfigError
 from idemctl.model import Record
+from idemctl.stores.base_async import AsyncStore
 from idemctl.stores.redis import RedisStore
 from idemctl.stores.redis.connect import connect_async
+from idemctl.stores.redis.connections_async import AsyncDirect
 from idemctl.stores.redis.ops import Op, Ops, live
+from idemctl.stores.redis.runner_async import AsyncScriptRunner
 
 T = TypeVar("T")
 
