@@ -47,6 +47,7 @@ FILES = {
 
 MODULES = {
     "idemctl.aio": "idemctl.stores",
+    "idemctl.aio.opening": "idemctl.stores",
     "idemctl.aio.attempt": "idemctl.runner.attempt",
     "idemctl.aio.context": "idemctl.runner.context",
     "idemctl.aio.beat": "idemctl.runner.beat",

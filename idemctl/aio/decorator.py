@@ -66,7 +66,7 @@ def idempotent(
             if not isinstance(store, str):
                 return store
             if not opened:
-                from idemctl.aio import open_store
+                from idemctl.aio.opening import open_store
 
                 opened.append(open_store(store))
             return opened[0]

@@ -1,6 +1,6 @@
 """``dynamodb://TABLE``; Powertools' layout too."""
 
-from idemctl.backends import Backend, register
+from idemctl.backends.registry import Backend, register
 
 register(
     Backend(

@@ -1,6 +1,6 @@
 """``memory://``: one process's store, for tests and the library."""
 
-from idemctl.backends import Backend, register
+from idemctl.backends.registry import Backend, register
 
 register(
     Backend(

@@ -1,6 +1,6 @@
 """``postgresql://`` (``postgres://``)."""
 
-from idemctl.backends import Backend, register
+from idemctl.backends.registry import Backend, register
 
 register(
     Backend(

@@ -1,6 +1,6 @@
 """``sqlite:///PATH``: the embedded default."""
 
-from idemctl.backends import Backend, register
+from idemctl.backends.registry import Backend, register
 
 register(
     Backend(

@@ -49,6 +49,7 @@ app = typer.Typer(
     # Locals in a traceback could hold a store URL with its password.
     pretty_exceptions_show_locals=False,
 )
+LazyGroup.app = app
 
 GLOBAL_PANEL = "Global options"
 STORE_HELP = (

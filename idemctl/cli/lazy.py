@@ -81,7 +81,11 @@ def load_all() -> None:
 
 class LazyGroup(QuietGroup):
     """The root group: lists every command of ``COMMANDS`` by its summary, and imports a
-    command's module when the command is resolved to run (or to complete its options)."""
+    command's module when the command is resolved to run (or to complete its options).
+    ``app``: the typer app the commands' modules register on (``idemctl.cli.common`` sets
+    it where it makes the app, so this module imports nothing of the CLI's)."""
+
+    app: Any = None
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(dict.fromkeys([*COMMANDS, *super().list_commands(ctx)]))
@@ -97,15 +101,13 @@ class LazyGroup(QuietGroup):
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         if args and args[0] in COMMANDS and args[0] not in self.commands:
-            self.add_command(_built(args[0]), args[0])
+            self.add_command(_built(self.app, args[0]), args[0])
         return super().resolve_command(ctx, args)
 
 
-def _built(name: str) -> Any:
-    """The click command of ``name``, its module imported (registering it on the app)."""
+def _built(app: Any, name: str) -> Any:
+    """The click command of ``name``, its module imported (registering it on ``app``)."""
     import typer.main
-
-    from idemctl.cli.common import app
 
     import_module(COMMANDS[name][0])
     return typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
