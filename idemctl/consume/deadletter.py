@@ -1,7 +1,9 @@
 """The dead-letter topic: where a message goes that will never be handled, so its partition
 can go on. A dead letter is finished only once the broker acknowledged it; one the broker
 refuses (too large, no rights, no such topic, brokers down) leaves its message unfinished:
-the partition waits at it, with back-off, until the dead letter is written."""
+the partition waits at it, with back-off, until the dead letter is written. The topic and
+the headers are ``idemctl.kafka.deadletter``'s, shared with the FastStream middleware; this
+is consume's confluent-kafka producer of them."""
 
 from __future__ import annotations
 
