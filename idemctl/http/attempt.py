@@ -1,12 +1,15 @@
 # Written by scripts/unasync.py from idemctl/http/attempt_aio.py.
 # Do not edit: change that file and run the script (scripts/test checks the two agree).
-"""One guarded HTTP request against the store: claim its key, run the app, then store its
-response or release the key. The ASGI middleware drives this module; the WSGI one its sync
-copy, ``idemctl.http.attempt``. What to answer and what to store is ``idemctl.http.policy``'s.
+"""One guarded HTTP request against the store: the runner's engine (``idemctl.runner.attempt``:
+its claim, lease extension, release, rollback and wait) with the HTTP policy: an app that raises
+gives its key back (the client's retry runs it again), a cancelled one holds it until its
+lease ends, and the response is stored, or the key released or forgotten when it is not to
+be kept. The ASGI middleware drives this module; the WSGI one its sync copy,
+``idemctl.http.attempt``. What to answer and what to store is ``idemctl.http.policy``'s.
 
 Once the app has run, its response is stored or nobody runs the request again: a store
 that stops answering is asked again, with back-off, for as long as the attempt's lease is
-known to hold (the claim's or the last heartbeat's answer, plus the lease); a retry that
+known to hold (the claim's or the last extension's answer, plus the lease); a retry that
 arrives meanwhile finds the store down (503) or the key held (409), never a free key. Past
 that, the answer is a 503 and the key's lease runs out: see docs/guides/http.md, "A store
 outage".
@@ -16,21 +19,13 @@ Written by scripts/unasync.py from ``idemctl.http.attempt_aio``.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
-from idemctl.errors import (
-    ConfigError,
-    KeyNotFound,
-    LeaseLost,
-    NotProvisioned,
-    Refused,
-    StoreError,
-)
+from idemctl.errors import ConfigError, LeaseLost, StoreError
 from idemctl.http.policy import (
     Attempt,
     Guarded,
@@ -41,14 +36,17 @@ from idemctl.http.policy import (
     Unavailable,
     stored_form,
 )
-from idemctl.model import Acquired, Busy, ClaimOutcome, Status
-from idemctl.runner.attempt import waited
-from idemctl.runner.heartbeat import Heartbeat
+from idemctl.model import Acquired, Busy, ClaimOutcome
+from idemctl.runner.attempt import (
+    DEFINITE,
+    complete_while_held,
+    forget,
+    give_back,
+    held,
+    waited,
+)
 from idemctl.runner.outcome import Rollback
 from idemctl.stores.base import Store, TransactionalStore
-
-if TYPE_CHECKING:
-    from idemctl.model import JSON
 
 log = logging.getLogger("idemctl.http")
 
@@ -59,11 +57,6 @@ what was sent of it as it streamed (too big to store)."""
 Answer: TypeAlias = Ran | Unavailable | ClaimOutcome
 """What an attempt comes to: the app ran, the store did not answer, or the claim found the
 key held, done or reused."""
-FIRST_BACKOFF = 0.05
-MAX_BACKOFF = 1.0
-"""Seconds between two tries at storing a response while the store does not answer."""
-DEFINITE = (LeaseLost, Refused, NotProvisioned, KeyNotFound)
-"""Store errors that are answers, not silence: asking again would get the same."""
 
 
 def body_limit(options: Options, store: Store) -> int:
@@ -101,80 +94,38 @@ def _once(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
     if not isinstance(outcome, Acquired):
         return outcome
     a = outcome
-    heartbeat = Heartbeat(store, lease, [a], name="idemctl-http")
     try:
-        produced = app(_attempt(guarded, a))
-    except asyncio.CancelledError:
-        # The app was cancelled, not finished: work it began may still run (a thread it
-        # started, a sync view). The key stays held until its lease ends, never released.
-        heartbeat.stop()
-        log.warning("%s: the app was cancelled; its key is held until its lease ends", a.key)
-        raise
+        # Cancelled, the app is not finished: work it began may still run (a thread it
+        # started, a sync view), so the key stays held until its lease ends.
+        ran = held(
+            store,
+            a,
+            functools.partial(app, _attempt(guarded, a)),
+            lease=lease,
+            hold_if_interrupted=True,
+            logger=log,
+        )
     except Exception:
-        heartbeat.stop()
-        _release(store, a)
+        give_back(store, a, None, log)
         raise
-    heartbeat.stop()
+    produced = ran.value
     kept = stored_form(options, guarded.request, produced, body_limit(options, store))
     sent = None if isinstance(produced, Streamed) else produced
     if kept is None:
         if produced.status in options.unstored_statuses:
-            _forget(store, a)
+            forget(store, a, log)  # the endpoint never ran (the framework answered)
         else:
-            _release(store, a)
+            give_back(store, a, None, log)
         return Ran(sent, stored=False)
-    until = max(asked, heartbeat.kept_since) + lease
+    until = max(asked, ran.kept_since) + lease
     try:
-        stored = _complete(store, a, kept, options.retention, until)
+        failed = complete_while_held(store, a, kept, options.retention, until, log)
     except LeaseLost as lost:  # taken over meanwhile: the taker's response is the one kept
         log.warning("%s: response not stored: %s", guarded.stored_key, lost)
         return Ran(sent, stored=False)
-    if isinstance(stored, Unavailable):
-        return stored
+    if failed is not None:
+        return Unavailable(str(failed), ran=True)
     return Ran(sent, stored=True)
-
-
-def _complete(
-    store: Store, a: Acquired, kept: JSON, retention: float, until: float
-) -> Unavailable | None:
-    """Store ``kept`` as ``a``'s result, asking again while the store does not answer and
-    ``a``'s lease holds (``until``, on the monotonic clock, less a margin for the store's
-    clock); Unavailable once it no longer may."""
-    margin = min(1.0, (until - time.monotonic()) / 10)
-    backoff = FIRST_BACKOFF
-    while True:
-        try:
-            store.complete(a.key, a.owner, a.fencing_token, kept, retention)
-            return None
-        except LeaseLost as lost:
-            if _completed_by(lost.record, a):
-                return None  # an earlier try landed; its answer was what got lost
-            raise
-        except DEFINITE:
-            raise
-        except StoreError as exc:
-            left = until - margin - time.monotonic()
-            if left <= 0:
-                log.error(
-                    "%s: the response could not be stored before the key's lease ends; a "
-                    "retry after that runs the request again: %s",
-                    a.key,
-                    exc,
-                )
-                return Unavailable(str(exc), ran=True)
-            log.warning("%s: storing the response, asked again: %s", a.key, exc)
-            time.sleep(min(backoff, left))
-            backoff = min(backoff * 2, MAX_BACKOFF)
-
-
-def _completed_by(record: Any, a: Acquired) -> bool:
-    """Whether ``record`` was completed by the attempt ``a`` (the token is ``a``'s alone: a
-    takeover would have raised it)."""
-    return (
-        record is not None
-        and record.status is Status.COMPLETED
-        and record.fencing_token == a.fencing_token
-    )
 
 
 def _attempt(guarded: Guarded, a: Acquired, connection: Any = None) -> Attempt:
@@ -182,31 +133,6 @@ def _attempt(guarded: Guarded, a: Acquired, connection: Any = None) -> Attempt:
     return Attempt(
         guarded.key, guarded.stored_key, a.fencing_token, a.attempt, a.takeover, connection
     )
-
-
-def _release(store: Store, a: Acquired) -> None:
-    """Give the key back, so the client's retry runs the request again."""
-    try:
-        store.release(a.key, a.owner, a.fencing_token)
-    except LeaseLost:
-        pass  # taken over already: nothing of ours to give back
-    except StoreError as exc:  # its lease ends by itself; a retry takes it over then
-        log.warning("%s: could not release the key (its lease will end): %s", a.key, exc)
-
-
-def _forget(store: Store, a: Acquired) -> None:
-    """The endpoint never ran (a framework's own validation answered): the key is given
-    back and forgotten with the request's fingerprint, so the corrected request runs under
-    the same key (a release keeps the fingerprint: the corrected one would be a mismatch)."""
-    try:
-        # Still ours (a fenced write), so nobody else's claim is forgotten; held, so nobody
-        # claims it between the two.
-        store.extend(a.key, a.owner, a.fencing_token, 5.0)
-        store.forget(a.key, force=True)
-    except (LeaseLost, Refused, KeyNotFound):
-        pass
-    except StoreError as exc:
-        log.warning("%s: could not give the key back (its lease will end): %s", a.key, exc)
 
 
 def _transactional(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:

@@ -164,7 +164,7 @@ class Options:
     max_body: int = DEFAULT_MAX_BODY
     retention: float = DEFAULT_RETENTION
     lease: float | None = None
-    """Seconds a request holds its key; a heartbeat extends it while the app runs. None:
+    """Seconds a request holds its key; the runner extends it while the app runs. None:
     the store's default (30 s)."""
     wait: float | None = None
     """Seconds a request waits for the same key's request in flight (its response, or the
@@ -470,7 +470,7 @@ def retry_after(outcome: Busy, now: datetime, typical: float | None) -> int:
     if record is None or record.lease_expires_at is None or typical is None:
         return 1
     # created_at is the first claim's time; a later attempt's start is no earlier than its
-    # last write (updated_at, moved by each heartbeat), so its running time is a floor.
+    # last write (updated_at, moved by each extension of its lease), so its running time is a floor.
     since = record.created_at if record.attempts <= 1 else record.updated_at
     running = max(0.0, (now - since).total_seconds())
     lease_left = (record.lease_expires_at - now).total_seconds()
