@@ -22,7 +22,7 @@ from idemctl.consume.watch import log
 from idemctl.durations import format_duration
 from idemctl.errors import HandlerTimeout, IdemctlError, LeaseLost, StoreUnavailable
 from idemctl.model import ClaimRequest
-from idemctl.runner import Context, Outcome, RunResult, Step, stored_form
+from idemctl.runner import Context, Outcome, RunResult, Step
 from idemctl.runner.limits import Abandoned
 from idemctl.runner.ordering import missing_predecessor
 
@@ -236,7 +236,7 @@ class Rounds(_Base):
                 value = self.handler(event, ctx)
             except BaseException as exc:
                 if lane.returned(running):
-                    self._late(ctx, running, None, exc)
+                    self._late(batch, ctx, running, None, exc)
                     raise Abandoned from None
                 if running.interrupted and isinstance(exc, HandlerTimeout):
                     soft = format_duration(self.options.handler_timeout)
@@ -249,7 +249,7 @@ class Rounds(_Base):
                 if timed is not None:
                     timed(time.monotonic() - running.started)
             if lane.returned(running):
-                self._late(ctx, running, value, None)
+                self._late(batch, ctx, running, value, None)
                 raise Abandoned
             return value
 
@@ -263,7 +263,12 @@ class Rounds(_Base):
         return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
 
     def _late(
-        self, ctx: Context, running: Running, value: Any, error: BaseException | None
+        self,
+        batch: Batch,
+        ctx: Context,
+        running: Running,
+        value: Any,
+        error: BaseException | None,
     ) -> None:
         """An abandoned handler came back: its key was failed as timed out meanwhile, so
         its result goes to the store with the attempt's fencing token, which refuses it
@@ -282,7 +287,7 @@ class Rounds(_Base):
             )
             return
         try:
-            self.store.complete(ctx.key, ctx.owner, ctx.fencing_token, stored_form(value))
+            batch.late(ctx, value)
         except LeaseLost as lost:
             log.warning(
                 "the abandoned handler of key %r returned after %.0fs; the store refused its "

@@ -16,7 +16,14 @@ from idemctl.runner.attempt import invoke, let_go, not_run, record_failure, run
 from idemctl.runner.context import Context
 from idemctl.runner.heartbeat import Heartbeat
 from idemctl.runner.ordering import guard_of, settle_of
-from idemctl.runner.outcome import Outcome, RunResult, Step, last_attempt, not_acquired
+from idemctl.runner.outcome import (
+    Outcome,
+    RunResult,
+    Step,
+    last_attempt,
+    not_acquired,
+    stored_form,
+)
 from idemctl.stores.base import TransactionalStore
 
 if TYPE_CHECKING:
@@ -291,6 +298,13 @@ class Batch:
         failed = did.failed(a)
         assert failed is not None
         return failed
+
+    def late(self, ctx: Context, value: Any) -> None:
+        """An abandoned handler came back with ``value``: its key was failed for it
+        (``abandon``), so the result is offered to the store with its attempt's fencing
+        token, which refuses it (LeaseLost) once another attempt took the key; else it is
+        stored, and the retry replays it. Other store errors propagate."""
+        self.store.complete(ctx.key, ctx.owner, ctx.fencing_token, stored_form(value))
 
     def end_round(self) -> list[RunResult]:
         """End the round: the chunks not taken are dropped (given back if claimed), what
