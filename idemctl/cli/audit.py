@@ -11,13 +11,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from idemctl.cli.common import (
-    cli_store,
+    cli_open,
     command,
     emit_json,
     moment,
     note,
     settings,
     store_fields,
+    store_opener,
 )
 from idemctl.cli.declared import Given, declared
 from idemctl.cli.running import (
@@ -130,7 +131,7 @@ def audit(
         batch=batch,
         kafka_config=kafka,
     )
-    with cli_store(ctx) as store, _progress(ctx) as on_progress:
+    with cli_open(ctx, store_opener()) as store, _progress(ctx) as on_progress:
         report = operate.audit(store, options, on_progress)
     failing = report.failing(failing_on)
     doubts = report.doubts()

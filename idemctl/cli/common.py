@@ -78,7 +78,7 @@ class Settings:
     profile_source: str = "--profile"
     """Who gave ``profile``: the flag, or IDEMCTL_PROFILE."""
     used_source: str | None = None
-    """Where the store a command opened came from (``cli_store`` sets it)."""
+    """Where the store a command opened came from (``cli_open`` sets it)."""
     log_format: str = "auto"
     """``--log-format`` of consume, outbox relay and verify: auto, json, logfmt or text."""
     _config: Config | None = field(default=None, repr=False)
@@ -371,28 +371,35 @@ def note(
 
 
 @contextmanager
-def cli_store(ctx: typer.Context, *, auto_provision: bool = False) -> Iterator[Store]:
-    """The chosen store, opened for a command and closed after it. The CLI never creates a
-    SQLite database as a side effect of looking at it: only ``init`` provisions, and
-    ``consume`` (with ``auto_provision``), which uses the store as the library does."""
+def cli_open(ctx: typer.Context, opener: Callable[[str], Opened]) -> Iterator[Opened]:
+    """What ``opener`` opens at the command's store URL, named on stderr and closed after
+    the command: the store itself (``store_opener()``), or the store as the operator's
+    actions see it, of any layout (``target_opener()``)."""
+    with _noted(ctx, opener) as opened:
+        yield opened
+
+
+def store_opener(*, auto_provision: bool = False) -> Callable[[str], Store]:
+    """``open_store`` as the CLI uses it. The CLI never creates a SQLite database as a side
+    effect of looking at it: only ``init`` provisions, and ``consume`` (with
+    ``auto_provision``), which uses the store as the library does."""
     from idemctl.stores import open_store
     from idemctl.stores.base import SelfProvisioning
 
-    store = _noted(ctx, open_store)
-    if isinstance(store, SelfProvisioning):
-        store.auto_provision = auto_provision
-    with store:
-        yield store
+    def opener(url: str) -> Store:
+        store = open_store(url)
+        if isinstance(store, SelfProvisioning):
+            store.auto_provision = auto_provision
+        return store
+
+    return opener
 
 
-@contextmanager
-def cli_target(ctx: typer.Context) -> Iterator[Target]:
-    """The chosen store as the operator's actions see it (``idemctl.operate``): idemctl's
-    own, or a table of another layout; opened and named as ``cli_store`` does."""
+def target_opener() -> Callable[[str], Target]:
+    """``idemctl.operate.open_target``, imported when a command opens its store."""
     from idemctl.operate import open_target
 
-    with _noted(ctx, open_target) as target:
-        yield target
+    return open_target
 
 
 def _noted(ctx: typer.Context, opener: Callable[[str], Opened]) -> Opened:

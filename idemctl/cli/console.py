@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from idemctl.cli.common import Settings, cli_target, command, note, settings, store_fields
+from idemctl.cli.common import (
+    Settings,
+    cli_open,
+    command,
+    note,
+    settings,
+    store_fields,
+    target_opener,
+)
 from idemctl.cli.logs import show_warnings
 from idemctl.cli.running import BrokersOption, KafkaConfigOption, _pairs, kafka_settings
 from idemctl.errors import ConfigError
@@ -148,7 +156,7 @@ def console(
     insecure = allow_repair and not loopback and not tls
     _warn(current, bind, loopback, tls, allow_repair, people)
 
-    with cli_target(ctx) as target:
+    with cli_open(ctx, target_opener()) as target:
         where = Where(target, store_fields(ctx, target.url)["store_source"], kafka_brokers, kafka)
         served = Console(
             where, people, Proxy(trust_proxy) if trust_proxy else None, no_auth,

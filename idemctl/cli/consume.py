@@ -13,12 +13,13 @@ import typer
 
 from idemctl.cli import render
 from idemctl.cli.common import (
-    cli_store,
+    cli_open,
     command,
     emit_json,
     note,
     settings,
     store_fields,
+    store_opener,
 )
 from idemctl.cli.declared import Given, declared
 from idemctl.cli.live import consume_status
@@ -153,7 +154,7 @@ def consume(
         check_kafka(options)
     if worker_index is not None:
         set_name(f"idemctl-w{worker_index}")
-    with cli_store(ctx, auto_provision=True) as store:
+    with cli_open(ctx, store_opener(auto_provision=True)) as store:
         if workers > 1:  # the handler loads and the store answers: the workers may start
             store.get("idemctl:probe")
             supervise(

@@ -9,13 +9,14 @@ import typer
 
 from idemctl.cli import powertools, render
 from idemctl.cli.common import (
-    cli_target,
+    cli_open,
     command,
     duration,
     emit_json,
     one_of,
     settings,
     store_fields,
+    target_opener,
     usage_error,
 )
 from idemctl.cli.exitcodes import ExitCode
@@ -56,7 +57,7 @@ def inspect(
 
     one_of(ctx, key, entity)
     current = settings(ctx)
-    with cli_target(ctx) as target:
+    with cli_open(ctx, target_opener()) as target:
         if entity is not None:
             found: Entity | Record | PowertoolsRecord = operate.inspect_entity(target, entity)
         else:
@@ -160,7 +161,7 @@ def list_(
     at = render.now()
     shown: list[Any] = []
     skipped = 0
-    with cli_target(ctx) as target:
+    with cli_open(ctx, target_opener()) as target:
         pages = (
             operate.entities(target, prefix, limit, cursor)
             if entities
@@ -220,7 +221,7 @@ def stats(
     from idemctl.operate.documents import stats as stats_document
 
     current = settings(ctx)
-    with cli_target(ctx) as target:
+    with cli_open(ctx, target_opener()) as target:
         counts = operate.stats(target, exact)
     where = store_fields(ctx, target.url)
     if isinstance(counts, operate.Counts):
@@ -246,7 +247,7 @@ def doctor(ctx: typer.Context) -> None:
     """
     current = settings(ctx)
     url, source = current.store_url()
-    report = diagnose(url, source, opener=lambda: cli_target(ctx))
+    report = diagnose(url, source, opener=lambda: cli_open(ctx, target_opener()))
     if current.json:
         emit_json(doctor_document.document(report))
     else:

@@ -13,7 +13,7 @@ from idemctl import operate
 from idemctl.cli import render
 from idemctl.cli.common import (
     app,
-    cli_store,
+    cli_open,
     command,
     duration,
     emit_json,
@@ -21,6 +21,7 @@ from idemctl.cli.common import (
     note,
     settings,
     store_fields,
+    store_opener,
     usage_error,
 )
 from idemctl.cli.help import QuietGroup
@@ -149,7 +150,7 @@ def relay(
         live=current.live,
         log_format=current.progress_format,
     )
-    with cli_store(ctx) as store:
+    with cli_open(ctx, store_opener()) as store:
         the_relay = Relay(store, options, on_progress=status.update)
         the_relay.table.check()
         summary = run_to_end(current, the_relay, status, relay_metrics, metrics_host, metrics_port)
@@ -178,7 +179,7 @@ def status(ctx: typer.Context) -> None:
     current = settings(ctx)
     from idemctl.operate import outbox_status as status_of
 
-    with cli_store(ctx) as store:
+    with cli_open(ctx, store_opener()) as store:
         found = status_of(store)
     if current.json:
         emit_json(outbox_status.document(store_fields(ctx, store.url), found))
@@ -246,7 +247,7 @@ def replay(
     brokers, kafka = kafka_settings(ctx, brokers, kafka_config)
     timeout = duration(delivery_timeout, "--delivery-timeout", positive=True)
     show_warnings(current, "idemctl.outbox")
-    with cli_store(ctx) as store:
+    with cli_open(ctx, store_opener()) as store:
         chosen = operate.outbox_replay(
             store,
             selection,
@@ -321,7 +322,7 @@ def purge(
     """Delete published rows past retention; unpublished rows are never touched."""
     current = settings(ctx)
     age = duration(older_than, "--older-than")
-    with cli_store(ctx) as store:
+    with cli_open(ctx, store_opener()) as store:
         found = operate.outbox_purge(store, age, dry_run=True)
         if not dry_run and found:
             question = f"Delete {found} published outbox row(s) on {store.url}?"

@@ -8,11 +8,12 @@ import typer
 
 from idemctl import operate
 from idemctl.cli.common import (
-    cli_store,
+    cli_open,
     command,
     emit_json,
     settings,
     store_fields,
+    store_opener,
 )
 from idemctl.operate.documents import init as init_document
 
@@ -33,7 +34,7 @@ def init(
     TTL. Redis: the Lua scripts. --dry-run prints what would run and changes nothing.
     """
     current = settings(ctx)
-    with cli_store(ctx) as store:
+    with cli_open(ctx, store_opener()) as store:
         plan = operate.init(store, dry_run=dry_run)
         url = store.url
     if current.json:

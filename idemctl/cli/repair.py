@@ -12,7 +12,7 @@ import typer
 
 from idemctl.cli import powertools, render
 from idemctl.cli.common import (
-    cli_target,
+    cli_open,
     command,
     confirm,
     duration,
@@ -20,6 +20,7 @@ from idemctl.cli.common import (
     one_of,
     settings,
     store_fields,
+    target_opener,
     usage_error,
 )
 from idemctl.operate.documents import action as action_document
@@ -81,11 +82,11 @@ def unlock(
     from idemctl import operate
 
     if key is not None:
-        with cli_target(ctx) as target:
+        with cli_open(ctx, target_opener()) as target:
             report(ctx, operate.unlock(target, key, force=force, dry_run=dry_run))
         return
     older = duration(older_than, "--older-than")
-    with cli_target(ctx) as target:
+    with cli_open(ctx, target_opener()) as target:
         found = operate.unlock_stale(target, older, dry_run=True)
         if dry_run or not found.keys:
             report(ctx, replace(found, dry_run=dry_run))
@@ -133,7 +134,7 @@ def forget(
     from idemctl import operate
 
     one_of(ctx, key, entity)
-    with cli_target(ctx) as target:
+    with cli_open(ctx, target_opener()) as target:
         if entity is not None:
             done = operate.forget_entity(target, entity, force=force, dry_run=dry_run)
         else:
@@ -177,7 +178,7 @@ def purge(
     from idemctl import operate
 
     older = duration(older_than, "--older-than")
-    with cli_target(ctx) as target:
+    with cli_open(ctx, target_opener()) as target:
         found = operate.purge(target, older, dry_run=True, rate=rate)
         if dry_run or not found.count:
             report(ctx, replace(found, dry_run=dry_run))
