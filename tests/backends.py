@@ -418,9 +418,9 @@ if rec == nil then return 0 end
 uncount(KEYS[1], rec)
 rec.expires = ARGV[1]
 local left = tonumber(ARGV[1]) - now_ms()
-if left < 1 then left = 1 end
-redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', left)
+redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', math.max(left, 1))
 count(KEYS[1], rec)
+if left < 1 then redis.call('DEL', KEYS[1]) end
 return 1
 """
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from idemctl.model import Acquired, Busy, Status
 from idemctl.runner import Context, Outcome, current_context
 from idemctl.stores.redis.store_async import AsyncRedisStore
 from tests.backends import unique_prefix
+from tests.polling import wait_until_async
 from tests.servers import RedisServer, free_port
 
 
@@ -49,11 +51,14 @@ def test_coroutines_of_one_loop_race_and_each_key_runs_once(url: str) -> None:
 
         async def charge(ctx: Context) -> dict[str, Any]:
             runs[ctx.key] += 1
-            await asyncio.sleep(0.002)  # other coroutines run meanwhile
+            await store.get(ctx.key)  # I/O: other coroutines run meanwhile
             return {"by": n}
 
         pending = keys[n % 7 :] + keys[: n % 7]
-        while pending:
+
+        async def one_pass() -> bool:
+            """Every pending key run once more; whether none is left busy."""
+            nonlocal pending
             busy = []
             for key in pending:
                 result = await aio.run(store, key, charge)
@@ -61,7 +66,9 @@ def test_coroutines_of_one_loop_race_and_each_key_runs_once(url: str) -> None:
                 if result.outcome is Outcome.BUSY:
                     busy.append(key)
             pending = busy
-            await asyncio.sleep(0.005)
+            return not pending
+
+        await wait_until_async(one_pass, f"worker {n}: every key run", interval=0.005)
         return outcomes
 
     async def main() -> list[Counter[str]]:
@@ -77,25 +84,34 @@ def test_coroutines_of_one_loop_race_and_each_key_runs_once(url: str) -> None:
 
 def test_the_heartbeat_task_keeps_a_slow_handler_s_key(url: str) -> None:
     """A handler that runs four leases long keeps its key: others find it busy, never
-    take it over, and it completes on its first attempt."""
+    take it over, and it completes on its first attempt. Four leases by the store's clock:
+    the handler runs until the heartbeat has moved the lease's end three leases on."""
 
     async def main() -> tuple[Any, list[Any]]:
         async with aio.open_store(url) as store:
+            seen: list[Any] = []
 
             async def slow(ctx: Context) -> str:
-                await asyncio.sleep(2.4)
+                first = await store.get("slow-1")
+                assert first is not None and first.lease_expires_at is not None
+                later = first.lease_expires_at + timedelta(seconds=3 * 0.6)
+
+                async def three_leases_on() -> bool:
+                    seen.append(await store.claim("slow-1", lease=0.6))  # another worker
+                    now = await store.get("slow-1")
+                    assert now is not None and now.lease_expires_at is not None
+                    return now.lease_expires_at >= later
+
+                await wait_until_async(
+                    three_leases_on, "the lease's end moved on by three leases", interval=0.3
+                )
                 return "done"
 
-            task = asyncio.create_task(aio.run(store, "slow-1", slow, lease=0.6))
-            seen = []
-            for _ in range(6):  # 1.8 s, while the handler runs
-                await asyncio.sleep(0.3)
-                seen.append(await store.claim("slow-1", lease=0.6))
-            return await task, seen
+            return await aio.run(store, "slow-1", slow, lease=0.6), seen
 
     result, seen = asyncio.run(main())
     assert result.outcome is Outcome.EXECUTED and result.attempt == 1
-    assert all(isinstance(s, Busy) for s in seen), seen
+    assert seen and all(isinstance(s, Busy) for s in seen), seen
 
 
 async def cancelled_then_claimed(

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,8 +30,16 @@ from referencing import Registry, Resource
 from idemctl import Acquired, Busy, __version__, open_store
 from idemctl.config import load_config
 from idemctl.errors import ConfigError
-from tests.backends import BACKENDS, BY_URL, unique_prefix, unique_schema
+from tests.backends import (
+    BACKENDS,
+    BY_URL,
+    expire_lease,
+    expire_retention,
+    unique_prefix,
+    unique_schema,
+)
 from tests.fixtures_redis import REDIS_PASSWORD
+from tests.polling import wait_until
 from tests.servers import ctrl_c_reaches_it, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,7 +179,8 @@ def seed(
     with open_store(url) as store:
         store.provision()
         for key in stale:
-            assert isinstance(store.claim(key, lease=0.05), Acquired)
+            assert isinstance(store.claim(key, lease=60), Acquired)
+            expire_lease(store, key)  # the store's clock set, not waited for
         for key in live:
             assert isinstance(store.claim(key, lease=60), Acquired)
         for key in completed:
@@ -186,9 +194,8 @@ def seed(
         for key in past_retention:
             held = store.claim(key, lease=60)
             assert isinstance(held, Acquired)
-            store.complete(key, held.owner, held.fencing_token, None, retention=0.05)
-    if stale or past_retention:
-        time.sleep(0.2)  # let those leases and retentions run out
+            store.complete(key, held.owner, held.fencing_token, None, retention=60)
+            expire_retention(store, key)
 
 
 @pytest.fixture
@@ -247,16 +254,18 @@ class Proc:
         return line
 
     def wait_stderr(self, text: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.stderr:
+        def printed() -> bool:
+            if text in self.stderr:
+                return True
             if self.popen.poll() is not None:
-                time.sleep(0.1)  # the reader may still be copying the last bytes
-                if text in self.stderr:
-                    return
-                pytest.fail(f"pid {self.pid} exited without printing {text!r}:\n{self.stderr}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"pid {self.pid} did not print {text!r}:\n{self.stderr}")
-            time.sleep(0.02)
+                self._threads[1].join(10)  # the reader copies the last bytes, up to EOF
+                assert text in self.stderr, (
+                    f"pid {self.pid} exited without printing {text!r}:\n{self.stderr}"
+                )
+            return False
+
+        wait_until(printed, f"pid {self.pid} printing {text!r}", timeout, 0.02,
+                   detail=lambda: self.stderr)  # fmt: skip
 
     def send(self, text: str) -> None:
         assert self.popen.stdin is not None
@@ -354,7 +363,11 @@ def test_killed_worker_stale_lease_is_listed_and_freed(
     worker.send("go\n")
     expires = json.loads(worker.line())["lease_expires_at"]
     worker.kill()  # SIGKILL: no release, no cleanup
-    time.sleep(max(0.0, expires - time.time()) + 0.3)
+    worker.popen.wait()
+    with open_store(url) as store:
+        # Its heartbeat's lease, run out: the store's clock set, not waited for.
+        assert store.get(key).lease_expires_at.timestamp() == pytest.approx(expires, abs=0.01)
+        expire_lease(store, key)
 
     listed, as_json, live_refused = run_all(
         [

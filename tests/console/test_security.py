@@ -17,7 +17,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from idemctl.console.auth import hash_password
 from idemctl.model import ClaimRequest
 from tests.backends import expire_lease
 from tests.console.conftest import PASSWORDS, REPO, ConsoleProcess
+from tests.polling import wait_until
 from tests.servers import HOST, free_port
 
 SECRET = {"charge": "ch_secret_42"}
@@ -107,15 +107,6 @@ def unlock_form(client: httpx.Client, key: str, **extra: str) -> dict[str, str]:
     if "preview" in preview:
         sent["preview"] = preview["preview"]
     return sent
-
-
-def until(check: Any, what: str, seconds: float = 30.0) -> None:
-    """Poll ``check()`` until true, or fail after ``seconds`` (a deadline, not a speed)."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        time.sleep(0.1)
 
 
 # 1. The proxy is the console's to decide ---------------------------------------------------
@@ -505,7 +496,7 @@ def test_a_users_file_change_takes_effect_and_a_broken_one_keeps_the_last_good(
     users.write_text(
         f"# bo left; ana's password changed\nana operator {hash_password('new horse')}\n"
     )
-    until(lambda: bo.get("/api/").status_code == 401, "a removed user's session ends")
+    wait_until(lambda: bo.get("/api/").status_code == 401, "a removed user's session ends")
     assert ana.get("/api/").status_code == 401  # a changed password's session ends too
     client = httpx.Client(base_url=console.base, timeout=60)
     assert login(client, "ana", PASSWORDS["ana"]).status_code == 401
@@ -517,7 +508,7 @@ def test_a_users_file_change_takes_effect_and_a_broken_one_keeps_the_last_good(
         """The file is looked at when a request comes (at most once a second)."""
         return client.get("/healthz").is_success and "users file" in console.stderr.read_text()
 
-    until(warned, "a warning on stderr")
+    wait_until(warned, "a warning on stderr")
     assert "not-a-hash" not in console.stderr.read_text()
     again = httpx.Client(base_url=console.base, timeout=60)
     assert login(again, "ana", "new horse").status_code == 303  # the last good users

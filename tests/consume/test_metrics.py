@@ -9,20 +9,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests import polling
 from tests.consume.test_consume import REPO, kafka_flags, names, produce
 from tests.scrape import Samples, dashboard_metrics, probe, scrape
 from tests.servers import KafkaBroker, RedisServer, free_port
 
 
 def wait_until(what: str, ok: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    """``ok`` within ``timeout`` (tests/polling.py's, the arguments in this file's order)."""
+    polling.wait_until(ok, what, timeout, 0.1)
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:

@@ -27,6 +27,7 @@ from tests.backends import unique_prefix
 from tests.consume.test_consume import committed, names, options, produce
 from tests.consume.test_dead_letters import ProduceGate, gated_broker  # noqa: F401
 from tests.consume.test_ordering import ORDER
+from tests.polling import wait_until
 from tests.servers import KafkaBroker
 
 MESSAGES = 20
@@ -91,10 +92,8 @@ def cause(hold: str, url: str, store: Flaky, gate: ProduceGate | None) -> Callab
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+    """``condition`` within ``timeout`` (tests/polling.py's, in this file's order)."""
+    wait_until(condition, what, timeout)
 
 
 @pytest.mark.parametrize("hold", HOLDS)

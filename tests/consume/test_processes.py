@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.consume.test_consume import REPO, committed, kafka_flags, names, produce
+from tests.polling import wait_until
 from tests.scrape import probe, scrape
 from tests.servers import KafkaBroker, free_port
 
@@ -130,10 +131,8 @@ def done_by(tmp_path: Path) -> Counter[int]:
 
 
 def until(check: Any, run: Run, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, run.stderr()
-        time.sleep(0.1)
+    """``check`` within ``timeout``, with the run's log if not (tests/polling.py)."""
+    wait_until(check, "the workers' progress", timeout, 0.1, detail=run.stderr)
 
 
 @pytest.mark.slow

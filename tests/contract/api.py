@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
@@ -20,6 +19,7 @@ from idemctl.runner import Context, RunResult
 from idemctl.runner import run as run_sync
 from idemctl.stores.base import Store
 from tests.backends import Backend
+from tests.polling import wait_until
 
 T = TypeVar("T")
 APIS = ("sync", "async")
@@ -144,9 +144,10 @@ def waiting(
             future.set_exception(exc)
 
     threading.Thread(target=call, daemon=True).start()
-    deadline = time.monotonic() + 60
-    while key not in store.watch().waited:  # a condition, bounded: not a wait for time
+
+    def registered() -> bool:
         assert not future.done(), future.result()
-        assert time.monotonic() < deadline, "the waiter never registered"
-        time.sleep(0.005)
+        return key in store.watch().waited
+
+    wait_until(registered, "the waiter registered", interval=0.005)
     return future, ran

@@ -5,8 +5,8 @@ processes import it."""
 
 from __future__ import annotations
 
+import math
 import os
-import random
 import time
 from typing import Any
 
@@ -15,6 +15,7 @@ from idemctl.model import Order
 from idemctl.runner import Context, Outcome
 from idemctl.stores.base import Store
 from tests.contract.api import run
+from tests.polling import wait_until
 
 STALL = 90
 """Seconds a worker may go without any of its events coming to an end."""
@@ -46,12 +47,15 @@ def deliver(
     # loaded machine makes a whole run slow; a lease left behind frees itself in 30 s).
     deadline = time.monotonic() + STALL
     last: dict[str, str] = {}
-    while pending:
+
+    def one_pass() -> bool:
+        """Every pending event tried once more; whether none is left to try."""
+        nonlocal pending, deadline
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"worker {worker}: {len(pending)} events ended nothing in {STALL} s: {last}"
             )
-        again = []
+        again: list[Event] = []
         for entity, sequence in pending:
             key = f"{entity}#{sequence}"
             try:
@@ -68,6 +72,8 @@ def deliver(
             deadline = time.monotonic() + STALL
             outcomes.setdefault(key, []).append(result.outcome.value)
         pending = again
-        if pending:
-            time.sleep(random.uniform(0.001, 0.005))
+        return not pending
+
+    # The stall above fails the run, not a deadline for the whole: a loaded machine is slow.
+    wait_until(one_pass, f"worker {worker}: every event ended", timeout=math.inf, interval=0.003)
     return outcomes

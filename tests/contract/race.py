@@ -20,6 +20,7 @@ from idemctl.runner import Context, Outcome
 from idemctl.stores.base import Store
 from tests.backends import Backend
 from tests.contract.api import opened, run
+from tests.polling import wait_until
 
 
 def work(store: Store, keys: list[Any], ledger: str, worker: int, barrier: Any) -> dict[str, Any]:
@@ -36,11 +37,11 @@ def work(store: Store, keys: list[Any], ledger: str, worker: int, barrier: Any) 
     counts = {"executed": 0, "replayed": 0, "busy": 0, "unavailable": 0, "other": 0}
     pending = random.Random(worker).sample(keys, len(keys))
     barrier.wait()
-    deadline = time.monotonic() + 120
-    while pending:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"worker {worker}: {len(pending)} keys still busy")
-        busy = []
+
+    def one_pass() -> bool:
+        """Every pending key run once more; whether none is left busy."""
+        nonlocal pending
+        busy: list[Any] = []
         for key in pending:
             try:
                 result = run(store, key, handler, fingerprint=fingerprint(key), lease=30)
@@ -58,8 +59,9 @@ def work(store: Store, keys: list[Any], ledger: str, worker: int, barrier: Any) 
             else:  # a lost lease or worse: the test asserts there are none
                 counts["other"] += 1
         pending = busy
-        if pending:
-            time.sleep(0.005)
+        return not pending
+
+    wait_until(one_pass, f"worker {worker}: every key run to an end", timeout=120, interval=0.005)
     return counts
 
 

@@ -4,10 +4,8 @@ Stores judge time by their own clock (Redis TIME, Postgres now()), so a fake clo
 be injected everywhere; the test sets the store's times instead. A lease the test needs live
 is long (LONG: an hour, however loaded the machine); one it needs run out is made so
 (tests/backends.py's ``expire_lease``, ``expire_hold``), and a record that must be older
-than X gets past times written (``backdate``). A retention the test needs over
-while it reads the record first is made so too (``expire_retention``); one it only needs
-over is a short real duration waited out (SHORT, WAIT): waiting longer only helps, and no
-lease here needs to stay live meanwhile but a LONG one.
+than X gets past times written (``backdate``), and a retention the test needs over is
+made so too (``expire_retention``): no test here sleeps for a lease or a retention to end.
 """
 
 from __future__ import annotations
@@ -37,8 +35,6 @@ from idemctl.stores.base import Store
 from tests.backends import Backend, backdate, expire_lease, expire_retention
 from tests.contract.api import counts, run
 
-SHORT = 0.4  # a retention that the test waits out
-WAIT = 0.7  # long enough for SHORT to pass on any store's clock
 LONG = 3600.0  # a lease or retention that stays live for the whole test
 AGO = 600.0  # how far back a test sets a record's clock (backdate)
 CLOCK_SLACK_US = 1_000_000  # how far a store's clock may be from this machine's, in µs
@@ -524,9 +520,10 @@ def test_unlock_stale_and_purge_work_in_batches(
     ):  # fmt: skip
         monkeypatch.setattr(module, name, 40)
     keys = [f"bulk/{i:04d}" for i in range(120)]
-    outcomes = store.claim_many([ClaimRequest(k) for k in keys], lease=SHORT)
+    outcomes = store.claim_many([ClaimRequest(k) for k in keys], lease=LONG)
     assert all(isinstance(o, Acquired) for o in outcomes)
-    time.sleep(WAIT)
+    for k in keys:
+        expire_lease(store, k)
     handled: list[int] = []
     assert store.unlock_stale(progress=handled.append) == keys
     assert len(handled) > 1 and sum(handled) == len(keys)
@@ -536,10 +533,11 @@ def test_unlock_stale_and_purge_work_in_batches(
     done = store.complete_many(
         [Completion(k, a.owner, a.fencing_token) for k, a in zip(keys, again, strict=True)
          if isinstance(a, Acquired)],
-        retention=SHORT,
+        retention=LONG,
     )  # fmt: skip
     assert done == [True] * len(keys)
-    time.sleep(WAIT)
+    for k in keys:
+        expire_retention(store, k)
     handled.clear()
     purged = store.purge(progress=handled.append)
     assert purged in (0, len(keys))  # stores that expire by TTL have nothing left to purge
@@ -564,12 +562,13 @@ def test_forget(store: Store) -> None:
 
 
 def test_purge_removes_only_records_past_retention(store: Store) -> None:
-    for key, retention in (("old-1", SHORT), ("old-2", SHORT), ("kept", LONG)):
+    for key in ("old-1", "old-2", "kept"):
         a = acquire(store, key)
-        store.complete(key, a.owner, a.fencing_token, key, retention=retention)
+        store.complete(key, a.owner, a.fencing_token, key, retention=LONG)
+    expire_retention(store, "old-1")
+    expire_retention(store, "old-2")
     acquire(store, "running")
-    time.sleep(WAIT)
-    assert store.purge(older_than=LONG) == 0  # retention ended under a minute ago
+    assert store.purge(older_than=LONG) == 0  # retention ended a minute ago, not an hour
     would = store.purge(dry_run=True)
     assert would in (0, 2)  # stores that expire by TTL have nothing left to purge
     assert store.purge(dry_run=True) == would  # the dry run deleted nothing
@@ -635,10 +634,10 @@ def test_a_forgotten_key_cannot_be_completed_again_by_its_old_owner(store: Store
 
 def test_purge_never_turns_the_fencing_counter_back(store: Store) -> None:
     done = _moved_on(store, "done")
-    store.complete("done", done.owner, done.fencing_token, "ok", retention=SHORT)
+    store.complete("done", done.owner, done.fencing_token, "ok", retention=LONG)
+    expire_retention(store, "done")
     forgotten = _moved_on(store, "forgotten")
-    store.forget("forgotten", force=True)
-    time.sleep(WAIT)
+    store.forget("forgotten", force=True)  # a tombstone whose retention is over at once
     # The forgotten key's tombstone is past retention like any record and goes with purge;
     # "done" went by its TTL on Redis already.
     assert store.purge() in (1, 2)
@@ -656,10 +655,11 @@ def test_a_record_gone_by_the_stores_expiry_keeps_the_counter_growing(store: Sto
     it past retention (DynamoDB's TTL deletes it hours late): either way the key's next
     token is above every earlier one."""
     done = _moved_on(store, "done")
-    store.complete("done", done.owner, done.fencing_token, "ok", retention=SHORT)
+    store.complete("done", done.owner, done.fencing_token, "ok", retention=LONG)
     given_up = _moved_on(store, "failed")
-    store.fail("failed", given_up.owner, given_up.fencing_token, "no", False, retention=SHORT)
-    time.sleep(WAIT)
+    store.fail("failed", given_up.owner, given_up.fencing_token, "no", False, retention=LONG)
+    expire_retention(store, "done")
+    expire_retention(store, "failed")
     for key, held in (("done", done), ("failed", given_up)):
         assert store.get(key) is None
         again = acquire(store, key)

@@ -3,25 +3,27 @@
 
 Each scenario seeds the default SQLite store, ``PATH/idemctl.db`` (what ``idemctl`` opens
 when run in PATH), through the library, as workers would have left it. A stale lease is a
-claim with a lease of a millisecond and a short sleep; a record past retention, a
-completion kept for a millisecond. Everything else is live for far longer than a
-transcript runs. Each scenario takes well under a second.
+claim with a lease of a millisecond, its record then moved PAST seconds back; a record
+past retention, a completion kept for a millisecond whose retention is then set to have
+ended PAST seconds back (tests/backends.py: the store's clock, not a sleep). Everything
+else is live for far longer than a transcript runs. Each scenario takes well under a
+second.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from idemctl import Acquired, Context, Order, Outcome, Permanent, Store, open_store, run
 from idemctl.model import Guard, Verdict
+from tests.backends import backdate, expire_retention
 
 TINY = 0.001
 """A lease or a retention, in seconds, that is over by the time the scenario returns."""
 
 PAST = 0.05
-"""Seconds to sleep for a TINY lease or retention to be over."""
+"""Seconds by which a TINY lease or retention is over: the store's times moved back so."""
 
 LONG = 3600.0
 """A lease, in seconds, that is still live while a transcript runs."""
@@ -62,7 +64,7 @@ def stale(store: Store, key: str, attempts: int) -> None:
     """``key`` in progress, its owner's lease over: each of its ``attempts`` was SIGKILLed."""
     for _ in range(attempts):
         claimed(store, key, lease=TINY)
-        time.sleep(PAST)
+        backdate(store, key, PAST)
 
 
 def empty(path: Path) -> None:
@@ -96,7 +98,7 @@ def expired(path: Path) -> None:
         for key in ("charge:0901", "charge:0902"):
             got = claimed(store, key)
             store.complete(key, got.owner, got.fencing_token, None, retention=TINY)
-        time.sleep(PAST)
+            expire_retention(store, key, PAST)
 
 
 def entities(path: Path) -> None:

@@ -14,11 +14,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.consume.test_consume import REPO, committed, names, produce
+from tests.polling import wait_until
 from tests.servers import KafkaBroker
 
 PAYMENTS = 500
@@ -39,12 +39,8 @@ def charges(ledger: Path) -> dict[str, tuple[int, int, int]]:
 
 
 def wait_for(condition: Any, what: str, procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        for p in procs:
-            assert p.poll() is None, f"an app exited ({p.returncode}) before: {what}"
-        assert time.monotonic() < deadline, f"not within {DEADLINE}s: {what}"
-        time.sleep(0.1)
+    """``condition`` within DEADLINE, every app alive meanwhile (tests/polling.py)."""
+    wait_until(condition, what, DEADLINE, 0.1, procs=procs)
 
 
 def test_the_example_charges_each_payment_once_across_sigkills(

@@ -7,7 +7,6 @@ app with ``asyncio.run``."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -23,6 +22,7 @@ from idemctl.kafka.options import Handling
 from idemctl.runner import current_context
 from tests.backends import unique_prefix
 from tests.consume.test_consume import committed, names, produce, read_all
+from tests.polling import wait_until_async
 from tests.servers import KafkaBroker, RedisServer
 
 TANSU = {
@@ -35,16 +35,8 @@ DEADLINE = 90.0
 
 
 async def until(condition: Callable[[], bool | Awaitable[bool]], what: str) -> None:
-    """Wait for ``condition`` (checked every 50 ms), failing after DEADLINE seconds."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        answer = condition()
-        if not isinstance(answer, bool):
-            answer = await answer
-        if answer:
-            return
-        assert time.monotonic() < deadline, f"not within {DEADLINE}s: {what}"
-        await asyncio.sleep(0.05)
+    """``condition`` within DEADLINE seconds (tests/polling.py)."""
+    await wait_until_async(condition, what, DEADLINE)
 
 
 async def committed_total(broker: KafkaBroker, topic: str, group: str, partitions: int) -> int:

@@ -6,23 +6,13 @@ settle, and retry."""
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable
 
 from idemctl.model import Record, Status
 from tests.http.conftest import Served
+from tests.polling import wait_until
 
 DEADLINE = 60.0
 """Seconds a test waits for something that happens on its own (a claim, a view's end)."""
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout:g} s: {what}")
 
 
 def record(served: Served, stored_key: str) -> Record | None:
@@ -47,15 +37,15 @@ def hang_up(served: Served, target: str, key: str, body: bytes, stored_key: str)
     ).encode("latin-1")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(head + body)
-        eventually(lambda: held(served, stored_key), f"a request holds {stored_key}")
+        wait_until(lambda: held(served, stored_key), f"a request holds {stored_key}")
         sock.shutdown(socket.SHUT_RDWR)
 
 
 def settled(served: Served, stored_key: str, order: str) -> Record:
     """Wait until the hung-up request's view has charged ``order`` and its key is held no
     more (completed, or released): the record then."""
-    eventually(lambda: served.charges(order) >= 1, f"the view charged {order}")
-    eventually(lambda: not held(served, stored_key), f"{stored_key} held no more")
+    wait_until(lambda: served.charges(order) >= 1, f"the view charged {order}")
+    wait_until(lambda: not held(served, stored_key), f"{stored_key} held no more")
     found = record(served, stored_key)
     assert found is not None
     return found

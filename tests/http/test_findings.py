@@ -21,8 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -31,6 +30,7 @@ import requests
 
 from idemctl.model import Status
 from tests.http.conftest import SERVERS, Served, problem, serve, store_url, stored_key, unique
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -64,15 +64,6 @@ def connection(api: Served) -> httpx.Client:
     return httpx.Client(base_url=api.server.base_url, timeout=90)
 
 
-def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout:g} s: {what}")
-
-
 def held(api: Served, key: str) -> bool:
     """Whether a request holds ``key`` now (the store says so)."""
     with api.store() as store:
@@ -90,7 +81,7 @@ def test_4_background_work_runs_after_the_response(api: Served) -> None:
     assert first.status_code == 201, first.text
     assert ran_already == 0, "the response waited for the 2 s background task"
     assert api.charges(order) == 1
-    eventually(lambda: api.charges(f"bg:{order}") == 1, "the background task ran")
+    wait_until(lambda: api.charges(f"bg:{order}") == 1, "the background task ran")
     again = post(api, "/background", key, {"order": order}, params={"bg": 2})
     assert again.status_code == 201 and again.headers.get(REPLAYED) == "true"
     assert again.content == first.content
@@ -107,7 +98,7 @@ def test_4_a_background_task_that_raises_leaves_the_201(api: Served) -> None:
         first = client.post("/background", json=body, headers=keyed(key), params=params)
     assert first.status_code == 201, first.text
     assert REPLAYED not in first.headers
-    eventually(lambda: api.charges(f"bg:{order}") == 1, "the failing background task ran")
+    wait_until(lambda: api.charges(f"bg:{order}") == 1, "the failing background task ran")
     with connection(api) as client:
         again = client.post("/background", json=body, headers=keyed(key), params=params)
     assert again.status_code == 201, again.text
@@ -124,7 +115,7 @@ def test_6_a_409_says_to_retry_when_the_request_may_be_done(api: Served) -> None
     first = threading.Thread(target=lambda: answers.append(api.charge(key, order, delay=3)))
     first.start()
     try:
-        eventually(lambda: held(api, stored_key(key)), "the first request holds its key")
+        wait_until(lambda: held(api, stored_key(key)), "the first request holds its key")
         busy = api.charge(key, order, delay=3)  # the same request: its query string too
         problem(busy, 409, "request-in-progress")
         retry_after = int(busy.headers["retry-after"])

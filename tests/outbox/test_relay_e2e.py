@@ -29,6 +29,7 @@ from idemctl import open_store
 from idemctl.outbox.table import TAKE_MARK
 from tests.backends import unique_schema
 from tests.consume.test_consume import produce, read_all
+from tests.polling import wait_until
 from tests.scrape import dashboard_metrics, probe, scrape
 from tests.servers import KafkaBroker, PostgresServer, free_port
 from tests.traces import spans_of
@@ -365,10 +366,8 @@ RELAY_LOOKS = f"(query LIKE 'SELECT seq, retry_at%%' OR query LIKE '/* {TAKE_MAR
 
 
 def wait_for(what: str, condition: Any, timeout: float, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(interval)
+    """``condition`` within ``timeout`` (tests/polling.py's, in this file's order)."""
+    wait_until(condition, what, timeout, interval)
 
 
 # 1. End to end ----------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ vocabulary."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import pytest
@@ -12,6 +11,8 @@ from idemctl.errors import ConfigError
 from idemctl.model import Acquired, Busy, ClaimRequest, Order, Status
 from idemctl.runner import Batch, Context, Outcome, RunResult, Step
 from idemctl.stores.memory import MemoryStore
+from tests.polling import wait_until
+from tests.runner.test_runner import Clock, lease_end
 
 
 def boom(ctx: Context) -> None:
@@ -56,10 +57,23 @@ def test_a_round_claims_runs_gives_back_and_completes_each_with_a_run_result() -
 
 
 def test_one_heartbeat_keeps_every_held_key_alive_while_a_slow_handler_runs() -> None:
-    store = MemoryStore()
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+
+    def slow(ctx: object) -> None:
+        """Three leases long by the store's clock, each step waiting for a heartbeat."""
+        for _ in range(3):
+            ends = {k: lease_end(store, k) for k in ("slow", "waiting")}
+            clock.advance(0.2)
+            wait_until(
+                lambda ends=ends: all(lease_end(store, k) > e for k, e in ends.items()),
+                "a heartbeat extended both leases",
+            )
+            clock.advance(0.1)
+
     with Batch(store, lease=0.3) as batch:
         claim(batch, [ClaimRequest("slow"), ClaimRequest("waiting")])
-        batch.run("slow", lambda ctx: time.sleep(0.9))  # three leases long
+        batch.run("slow", slow)  # three leases long
         other = store.claim("waiting")  # still held by the batch: its lease was extended
         assert isinstance(other, Busy)
         assert batch.run("waiting", lambda ctx: "ok").outcome is Step.RAN

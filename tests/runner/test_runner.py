@@ -4,7 +4,6 @@ leases, heartbeats and interrupts."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +24,7 @@ from idemctl import (
 )
 from idemctl.model import Acquired, Busy, Status
 from idemctl.stores.memory import MemoryStore
+from tests.polling import wait_until
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 FIRST_TOKEN = 1_767_225_600_000_000
@@ -258,19 +258,23 @@ def test_current_context_does_not_leak_out_of_run(store: MemoryStore) -> None:
 # Leases, heartbeats, interrupts ------------------------------------------------------------
 
 
-def test_heartbeat_keeps_a_long_handler_s_lease() -> None:
-    store = MemoryStore()
+def lease_end(store: MemoryStore, key: str) -> datetime:
+    record = store.get(key)
+    assert record is not None and record.lease_expires_at is not None
+    return record.lease_expires_at
+
+
+def test_heartbeat_keeps_a_long_handler_s_lease(store: MemoryStore, clock: Clock) -> None:
     seen: list[object] = []
 
-    def other_worker() -> None:
-        time.sleep(0.5)
-        seen.append(store.claim("order:1"))
-
     def slow(ctx: Context) -> str:
-        thread = threading.Thread(target=other_worker)
-        thread.start()
-        time.sleep(1.0)
-        thread.join()
+        # By the store's clock: the lease nearly over, a heartbeat, then past the lease
+        # as claimed, where another worker finds the key still held.
+        first = lease_end(store, "order:1")
+        clock.advance(0.2)
+        wait_until(lambda: lease_end(store, "order:1") > first, "a heartbeat extended the lease")
+        clock.advance(0.2)
+        seen.append(store.claim("order:1"))
         return "done"
 
     result = run(store, "order:1", slow, lease=0.3)
@@ -282,14 +286,13 @@ def test_heartbeat_keeps_a_long_handler_s_lease() -> None:
     assert record.fencing_token == result.fencing_token and record.attempts == 1
 
 
-def test_result_after_a_lost_lease_is_discarded() -> None:
-    store = MemoryStore()
+def test_result_after_a_lost_lease_is_discarded(store: MemoryStore, clock: Clock) -> None:
     takeovers: list[object] = []
     tokens: list[int] = []
 
     def slow(ctx: Context) -> str:
         tokens.append(ctx.fencing_token)
-        time.sleep(0.5)  # past the 0.2 s lease, with no heartbeat
+        clock.advance(0.5)  # past the 0.2 s lease, with no heartbeat: the store's clock
         takeovers.append(store.claim("order:1"))
         return "first"
 

@@ -734,15 +734,16 @@ def test_purge_deletes_entities_past_retention_and_counts_them(
     store: DynamoDBStore, table: str, raw: Any
 ) -> None:
     a, b = acquire(store, "a"), acquire(store, "b")
-    for name, sequence, holder, retention in (("old", 1, a, 0.3), ("kept", 2, b, LONG)):
+    for name, sequence, holder in (("old", 1, a), ("kept", 2, b)):
         (reply,) = store.guard_many([Guard(name, sequence, holder.key, holder.fencing_token)])
         assert reply.verdict is Verdict.GO
         settled = store.settle_many(
-            [Settle(name, sequence, holder.key, holder.fencing_token)], retention
+            [Settle(name, sequence, holder.key, holder.fencing_token)], LONG
         )
         assert settled == [True]
-    store.complete("a", a.owner, a.fencing_token, None, retention=0.3)
-    time.sleep(0.6)
+    store.complete("a", a.owner, a.fencing_token, None, retention=LONG)
+    expire_retention(store, "old", entity=True)
+    expire_retention(store, "a")
     assert store.get_entity("old") is None  # past retention, still in the table
     assert entity_item(raw, table, "old") is not None
     assert store.count_entities() == 1
@@ -757,8 +758,8 @@ def test_purge_deletes_entities_past_retention_and_counts_them(
 def test_an_entity_past_retention_starts_anew(store: DynamoDBStore, table: str, raw: Any) -> None:
     a, b = acquire(store, "a"), acquire(store, "b")
     store.guard_many([Guard("acct:1", 9, "a", a.fencing_token)])
-    assert store.settle_many([Settle("acct:1", 9, "a", a.fencing_token)], 0.3) == [True]
-    time.sleep(0.6)
+    assert store.settle_many([Settle("acct:1", 9, "a", a.fencing_token)], LONG) == [True]
+    expire_retention(store, "acct:1", entity=True)
     (reply,) = store.guard_many([Guard("acct:1", 2, "b", b.fencing_token)], LONG)
     assert (reply.verdict, reply.last) == (Verdict.GO, None)
     fresh = entity_item(raw, table, "acct:1")

@@ -27,16 +27,21 @@ from idemctl.stores import dynamodb as package
 from idemctl.stores.dynamodb import DynamoDBStore, provision
 from idemctl.stores.dynamodb.items import ENTITY_PREFIX, INDEX, INDEX_KEYS, SHARDS
 from idemctl.stores.queries import stats_of
-from tests.backends import unique_table
+from tests.backends import expire_lease, expire_retention, unique_table
 from tests.servers import MotoServer
-from tests.stores.test_dynamodb import acquire, item, open_ddb
-
-EXPIRED = 0.05
-"""A lease that has ended after ``ended()``."""
+from tests.stores.test_dynamodb import LONG, acquire, item, open_ddb
 
 
-def ended() -> None:
-    time.sleep(EXPIRED * 3)
+def ended(store: DynamoDBStore, *keys: str) -> None:
+    """The leases (in progress) or retentions (finished) of ``keys`` run out: their times
+    written into the past (tests/backends.py), not waited for."""
+    for key in keys:
+        record = store.get(key)
+        assert record is not None, key
+        if record.status is Status.IN_PROGRESS:
+            expire_lease(store, key)
+        else:
+            expire_retention(store, key)
 
 
 @pytest.fixture
@@ -170,14 +175,14 @@ def test_every_write_leaves_the_mark_exactly_on_live_keys_in_progress(
     assert marks_hold(raw, table) == {"w-3", "w-4", "w-5"}
 
     store.fail("w-4", again.owner, again.fencing_token, "later", retriable=True)
-    retried = acquire(store, "w-4", lease=EXPIRED)  # a retriable failure claimed again
-    ended()
+    retried = acquire(store, "w-4")  # a retriable failure claimed again
+    ended(store, "w-4")
     assert store.unlock_stale() == ["w-4"]
     assert marks_hold(raw, table) == {"w-3", "w-4", "w-5"}
 
-    taken = acquire(store, "w-4", lease=EXPIRED)
+    taken = acquire(store, "w-4")
     assert taken.fencing_token > retried.fencing_token
-    ended()
+    ended(store, "w-4")
     over = acquire(store, "w-4")  # a takeover of an ended lease
     assert over.takeover
     store.forget("w-4", force=True)  # a tombstone: past retention, status left as it was
@@ -188,8 +193,8 @@ def test_every_write_leaves_the_mark_exactly_on_live_keys_in_progress(
     assert renewed.fencing_token > over.fencing_token
     for key in ("short", "gone"):
         s = acquire(store, key)
-        store.complete(key, s.owner, s.fencing_token, None, retention=EXPIRED)
-    ended()
+        store.complete(key, s.owner, s.fencing_token, None, retention=LONG)
+    ended(store, "short", "gone")
     acquire(store, "short")  # past retention: a new life of the same item
     assert marks_hold(raw, table) == {"w-3", "w-4", "w-5", "short"}
     assert store.purge() == 2  # w-0's tombstone and gone, past retention
@@ -209,15 +214,15 @@ def test_in_progress_reads_with_filters_pages_and_unlock_never_scan(url: str) ->
 
 def _reads_never_scan(store: DynamoDBStore) -> None:
     for i in range(5):
-        acquire(store, f"a:stale-{i}", lease=EXPIRED)
-        acquire(store, f"b:stale-{i}", lease=EXPIRED)
+        acquire(store, f"a:stale-{i}")
+        acquire(store, f"b:stale-{i}")
     for i in range(3):
         r = acquire(store, f"a:released-{i}")
         store.release(r.key, r.owner, r.fencing_token)
     acquire(store, "a:live")
     done = acquire(store, "a:done")
     store.complete("a:done", done.owner, done.fencing_token, None)
-    ended()
+    ended(store, *(f"{side}:stale-{i}" for side in "ab" for i in range(5)))
 
     def listed(**options: Any) -> list[str]:
         keys, cursor = [], None
@@ -260,12 +265,12 @@ def test_pages_give_every_key_once_across_shards_while_keys_change_between_pages
     keys = [f"p-{i:02d}" for i in range(40)]
     held = {
         h.key: h
-        for h in store.claim_many([ClaimRequest(k) for k in keys], lease=EXPIRED)
+        for h in store.claim_many([ClaimRequest(k) for k in keys], lease=LONG)
         if isinstance(h, Acquired)
     }
     assert sorted(held) == keys
     assert len({zlib.crc32(k.encode()) % SHARDS for k in keys}) > SHARDS // 2
-    ended()
+    ended(store, *keys)
 
     def complete(key: str) -> None:
         store.complete(key, held[key].owner, held[key].fencing_token, None)
@@ -324,9 +329,9 @@ def test_unlock_stale_frees_in_batches_and_skips_a_key_taken_over_after_the_inde
     monkeypatch.setattr(package, "ITEMS_PER_BATCH", 3)
     keys = [f"u-{i}" for i in range(8)]
     for key in keys:
-        acquire(store, key, lease=EXPIRED)
+        acquire(store, key)
     live = acquire(store, "u-live")
-    ended()
+    ended(store, *keys)
 
     # Another worker takes over u-0 just after the index was read: the index said it is
     # stale, the table no longer does.
@@ -365,8 +370,8 @@ def test_unlock_stale_frees_in_batches_and_skips_a_key_taken_over_after_the_inde
 def test_stats_from_the_index_are_exact_where_they_say_and_exact_stats_scan(
     store: DynamoDBStore, raw: Any, table: str
 ) -> None:
-    acquire(store, "s:stale-1", lease=EXPIRED)
-    acquire(store, "s:stale-2", lease=EXPIRED)
+    acquire(store, "s:stale-1")
+    acquire(store, "s:stale-2")
     r = acquire(store, "s:released")
     store.release(r.key, r.owner, r.fencing_token)
     held = acquire(store, "s:live")
@@ -377,7 +382,7 @@ def test_stats_from_the_index_are_exact_where_they_say_and_exact_stats_scan(
     store.fail(f.key, f.owner, f.fencing_token, "boom")
     # An entity of the sequence guard: an item of the table, counted by DynamoDB's count.
     assert store.guard_many([Guard("order-1", 1, "s:live", held.fencing_token)])
-    ended()
+    ended(store, "s:stale-1", "s:stale-2")
 
     approximate = store.stats()
     exact = store.stats(exact=True)
@@ -421,7 +426,7 @@ def test_init_on_an_older_table_dry_run_then_marks_live_keys_in_progress_only(
     make_old_table(raw, table)
     with open_ddb(url) as store:
         for i in range(4):
-            acquire(store, f"old-{i}", lease=EXPIRED)
+            acquire(store, f"old-{i}")
         done = acquire(store, "done")
         store.complete("done", done.owner, done.fencing_token, None)
         acquire(store, "forgotten")
@@ -429,7 +434,7 @@ def test_init_on_an_older_table_dry_run_then_marks_live_keys_in_progress_only(
         acquire(store, "new")  # claimed by this version: marked already
         for i in range(4):
             unmark(raw, table, f"old-{i}")
-        ended()
+        ended(store, *(f"old-{i}" for i in range(4)))
         findings = {f.name: f for f in store.check()}
         assert findings["index"].level == "warn" and "missing" in findings["index"].detail
         assert "idemctl init" in (findings["index"].fix or "")
@@ -534,8 +539,8 @@ def test_an_index_of_that_name_with_other_keys_is_reported_and_not_read(
         assert any("other keys" in note for note in done.notes)
         finding = {f.name: f for f in store.check()}["index"]
         assert finding.level == "warn" and "other keys" in finding.detail
-        acquire(store, "k", lease=EXPIRED)
-        ended()
+        acquire(store, "k")
+        ended(store, "k")
         with asked(store) as scans:
             assert [r.key for r in store.scan(stale_only=True).records] == ["k"]
             assert store.unlock_stale() == ["k"]
@@ -546,8 +551,8 @@ def test_a_store_that_may_not_describe_the_table_reads_by_scanning(
     store: DynamoDBStore,
 ) -> None:
     """DescribeTable refused (an IAM policy without it): the listings scan, as before."""
-    acquire(store, "k", lease=EXPIRED)
-    ended()
+    acquire(store, "k")
+    ended(store, "k")
 
     class Refused:
         status_code = 400

@@ -47,9 +47,10 @@ from idemctl.stores import open_store
 from idemctl.stores.base import Store
 from idemctl.stores.postgres import PostgresStore
 from idemctl.stores.postgres.sql import provision_lock
-from tests.backends import Backend, unique_schema
+from tests.backends import Backend, expire_retention, unique_schema
 from tests.contract.race import race
 from tests.killing import claims_across_a_kill
+from tests.polling import wait_until
 from tests.servers import PostgresServer, _children_of, free_port, pid_alive
 
 T = TypeVar("T")
@@ -164,27 +165,30 @@ def run_until_settled(
 ) -> Any:
     """run() again while the key is busy (a crashed holder's session may take a moment to
     end on the server), within the hang bound."""
-    deadline = time.monotonic() + HANG
-    while True:
+
+    def settled() -> Any:
         result = bounded(lambda: run(store, key, handler, **kw))
-        if result.outcome is not Outcome.BUSY:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"key {key!r} still busy after {HANG}s")
-        time.sleep(0.05)
+        return result if result.outcome is not Outcome.BUSY else None
+
+    return wait_until(settled, f"key {key!r} no longer busy", timeout=HANG)
 
 
 def until_available(fn: Callable[[], T], timeout: float = HANG) -> T:
     """fn() retried while it raises StoreUnavailable (what a consumer's back-off does), each
     call bounded; fails if the store has not recovered within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    last: list[StoreUnavailable] = []
+
+    def available() -> tuple[T] | None:
         try:
-            return bounded(fn)
-        except StoreUnavailable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+            return (bounded(fn),)
+        except StoreUnavailable as exc:
+            last[:] = [exc]
+            return None
+
+    (answer,) = wait_until(
+        available, "the store available again", timeout, 0.1, detail=lambda: repr(last)
+    )
+    return answer
 
 
 # The server helper itself --------------------------------------------------------------------
@@ -349,20 +353,37 @@ def test_provision_from_several_workers_at_once(url: str, db: Any, schema: str) 
             s.close()
 
 
-def test_provision_waits_out_another_provisioner(url: str, db: Any) -> None:
+def test_provision_waits_out_another_provisioner(
+    url: str, db: Any, postgres_server: PostgresServer
+) -> None:
     """A provisioner that holds the schema's lock longer than the claims' lock_timeout
     (0.1 s; seen under load with four workers starting at once) is waited for."""
     store = open_pg(url)
+    look = postgres_server.connect()  # outside db's transaction, which pins what it sees
     try:
         with ThreadPoolExecutor(1) as pool:
             with db.transaction():
                 db.execute(provision_lock(store.names))
+                holder = db.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+                def waited_long() -> bool:
+                    # The provisioner's backend, by the server's clock, has waited for the
+                    # lock five times the claims' lock_timeout.
+                    (n,) = look.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+                        " AND %s = ANY(pg_blocking_pids(pid))"
+                        " AND clock_timestamp() - query_start > interval '0.5 s'",
+                        (holder,),
+                    ).fetchone()
+                    return n > 0 or later.done()
+
                 later = pool.submit(store.provision)
-                time.sleep(0.5)
+                wait_until(waited_long, "the provisioner waiting for the lock for 0.5 s")
                 assert not later.done()  # waiting, not failed with LockTimeout
             assert later.result(timeout=HANG).changed
         assert isinstance(store.claim("k"), Acquired)
     finally:
+        look.close()
         store.close()
 
 
@@ -464,8 +485,8 @@ def test_transactional_claims_never_turn_the_fencing_counter_back(
         assert isinstance(unit.outcome, Acquired)
         assert unit.outcome.takeover is False
         assert unit.outcome.fencing_token == held.fencing_token + 1  # the tombstone kept it
-        done = unit.complete("second life", retention=0.05)
-    time.sleep(0.2)
+        done = unit.complete("second life", retention=LONG)
+    expire_retention(store, "order-1")
     assert store.purge() == 1
     # No row left: the counter starts again at the server's clock in µs, above every token.
     (now_us,) = db.execute(
@@ -626,9 +647,10 @@ def test_an_older_schema_gets_the_entities_table(url: str, db: Any, schema: str)
 def test_purge_deletes_entities_past_retention(store: PostgresStore) -> None:
     a = acquire(store, "k")
     store.guard_many([Guard("acct:1", 1, "k", a.fencing_token)])
-    assert store.settle_many([Settle("acct:1", 1, "k", a.fencing_token)], retention=0.05)
-    store.complete("k", a.owner, a.fencing_token, retention=0.05)
-    time.sleep(0.2)
+    assert store.settle_many([Settle("acct:1", 1, "k", a.fencing_token)], retention=LONG)
+    store.complete("k", a.owner, a.fencing_token, retention=LONG)
+    expire_retention(store, "acct:1", entity=True)
+    expire_retention(store, "k")
     assert store.purge(dry_run=True) == 2
     assert store.purge() == 2  # the key and the entity
     assert store.count_entities() == 0 and store.purge() == 0
@@ -922,11 +944,11 @@ def _race_worker(
     counts = {"executed": 0, "replayed": 0, "busy": 0, "other": 0}
     pending = random.Random(worker).sample(keys, len(keys))
     barrier.wait()
-    deadline = time.monotonic() + 120
-    while pending:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"worker {worker}: {len(pending)} keys still busy")
-        busy = []
+
+    def one_pass() -> bool:
+        """Every pending key run once more; whether none is left busy."""
+        nonlocal pending
+        busy: list[Any] = []
         for key in pending:
             result = run(
                 store, key, handler, fingerprint=fingerprint(key), lease=30, transactional=True
@@ -939,8 +961,9 @@ def _race_worker(
             else:
                 counts["other"] += 1
         pending = busy
-        if pending:
-            time.sleep(0.005)
+        return not pending
+
+    wait_until(one_pass, f"worker {worker}: every key run to an end", timeout=120, interval=0.005)
     return counts
 
 
@@ -1046,11 +1069,12 @@ def test_the_store_works_soon_after_a_longer_outage_ends(tmp_path: Path) -> None
         acquire(store, "before")
         server.kill()
         down = time.monotonic()
-        while time.monotonic() - down < 6.5:  # a worker failing closed, retrying
+        # Down for 8 s at least, a worker failing closed and retrying meanwhile: the outage's
+        # length, in real time, is what the test is about (the pool's back-off runs on it).
+        while time.monotonic() - down < 8.0:
             with pytest.raises(StoreUnavailable):
                 bounded(lambda: store.claim("during"))
             time.sleep(0.5)
-        time.sleep(max(0.0, down + 8.0 - time.monotonic()))  # down for 8 s in all
         server.restart()
         assert server.ready()
         # The server answers now: a retrying caller is back at work within a couple of its

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +37,7 @@ from idemctl.stores import open_store
 from idemctl.stores.base import Store
 from tests.backends import expire_lease, unique_prefix
 from tests.killing import claims_across_a_kill
+from tests.polling import wait_until
 from tests.servers import RedisCluster, RedisServer, free_port
 
 T = TypeVar("T")
@@ -456,8 +456,8 @@ def test_a_key_expired_by_its_ttl_starts_at_the_servers_clock(
 ) -> None:
     a = acquire(store, "k")
     store.complete("k", a.owner, a.fencing_token, None, retention=0.05)
-    time.sleep(0.15)
-    assert raw.exists(f"{prefix}{{k}}") == 0  # gone by PX
+    # Gone by PX: Redis's own expiry, on Redis's clock, which no test can move; looked for.
+    wait_until(lambda: raw.exists(f"{prefix}{{k}}") == 0, "the record gone by its TTL")
     seconds, micros = raw.time()
     again = acquire(store, "k")
     assert a.fencing_token < seconds * 1_000_000 + micros <= again.fencing_token
@@ -539,8 +539,8 @@ def test_an_entity_past_retention_is_dropped_by_its_ttl(
     a = acquire(store, "k")
     assert go(store, "acct:1", 5, a) is Verdict.GO
     assert store.settle_many([Settle("acct:1", 5, "k", a.fencing_token)], retention=0.05) == [True]
-    time.sleep(0.15)
-    assert raw.exists(f"{prefix}entity:{{acct:1}}") == 0
+    # Redis's own expiry (PX), on its clock: looked for.
+    wait_until(lambda: raw.exists(f"{prefix}entity:{{acct:1}}") == 0, "the entity gone by its TTL")
     assert store.get_entity("acct:1") is None
     assert store.count_entities() == 0
     assert go(store, "acct:1", 1, acquire(store, "late")) is Verdict.GO
@@ -844,10 +844,8 @@ def test_script_calls_use_one_connection_per_caller(
         assert 1 <= _named_clients(raw, name) <= 4
     finally:
         store.close()
-    deadline = time.monotonic() + HANG  # the server notices closed sockets on its next loop
-    while _named_clients(raw, name) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _named_clients(raw, name) == 0
+    # The server notices closed sockets on its next loop.
+    wait_until(lambda: _named_clients(raw, name) == 0, "every client closed", HANG, 0.01)
 
 
 def test_an_interrupted_call_leaves_no_reply_behind_for_the_next(

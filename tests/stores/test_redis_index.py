@@ -21,7 +21,7 @@ from idemctl.errors import IdemctlError
 from idemctl.model import Guard, Settle, Stats, Verdict
 from idemctl.stores import open_store
 from idemctl.stores.redis import RedisStore
-from tests.backends import unique_prefix
+from tests.backends import expire_lease, unique_prefix
 from tests.servers import RedisCluster, RedisServer
 
 KEYS = 40
@@ -257,7 +257,8 @@ def test_init_counts_records_written_before_the_index(redis_server: RedisServer)
             got = store.claim(f"done-{i}")
             store.complete(f"done-{i}", got.owner, got.fencing_token, i)
         for i in range(3):
-            store.claim(f"stale-{i}", lease=0.05)
+            store.claim(f"stale-{i}", lease=LONG)
+            expire_lease(store, f"stale-{i}")
         failed = store.claim("failed")
         store.fail("failed", failed.owner, failed.fencing_token, "boom", False)
         store.forget("done-0")
@@ -268,7 +269,6 @@ def test_init_counts_records_written_before_the_index(redis_server: RedisServer)
             fields.pop("gone", None)
             raw.set(rkey, json.dumps(fields), keepttl=True)
         raw.delete(*raw.keys(f"{prefix}idx:*"))
-        time.sleep(0.1)
 
         assert not store.index_ready()
         before = store.stats()
@@ -329,12 +329,12 @@ def test_operator_commands_read_no_key_they_do_not_report(own_server: RedisServe
             ]
         )
         for i in range(5):
-            store.claim(f"stale-{i}", lease=0.05)
+            store.claim(f"stale-{i}", lease=LONG)
+            expire_lease(store, f"stale-{i}")
         store.claim("live", lease=LONG)
         for i in range(3):
             got = store.claim(f"failed-{i}")
             store.fail(f"failed-{i}", got.owner, got.fencing_token, "boom", False)
-        time.sleep(0.2)
         scans, gets = calls(raw, "scan"), calls(raw, "get") + calls(raw, "mget")
 
         stats = store.stats()
