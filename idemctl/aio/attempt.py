@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from idemctl._unasync import is_async
 from idemctl.aio.context import Handler, call_handler
 from idemctl.aio.heartbeat import Heartbeat
 from idemctl.aio.outbox import AsyncOutbox
@@ -360,7 +361,10 @@ async def invoke(
         # delivery at once, even if the task is cancelled again meanwhile. A thread
         # abandoned past its hard time limit touches nothing: its key was settled for it.
         if not isinstance(exc, Abandoned):
-            await asyncio.shield(give_back(store, acquired, order, logger))
+            if is_async():
+                await asyncio.shield(give_back(store, acquired, order, logger))
+            else:
+                give_back(store, acquired, order, logger)
         raise
     else:
         try:

@@ -21,16 +21,9 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
-from idemctl.errors import (
-    ConfigError,
-    KeyNotFound,
-    LeaseLost,
-    NotProvisioned,
-    Refused,
-    StoreError,
-)
+from idemctl.errors import ConfigError, KeyNotFound, LeaseLost, NotProvisioned, Refused, StoreError
 from idemctl.http.policy import (
     Attempt,
     Guarded,
@@ -49,9 +42,7 @@ from idemctl.stores.base import Store, TransactionalStore
 
 if TYPE_CHECKING:
     from idemctl.model import JSON
-
 log = logging.getLogger("idemctl.http")
-
 Produced: TypeAlias = Response | Streamed
 App: TypeAlias = Callable[[Attempt], Produced]
 """Runs the app for an attempt: its response when it was buffered whole (not yet sent), or
@@ -105,8 +96,6 @@ def _once(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
     try:
         produced = app(_attempt(guarded, a))
     except asyncio.CancelledError:
-        # The app was cancelled, not finished: work it began may still run (a thread it
-        # started, a sync view). The key stays held until its lease ends, never released.
         heartbeat.stop()
         log.warning("%s: the app was cancelled; its key is held until its lease ends", a.key)
         raise
@@ -126,7 +115,7 @@ def _once(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
     until = max(asked, heartbeat.kept_since) + lease
     try:
         stored = _complete(store, a, kept, options.retention, until)
-    except LeaseLost as lost:  # taken over meanwhile: the taker's response is the one kept
+    except LeaseLost as lost:
         log.warning("%s: response not stored: %s", guarded.stored_key, lost)
         return Ran(sent, stored=False)
     if isinstance(stored, Unavailable):
@@ -148,7 +137,7 @@ def _complete(
             return None
         except LeaseLost as lost:
             if _completed_by(lost.record, a):
-                return None  # an earlier try landed; its answer was what got lost
+                return None
             raise
         except DEFINITE:
             raise
@@ -156,8 +145,10 @@ def _complete(
             left = until - margin - time.monotonic()
             if left <= 0:
                 log.error(
-                    "%s: the response could not be stored before the key's lease ends; a "
-                    "retry after that runs the request again: %s",
+                    (
+                        "%s: the response could not be stored before the key's lease ends; a "
+                        "retry after that runs the request again: %s"
+                    ),
                     a.key,
                     exc,
                 )
@@ -173,7 +164,7 @@ def _completed_by(record: Any, a: Acquired) -> bool:
     return (
         record is not None
         and record.status is Status.COMPLETED
-        and record.fencing_token == a.fencing_token
+        and (record.fencing_token == a.fencing_token)
     )
 
 
@@ -189,8 +180,8 @@ def _release(store: Store, a: Acquired) -> None:
     try:
         store.release(a.key, a.owner, a.fencing_token)
     except LeaseLost:
-        pass  # taken over already: nothing of ours to give back
-    except StoreError as exc:  # its lease ends by itself; a retry takes it over then
+        pass
+    except StoreError as exc:
         log.warning("%s: could not release the key (its lease will end): %s", a.key, exc)
 
 
@@ -199,8 +190,6 @@ def _forget(store: Store, a: Acquired) -> None:
     back and forgotten with the request's fingerprint, so the corrected request runs under
     the same key (a release keeps the fingerprint: the corrected one would be a mismatch)."""
     try:
-        # Still ours (a fenced write), so nobody else's claim is forgotten; held, so nobody
-        # claims it between the two.
         store.extend(a.key, a.owner, a.fencing_token, 5.0)
         store.forget(a.key, force=True)
     except (LeaseLost, Refused, KeyNotFound):
@@ -218,7 +207,7 @@ def _transactional(store: Store, options: Options, guarded: Guarded, app: App) -
         with store.transaction(guarded.stored_key, guarded.fingerprint, options.lease) as unit:
             outcome = unit.outcome
             if not isinstance(outcome, Acquired):
-                return outcome  # type: ignore[return-value]
+                return cast("Answer", outcome)
             produced = app(_attempt(guarded, outcome, unit.connection))
             sent = None if isinstance(produced, Streamed) else produced
             kept = stored_form(options, guarded.request, produced, body_limit(options, store))

@@ -19,8 +19,9 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
+from idemctl._unasync import is_async
 from idemctl.aio.attempt import waited
 from idemctl.aio.heartbeat import Heartbeat
 from idemctl.errors import (
@@ -110,7 +111,10 @@ async def _once(store: AsyncStore, options: Options, guarded: Guarded, app: App)
         raise
     except Exception:
         await heartbeat.stop()
-        await asyncio.shield(_release(store, a))
+        if is_async():
+            await asyncio.shield(_release(store, a))
+        else:
+            _release(store, a)
         raise
     await heartbeat.stop()
     kept = stored_form(options, guarded.request, produced, body_limit(options, store))
@@ -161,7 +165,10 @@ async def _complete(
                 )
                 return Unavailable(str(exc), ran=True)
             log.warning("%s: storing the response, asked again: %s", a.key, exc)
-            await asyncio.sleep(min(backoff, left))
+            if is_async():
+                await asyncio.sleep(min(backoff, left))
+            else:
+                time.sleep(min(backoff, left))
             backoff = min(backoff * 2, MAX_BACKOFF)
 
 
@@ -218,7 +225,7 @@ async def _transactional(store: AsyncStore, options: Options, guarded: Guarded, 
         ) as unit:
             outcome = unit.outcome
             if not isinstance(outcome, Acquired):
-                return outcome  # type: ignore[return-value]
+                return cast("Answer", outcome)  # a Stale outcome is answered as it is
             produced = await app(_attempt(guarded, outcome, unit.connection))
             sent = None if isinstance(produced, Streamed) else produced
             kept = stored_form(options, guarded.request, produced, body_limit(options, store))

@@ -52,7 +52,6 @@ from idemctl.stores.waiting import MAX_WAIT, STATS
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
-
 log = logging.getLogger("idemctl.runner")
 T = TypeVar("T")
 
@@ -102,8 +101,8 @@ def run(
     and runs it when the holder fails, lets go or loses its lease; BUSY if it is still in
     flight at the deadline. The store wakes the waiter (see ``idemctl.stores.waiting``).
     """
-    validate_key(key)  # InvalidKey before anything is claimed, the same on every store
-    if wait is not None and not 0 < wait <= MAX_WAIT:
+    validate_key(key)
+    if wait is not None and (not 0 < wait <= MAX_WAIT):
         raise ConfigError(f"wait must be above 0 and at most {MAX_WAIT:g} seconds, not {wait!r}")
     once = functools.partial(
         _run_once,
@@ -128,11 +127,7 @@ def run(
 
 
 def waited(
-    store: Store,
-    key: str,
-    wait: float,
-    again: Callable[[], T],
-    busy: Callable[[T], Busy | None],
+    store: Store, key: str, wait: float, again: Callable[[], T], busy: Callable[[T], Busy | None]
 ) -> T:
     """Run ``again`` (a claim, and the work if the key is won) at every wake-up about
     ``key`` until ``busy`` says its result is no longer busy or ``wait`` seconds are over.
@@ -233,12 +228,7 @@ def _complete(
     except LeaseLost as lost:
         return result_lost(a, discarded(a.key, lost), logger)
     return RunResult(
-        Outcome.EXECUTED,
-        a.key,
-        did.value,
-        record,
-        attempt=a.attempt,
-        fencing_token=a.fencing_token,
+        Outcome.EXECUTED, a.key, did.value, record, attempt=a.attempt, fencing_token=a.fencing_token
     )
 
 
@@ -286,8 +276,6 @@ def _run_transactional(
             )
     except Rollback:
         assert failure is not None
-    # The handler's transaction is gone with all it wrote; record the failure on its own,
-    # so attempts are counted and a permanent failure is not run again.
     retriable = not isinstance(failure, (*NEVER_RETRIED, InvalidPayload, *permanent))
     outcome = store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
@@ -297,7 +285,7 @@ def _run_transactional(
         outcome.owner,
         outcome.fencing_token,
         error_text(failure),
-        retriable and not last_attempt(outcome, max_attempts),
+        retriable and (not last_attempt(outcome, max_attempts)),
         retention,
     )
     return RunResult(
@@ -354,21 +342,15 @@ def invoke(
             if beat is not None:
                 beat.stop()
     except Exception as exc:
-        error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
+        error, retriable = (exc, not isinstance(exc, (*NEVER_RETRIED, *permanent)))
     except BaseException as exc:
-        # Interrupted (Ctrl-C, SystemExit, a cancelled task): free the key for the next
-        # delivery at once, even if the task is cancelled again meanwhile. A thread
-        # abandoned past its hard time limit touches nothing: its key was settled for it.
         if not isinstance(exc, Abandoned):
             give_back(store, acquired, order, logger)
         raise
     else:
         try:
-            # What a replay will return; the first run returns the same, so callers cannot
-            # come to depend on a form (a tuple, an object) that only the first run gives.
             return Invocation(value=stored_form(value))
         except InvalidPayload as exc:
-            # The effects happened; failing permanently keeps them from happening twice.
             error = InvalidPayload(
                 f"handler for {key!r} returned a result that cannot be stored: {exc}"
             )
@@ -393,7 +375,7 @@ def record_failure(
         let_go(store, a, order, log)
     try:
         record = store.fail(
-            a.key, a.owner, a.fencing_token, error_text(error), retriable and not final, retention
+            a.key, a.owner, a.fencing_token, error_text(error), retriable and (not final), retention
         )
     except LeaseLost as lost:
         return Invocation(error=error, retriable=retriable, lease_lost=lost)
@@ -428,7 +410,7 @@ def not_run(
     for a, _ in busy(held):
         try:
             store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
-        except IdemctlError as exc:  # its lease runs out by itself
+        except IdemctlError as exc:
             logger.debug("release %s: %s", a.key, exc)
     return not_run_results(held, done, logger)
 
@@ -437,5 +419,5 @@ def let_go(store: Store, a: Acquired, order: Order, logger: logging.Logger) -> N
     """The handler will not finish: free the entity for its next event at once."""
     try:
         store.settle_many([settle_of(a, order, applied=False)])
-    except IdemctlError as exc:  # its hold runs out by itself
+    except IdemctlError as exc:
         logger.debug("let go of entity %s: %s", order.entity, exc)
