@@ -51,6 +51,7 @@ FILES = {
     "idemctl/stores/front_async.py": "idemctl/stores/front.py",
     "idemctl/aio/decorator.py": "idemctl/runner/decorator.py",
     "idemctl/aio/beat.py": "idemctl/runner/beat.py",
+    "idemctl/aio/heartbeat.py": "idemctl/runner/heartbeat.py",
     "idemctl/http/attempt_aio.py": "idemctl/http/attempt.py",
 }
 """Each async original and the sync module written from it."""
@@ -99,6 +100,8 @@ NAMES = {
     "asynccontextmanager": "contextmanager",
     "drive_async": "drive",
     "wait_async": "wait",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
 }
 """Names renamed wherever they stand: variables, attributes, arguments, definitions,
 imported names, and whole words of docstrings."""
