@@ -4,25 +4,35 @@
 Every piece of idemctl that exists for both sync and async callers is written once, for
 asyncio (a store family's async half beside its sync one, ``*_async.py`` under
 ``idemctl/stores/``; the runner's under ``idemctl/aio/``; the HTTP middleware's attempt in
-``idemctl/http/attempt_aio.py``): the stores' front (their callers' arguments checked),
-the runner's attempt, ``@idempotent`` and a heartbeat's beat, the protocol's steps on
-PostgreSQL and Redis, the Redis script runner, the PostgreSQL flows' driver, PostgreSQL's
-transactional unit, the outbox writer, and the HTTP middleware's attempt. This script
-writes their sync modules by removing ``async``/``await`` and renaming the async names
-(``AsyncStore`` -> ``Store``, ...), then formats them with ruff. What they run has no I/O
-and exists once (the Redis operations, the PostgreSQL flows, the script calls' plan). The
-two heartbeats' schedules (a thread's scheduler, an event loop's timer) are each their
-concurrency's own.
+``idemctl/http/attempt_aio.py``), and this script writes its sync module (``FILES``).
+
+It reads the original's syntax tree (``ast``), not its text: ``async def``/``async with``/
+``async for`` become their plain forms, ``await x`` becomes ``x``, ``Awaitable[T]``
+becomes ``T``, and the async names (``NAMES``, ``MODULES``: ``AsyncStore`` -> ``Store``,
+``idemctl.aio.beat`` -> ``idemctl.runner.beat``, ...) are renamed in code, imports and
+docstrings, as whole names, never inside a longer one. The few lines that must differ
+between the two say so in the original with ``idemctl._unasync.is_async()``::
+
+    if is_async():
+        await asyncio.sleep(pause)  # what the async original runs
+    else:
+        time.sleep(pause)  # all the sync module holds
+
+(and ``a if is_async() else b``, which becomes ``b``). There is no other exception: no
+rule for one file, no module kept by hand beside its twin. The tree is written back with
+``ast.unparse`` and formatted with ruff; comments do not survive (the sync module is read
+in its original, as psycopg's are), docstrings do.
 
     scripts/unasync.py           write the sync modules
     scripts/unasync.py --check   exit 1, naming the files, when one differs from its original
 
-Model: httpcore's ``scripts/unasync.py`` and psycopg's ``tools/async_to_sync.py``.
+Model: psycopg's ``tools/async_to_sync.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import subprocess
 import sys
@@ -41,6 +51,7 @@ FILES = {
     "idemctl/stores/front_async.py": "idemctl/stores/front.py",
     "idemctl/aio/decorator.py": "idemctl/runner/decorator.py",
     "idemctl/aio/beat.py": "idemctl/runner/beat.py",
+    "idemctl/aio/heartbeat.py": "idemctl/runner/heartbeat.py",
     "idemctl/http/attempt_aio.py": "idemctl/http/attempt.py",
 }
 """Each async original and the sync module written from it."""
@@ -66,6 +77,7 @@ MODULES = {
     "idemctl.stores.base_async": "idemctl.stores.base",
     "idemctl.stores.postgres.unit_async": "idemctl.stores.postgres.unit",
 }
+"""Modules renamed in imports (and in docstrings)."""
 
 NAMES = {
     "AsyncClient": "Client",
@@ -88,36 +100,218 @@ NAMES = {
     "asynccontextmanager": "contextmanager",
     "drive_async": "drive",
     "wait_async": "wait",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
 }
-"""Whole words renamed, in code, comments and docstrings alike."""
+"""Names renamed wherever they stand: variables, attributes, arguments, definitions,
+imported names, and whole words of docstrings."""
 
-SYNTAX: list[tuple[re.Pattern[str], str]] = [
-    # A give-back shielded from a second cancellation is, in a thread, a plain call.
-    (re.compile(r"await asyncio\.shield\((.*)\)$", re.M), r"\1"),
-    # A pause between two tries is, in a thread, a plain sleep.
-    (re.compile(r"await asyncio\.sleep\("), "time.sleep("),
-    (re.compile(r"\bawait "), ""),
-    (re.compile(r"\bAwaitable\[(\w+)\]"), r"\1"),
-    (re.compile(r"\basync (def|with|for) "), r"\1 "),
-]
+ESCAPE = "is_async"
+ESCAPE_MODULE = "idemctl._unasync"
+
 WORDS = {**MODULES, **NAMES}
 WORD = re.compile(r"\b(" + "|".join(re.escape(w) for w in sorted(WORDS, key=len)[::-1]) + r")\b")
+
+AWAIT = re.compile(r"\bawait ")
+ASYNC = re.compile(r"\basync (def|with|for) ")
+"""In docstrings (their examples), as in code."""
+
+
+def _docstring_words(text: str) -> str:
+    return WORD.sub(lambda m: WORDS[m.group(1)], AWAIT.sub("", ASYNC.sub(r"\1 ", text)))
+
+
+def _is_escape(test: ast.expr) -> bool:
+    return (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Name)
+        and test.func.id == ESCAPE
+        and not test.args
+        and not test.keywords
+    )
+
+
+class Unasync(ast.NodeTransformer):
+    """The sync form of an async module's tree (``original`` names its file)."""
+
+    def __init__(self, original: str) -> None:
+        self.original = original
+
+    # The escape -------------------------------------------------------------------------------
+
+    def visit_If(self, node: ast.If) -> ast.AST | list[ast.stmt]:
+        if _is_escape(node.test):
+            return [s for child in node.orelse for s in self._statements(child)]
+        self.generic_visit(node)
+        return node
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+        if _is_escape(node.test):
+            return self.visit(node.orelse)  # type: ignore[no-any-return]
+        self.generic_visit(node)
+        return node
+
+    def _statements(self, node: ast.stmt) -> list[ast.stmt]:
+        done = self.visit(node)
+        if done is None:
+            return []
+        return done if isinstance(done, list) else [done]
+
+    # async and await --------------------------------------------------------------------------
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
+        plain = ast.FunctionDef(**{f: getattr(node, f) for f in node._fields})
+        return self.visit_FunctionDef(ast.copy_location(plain, node))
+
+    def visit_AsyncWith(self, node: ast.AsyncWith) -> ast.AST:
+        plain = ast.With(**{f: getattr(node, f) for f in node._fields})
+        return self.generic_visit(ast.copy_location(plain, node))
+
+    def visit_AsyncFor(self, node: ast.AsyncFor) -> ast.AST:
+        plain = ast.For(**{f: getattr(node, f) for f in node._fields})
+        return self.generic_visit(ast.copy_location(plain, node))
+
+    def visit_Await(self, node: ast.Await) -> ast.AST:
+        return self.visit(node.value)  # type: ignore[no-any-return]
+
+    def visit_comprehension(self, node: ast.comprehension) -> ast.AST:
+        node.is_async = 0
+        return self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        if isinstance(node.value, ast.Name) and node.value.id == "Awaitable":
+            return self.visit(node.slice)  # type: ignore[no-any-return]
+        return self.generic_visit(node)
+
+    # Names ------------------------------------------------------------------------------------
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        node.id = NAMES.get(node.id, node.id)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        node.attr = NAMES.get(node.attr, node.attr)
+        return self.generic_visit(node)
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        node.arg = NAMES.get(node.arg, node.arg)
+        return self.generic_visit(node)
+
+    def visit_keyword(self, node: ast.keyword) -> ast.AST:
+        if node.arg is not None:
+            node.arg = NAMES.get(node.arg, node.arg)
+        return self.generic_visit(node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        node.name = NAMES.get(node.name, node.name)
+        return self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        node.name = NAMES.get(node.name, node.name)
+        return self.generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr) -> ast.AST:
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            node.value.value = _docstring_words(node.value.value)  # a docstring
+            return node
+        return self.generic_visit(node)
+
+    def visit_Module(self, node: ast.Module) -> ast.AST:
+        self.generic_visit(node)
+        self._origin(node.body)
+        return node
+
+    def visit_Import(self, node: ast.Import) -> ast.AST:
+        for alias in node.names:
+            alias.name = MODULES.get(alias.name, alias.name)
+        return node
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | None:
+        if node.module == ESCAPE_MODULE:
+            return None
+        if node.module is not None:
+            node.module = MODULES.get(node.module, node.module)
+        for alias in node.names:
+            alias.name = NAMES.get(alias.name, alias.name)
+            if alias.asname is not None:
+                alias.asname = NAMES.get(alias.asname, alias.asname)
+        return node
+
+    def _origin(self, body: list[ast.stmt]) -> None:
+        """The module's docstring says what it is written from, not what it is the original of
+        (its words renamed already, by ``visit_Expr``)."""
+        match body:
+            case [ast.Expr(value=ast.Constant(value=str(text)) as doc), *_] if (
+                self.original in FILES
+            ):
+                doc.value = text.replace(
+                    f"This module is the original of ``{_module(FILES[self.original])}`` "
+                    "(scripts/unasync.py).",
+                    f"Written by scripts/unasync.py from ``{_module(self.original)}``.",
+                )
+
+
+class _Unparser(ast._Unparser):  # type: ignore[name-defined,misc]
+    """``ast.unparse``, except that a string the original wrote over several lines (an
+    implicit concatenation, a triple-quoted text) is written as the original wrote it, and
+    a string standing as a statement (an attribute's docstring) as a docstring: otherwise
+    it would come out as one long line."""
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            self._write_docstring(node.value)
+        else:
+            super().visit_Expr(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if not self._as_written(node):
+            super().visit_Constant(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        if not self._as_written(node):
+            super().visit_JoinedStr(node)
+
+    def _as_written(self, node: ast.expr) -> bool:
+        written = getattr(node, WRITTEN, None)
+        if written is None:
+            return False
+        parsed = ast.parse(f"({written})", mode="eval").body
+        if ast.dump(parsed) != ast.dump(node):  # renamed inside since: write it anew
+            return False
+        self.write(f"({written})")
+        return True
+
+
+WRITTEN = "_unasync_written"
+
+
+def _keep_as_written(tree: ast.AST, text: str) -> None:
+    """Mark the strings written over several lines with their text (for ``_Unparser``)."""
+    statements = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant | ast.JoinedStr)
+            and (isinstance(node, ast.JoinedStr) or isinstance(node.value, str))
+            and node.lineno != node.end_lineno
+            and id(node) not in statements
+        ):
+            setattr(node, WRITTEN, ast.get_source_segment(text, node))
 
 
 def unasync(text: str, original: str) -> str:
     """The sync module for the async ``text`` (from file ``original``), unformatted."""
-    for pattern, replacement in SYNTAX:
-        text = pattern.sub(replacement, text)
-    text = WORD.sub(lambda m: WORDS[m.group(1)], text)
-    text = text.replace(
-        f"This module is the original of ``{_module(FILES[original])}`` (scripts/unasync.py).",
-        f"Written by scripts/unasync.py from ``{_module(original)}``.",
-    )
+    tree = ast.parse(text, filename=original)
+    _keep_as_written(tree, text)
+    tree = Unasync(original).visit(tree)
+    for node in ast.walk(tree):  # a block that held only async-only lines
+        if getattr(node, "body", None) == [] and not isinstance(node, ast.Module):
+            node.body = [ast.Pass()]  # type: ignore[attr-defined]
+    tree = ast.fix_missing_locations(tree)
     header = (
         f"# Written by scripts/unasync.py from {original}.\n"
         "# Do not edit: change that file and run the script (scripts/test checks the two agree).\n"
     )
-    return header + text
+    return header + _Unparser().visit(tree) + "\n"
 
 
 def _module(path: str) -> str:
@@ -125,10 +319,11 @@ def _module(path: str) -> str:
 
 
 def formatted(text: str, path: str) -> str:
-    """``text`` as ruff leaves it: imports sorted, the unused ones gone, formatted."""
+    """``text`` as ruff leaves it: imports sorted, the unused ones gone, no parentheses
+    around a lone argument, formatted."""
     ruff = [sys.executable, "-m", "ruff"]
     fixed = subprocess.run(  # noqa: S603 (ruff, on our own source)
-        [*ruff, "check", "--fix-only", "--select", "I,F401", "--stdin-filename", path, "-"],
+        [*ruff, "check", "--fix-only", "--select", "I,F401,UP034", "--stdin-filename", path, "-"],
         input=text,
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from idemctl._unasync import is_async
 from idemctl.aio.context import Handler, call_handler
 from idemctl.aio.heartbeat import Heartbeat
 from idemctl.aio.outbox import AsyncOutbox
@@ -470,8 +471,10 @@ async def held(
             raise
         if hold_if_interrupted:
             logger.warning("%s: interrupted; its key is held until its lease ends", a.key)
-        else:
+        elif is_async():
             await asyncio.shield(give_back(store, a, order, logger))
+        else:
+            give_back(store, a, order, logger)
         raise
     return Held(value, 0.0 if beat is None else beat.kept_since)
 
@@ -547,7 +550,10 @@ async def complete_while_held(
                 )
                 return exc
             logger.warning("%s: storing the result, asked again: %s", a.key, exc)
-            await asyncio.sleep(min(backoff, left))
+            if is_async():
+                await asyncio.sleep(min(backoff, left))
+            else:
+                time.sleep(min(backoff, left))
             backoff = min(backoff * 2, MAX_BACKOFF)
 
 

@@ -23,7 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 from idemctl.errors import ConfigError, LeaseLost, StoreError
 from idemctl.http.policy import (
@@ -37,19 +37,11 @@ from idemctl.http.policy import (
     stored_form,
 )
 from idemctl.model import Acquired, Busy, ClaimOutcome
-from idemctl.runner.attempt import (
-    DEFINITE,
-    complete_while_held,
-    forget,
-    give_back,
-    held,
-    waited,
-)
+from idemctl.runner.attempt import DEFINITE, complete_while_held, forget, give_back, held, waited
 from idemctl.runner.outcome import Rollback
 from idemctl.stores.base import Store, TransactionalStore
 
 log = logging.getLogger("idemctl.http")
-
 Produced: TypeAlias = Response | Streamed
 App: TypeAlias = Callable[[Attempt], Produced]
 """Runs the app for an attempt: its response when it was buffered whole (not yet sent), or
@@ -95,8 +87,6 @@ def _once(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
         return outcome
     a = outcome
     try:
-        # Cancelled, the app is not finished: work it began may still run (a thread it
-        # started, a sync view), so the key stays held until its lease ends.
         ran = held(
             store,
             a,
@@ -113,14 +103,14 @@ def _once(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
     sent = None if isinstance(produced, Streamed) else produced
     if kept is None:
         if produced.status in options.unstored_statuses:
-            forget(store, a, log)  # the endpoint never ran (the framework answered)
+            forget(store, a, log)
         else:
             give_back(store, a, None, log)
         return Ran(sent, stored=False)
     until = max(asked, ran.kept_since) + lease
     try:
         failed = complete_while_held(store, a, kept, options.retention, until, log)
-    except LeaseLost as lost:  # taken over meanwhile: the taker's response is the one kept
+    except LeaseLost as lost:
         log.warning("%s: response not stored: %s", guarded.stored_key, lost)
         return Ran(sent, stored=False)
     if failed is not None:
@@ -144,7 +134,7 @@ def _transactional(store: Store, options: Options, guarded: Guarded, app: App) -
         with store.transaction(guarded.stored_key, guarded.fingerprint, options.lease) as unit:
             outcome = unit.outcome
             if not isinstance(outcome, Acquired):
-                return outcome  # type: ignore[return-value]
+                return cast("Answer", outcome)
             produced = app(_attempt(guarded, outcome, unit.connection))
             sent = None if isinstance(produced, Streamed) else produced
             kept = stored_form(options, guarded.request, produced, body_limit(options, store))

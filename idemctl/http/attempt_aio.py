@@ -22,8 +22,9 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
+from idemctl._unasync import is_async
 from idemctl.aio.attempt import (
     DEFINITE,
     complete_while_held,
@@ -105,7 +106,10 @@ async def _once(store: AsyncStore, options: Options, guarded: Guarded, app: App)
             logger=log,
         )
     except Exception:
-        await asyncio.shield(give_back(store, a, None, log))
+        if is_async():
+            await asyncio.shield(give_back(store, a, None, log))
+        else:
+            give_back(store, a, None, log)
         raise
     produced = ran.value
     kept = stored_form(options, guarded.request, produced, body_limit(options, store))
@@ -145,7 +149,7 @@ async def _transactional(store: AsyncStore, options: Options, guarded: Guarded, 
         ) as unit:
             outcome = unit.outcome
             if not isinstance(outcome, Acquired):
-                return outcome  # type: ignore[return-value]
+                return cast("Answer", outcome)  # a Stale outcome is answered as it is
             produced = await app(_attempt(guarded, outcome, unit.connection))
             sent = None if isinstance(produced, Streamed) else produced
             kept = stored_form(options, guarded.request, produced, body_limit(options, store))

@@ -73,7 +73,6 @@ from idemctl.stores.waiting import MAX_WAIT, STATS
 if TYPE_CHECKING:
     from idemctl.model import JSON
     from idemctl.stores.base import Store
-
 log = logging.getLogger("idemctl.runner")
 T = TypeVar("T")
 FIRST_BACKOFF = 0.05
@@ -128,8 +127,8 @@ def run(
     and runs it when the holder fails, lets go or loses its lease; BUSY if it is still in
     flight at the deadline. The store wakes the waiter (see ``idemctl.stores.waiting``).
     """
-    validate_key(key)  # InvalidKey before anything is claimed, the same on every store
-    if wait is not None and not 0 < wait <= MAX_WAIT:
+    validate_key(key)
+    if wait is not None and (not 0 < wait <= MAX_WAIT):
         raise ConfigError(f"wait must be above 0 and at most {MAX_WAIT:g} seconds, not {wait!r}")
     once = functools.partial(
         _run_once,
@@ -154,11 +153,7 @@ def run(
 
 
 def waited(
-    store: Store,
-    key: str,
-    wait: float,
-    again: Callable[[], T],
-    busy: Callable[[T], Busy | None],
+    store: Store, key: str, wait: float, again: Callable[[], T], busy: Callable[[T], Busy | None]
 ) -> T:
     """Run ``again`` (a claim, and the work if the key is won) at every wake-up about
     ``key`` until ``busy`` says its result is no longer busy or ``wait`` seconds are over.
@@ -259,12 +254,7 @@ def _complete(
     except LeaseLost as lost:
         return result_lost(a, discarded(a.key, lost), logger)
     return RunResult(
-        Outcome.EXECUTED,
-        a.key,
-        did.value,
-        record,
-        attempt=a.attempt,
-        fencing_token=a.fencing_token,
+        Outcome.EXECUTED, a.key, did.value, record, attempt=a.attempt, fencing_token=a.fencing_token
     )
 
 
@@ -312,8 +302,6 @@ def _run_transactional(
             )
     except Rollback:
         assert failure is not None
-    # The handler's transaction is gone with all it wrote; record the failure on its own,
-    # so attempts are counted and a permanent failure is not run again.
     retriable = not isinstance(failure, (*NEVER_RETRIED, InvalidPayload, *permanent))
     outcome = store.claim(key, fingerprint, lease)
     if not isinstance(outcome, Acquired):
@@ -323,7 +311,7 @@ def _run_transactional(
         outcome.owner,
         outcome.fencing_token,
         error_text(failure),
-        retriable and not last_attempt(outcome, max_attempts),
+        retriable and (not last_attempt(outcome, max_attempts)),
         retention,
     )
     return RunResult(
@@ -363,26 +351,21 @@ def invoke(
         return record_failure(store, acquired, error, False, retention, order=order)
     ctx = Context.held(acquired, store, logger, order=order)
     try:
-        value = (
-            held(
-                store,
-                acquired,
-                functools.partial(call_handler, ctx, handler, timeout),
-                lease=store.default_lease if lease is None else lease,
-                heartbeat=heartbeat,
-                order=order,
-                logger=logger,
-            )
+        value = held(
+            store,
+            acquired,
+            functools.partial(call_handler, ctx, handler, timeout),
+            lease=store.default_lease if lease is None else lease,
+            heartbeat=heartbeat,
+            order=order,
+            logger=logger,
         ).value
     except Exception as exc:
-        error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
+        error, retriable = (exc, not isinstance(exc, (*NEVER_RETRIED, *permanent)))
     else:
         try:
-            # What a replay will return; the first run returns the same, so callers cannot
-            # come to depend on a form (a tuple, an object) that only the first run gives.
             return Invocation(value=stored_form(value))
         except InvalidPayload as exc:
-            # The effects happened; failing permanently keeps them from happening twice.
             error = InvalidPayload(
                 f"handler for {key!r} returned a result that cannot be stored: {exc}"
             )
@@ -407,7 +390,7 @@ def record_failure(
         let_go(store, a, order, log)
     try:
         record = store.fail(
-            a.key, a.owner, a.fencing_token, error_text(error), retriable and not final, retention
+            a.key, a.owner, a.fencing_token, error_text(error), retriable and (not final), retention
         )
     except LeaseLost as lost:
         return Invocation(error=error, retriable=retriable, lease_lost=lost)
@@ -536,8 +519,10 @@ def complete_while_held(
             left = until - margin - time.monotonic()
             if left <= 0:
                 logger.error(
-                    "%s: the result could not be stored before the key's lease ends; a "
-                    "retry after that runs it again: %s",
+                    (
+                        "%s: the result could not be stored before the key's lease ends; a "
+                        "retry after that runs it again: %s"
+                    ),
                     a.key,
                     exc,
                 )
@@ -553,7 +538,7 @@ def completed_by(record: Record | None, a: Acquired) -> bool:
     return (
         record is not None
         and record.status is Status.COMPLETED
-        and record.fencing_token == a.fencing_token
+        and (record.fencing_token == a.fencing_token)
     )
 
 
@@ -570,7 +555,7 @@ def not_run(
     for a, _ in busy(held):
         try:
             store.release(a.key, a.owner, a.fencing_token, handler_ran=False)
-        except IdemctlError as exc:  # its lease runs out by itself
+        except IdemctlError as exc:
             logger.debug("release %s: %s", a.key, exc)
     return not_run_results(held, done, logger)
 
@@ -579,5 +564,5 @@ def let_go(store: Store, a: Acquired, order: Order, logger: logging.Logger) -> N
     """The handler will not finish: free the entity for its next event at once."""
     try:
         store.settle_many([settle_of(a, order, applied=False)])
-    except IdemctlError as exc:  # its hold runs out by itself
+    except IdemctlError as exc:
         logger.debug("let go of entity %s: %s", order.entity, exc)

@@ -18,7 +18,6 @@ from idemctl.errors import LeaseLost, StoreError
 if TYPE_CHECKING:
     from idemctl.model import Acquired, Guard
     from idemctl.stores.base import Store
-
 log = logging.getLogger("idemctl.runner")
 
 
@@ -34,7 +33,7 @@ def beat(
     so); a store that does not answer is logged, and tried again at the next beat. True
     when the store answered every request."""
     unanswered: StoreError | None = None
-    if guards:  # asking again extends the hold; a lost one shows when it settles
+    if guards:
         try:
             store.guard_many(guards, lease)
         except StoreError as exc:

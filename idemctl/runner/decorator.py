@@ -17,7 +17,6 @@ from idemctl.runner.calls import Calls, answer, check_order
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
-
 P = ParamSpec("P")
 T = TypeVar("T")
 

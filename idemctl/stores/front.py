@@ -48,7 +48,7 @@ class Front(ABC):
     def claim(
         self, key: str, fingerprint: str | None = None, lease: float | None = None
     ) -> ClaimOutcome:
-        return (self.claim_many([ClaimRequest(key, fingerprint)], lease))[0]
+        return self.claim_many([ClaimRequest(key, fingerprint)], lease)[0]
 
     def claim_many(
         self, requests: Sequence[ClaimRequest], lease: float | None = None
@@ -115,10 +115,7 @@ class Front(ABC):
         """``settle_many``, ``retention`` in seconds."""
 
     def _settle_then_complete(
-        self,
-        completions: Sequence[Completion],
-        settles: Sequence[Settle],
-        retention: float | None,
+        self, completions: Sequence[Completion], settles: Sequence[Settle], retention: float | None
     ) -> list[bool]:
         """``finish_many`` in two round trips: the entities first, then the keys whose
         entity was still held."""

@@ -63,17 +63,13 @@ class PostgresSteps(PostgresCore):
         except NotProvisioned:
             return 0
 
-    # The claim/complete protocol ---------------------------------------------------------------
-
     def _claim_many(self, requests: Sequence[ClaimRequest], lease: float) -> list[ClaimOutcome]:
         try:
             return self._run(flows.claim(self.statements, requests, lease))
         except LockTimeout:
             if len(requests) == 1:
                 return [Busy(None)]
-        # A row of the batch is held by an open transaction: claim one by one, so only
-        # that key answers Busy.
-        return [(self._claim_many([r], lease))[0] for r in requests]
+        return [self._claim_many([r], lease)[0] for r in requests]
 
     def _holding(self, flow: Callable[[], Flow[T]]) -> T:
         """A write of the attempt holding its keys (complete, fail, extend, release). Their
@@ -126,8 +122,6 @@ class PostgresSteps(PostgresCore):
     def get_many(self, keys: Sequence[str]) -> dict[str, Record]:
         return self._run(flows.get_many(self.statements, keys)) if keys else {}
 
-    # The sequence guard --------------------------------------------------------------------------
-
     def _guard_many(self, guards: Sequence[Guard], lease: float) -> list[GuardReply]:
         try:
             with self._on_entities():
@@ -137,9 +131,7 @@ class PostgresSteps(PostgresCore):
         except LockTimeout:
             if len(guards) == 1:
                 return [self._guard_blocked(guards[0])]
-        # A row of the batch is held by an open transaction: one by one, so only that item
-        # answers BUSY. Items that went already go again: the holder asking again keeps it.
-        return [(self._guard_many([g], lease))[0] for g in guards]
+        return [self._guard_many([g], lease)[0] for g in guards]
 
     def _guard_blocked(self, g: Guard) -> GuardReply:
         """The reply to a guard whose row an open transaction holds (transactional mode)."""
@@ -152,8 +144,6 @@ class PostgresSteps(PostgresCore):
                 return self._settle_on(conn, settles, retention)
         except LockTimeout:
             pass
-        # An entity's row is held by an open transaction (transactional mode): it decides
-        # whether this holder still holds it, so wait for it a while, as admin commands do.
         try:
             with self._on_entities(), self.connection() as conn, conn.transaction():
                 conn.execute(lock_wait(ADMIN_LOCK_WAIT))
@@ -164,6 +154,5 @@ class PostgresSteps(PostgresCore):
     def _settle_on(
         self, conn: psycopg.Connection[Any], settles: Sequence[Settle], retention: float
     ) -> list[bool]:
-        # More than one round: in one transaction, so a lock timeout undoes all of them.
         with conn.transaction() if flows.settle_in_transaction(settles) else nullcontext():
             return drive(conn, flows.settle(self.statements, settles, retention))

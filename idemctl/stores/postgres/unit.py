@@ -97,5 +97,5 @@ def transaction(
             conn.execute("COMMIT")
             open_tx = False
         finally:
-            if open_tx and not conn.closed:
+            if open_tx and (not conn.closed):
                 conn.execute("ROLLBACK")

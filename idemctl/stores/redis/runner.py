@@ -23,13 +23,7 @@ from idemctl.stores.redis.client import Client, Pipeline
 from idemctl.stores.redis.connections import Connections
 from idemctl.stores.redis.errors import translate
 from idemctl.stores.redis.records import server_time
-from idemctl.stores.redis.scripts import (
-    MAX_CALL_KEYS,
-    IndexKeys,
-    Item,
-    ScriptPlan,
-    has_waitaof,
-)
+from idemctl.stores.redis.scripts import MAX_CALL_KEYS, IndexKeys, Item, ScriptPlan, has_waitaof
 
 
 class ScriptRunner(ScriptPlan):
@@ -53,7 +47,7 @@ class ScriptRunner(ScriptPlan):
 
     def load(self) -> None:
         for script in self.scripts.values():
-            if self._direct is not None:  # on the connection the scripts then run on
+            if self._direct is not None:
                 self._direct.execute(("SCRIPT", "LOAD", script.source))
             else:
                 self._client.script_load(script.source)
@@ -62,7 +56,7 @@ class ScriptRunner(ScriptPlan):
         """Whether each script is loaded (on every primary of a cluster)."""
         names = list(self.scripts)
         answers = self._client.script_exists(*(self.scripts[n].sha for n in names))
-        if isinstance(answers, dict):  # a cluster answers per primary: loaded means everywhere
+        if isinstance(answers, dict):
             answers = [all(col) for col in zip(*answers.values(), strict=True)]
         return dict(zip(names, (bool(a) for a in answers), strict=True))
 
@@ -76,7 +70,7 @@ class ScriptRunner(ScriptPlan):
         confirms them when ``confirm``."""
         sha = self.scripts[name].sha
         try:
-            if self._direct is not None and not confirm and len(items) <= MAX_CALL_KEYS:
+            if self._direct is not None and (not confirm) and (len(items) <= MAX_CALL_KEYS):
                 command = ("EVALSHA", *self._evalsha_args(sha, shared, items, range(len(items))))
                 for _ in range(2):
                     try:
@@ -104,8 +98,6 @@ class ScriptRunner(ScriptPlan):
         for _ in range(2):
             pipe: Pipeline = self._client.pipeline(transaction=False)
             for _, command in calls:
-                # The cluster pipeline refuses .evalsha() by name, but routes the
-                # command by its first key like any other.
                 pipe.execute_command("EVALSHA", *command)
             confirmations = self._confirmation(pipe) if confirm else 0
             results = pipe.execute(raise_on_error=False)
@@ -120,7 +112,7 @@ class ScriptRunner(ScriptPlan):
         once whether it has WAITAOF, and refused one that cannot confirm at all."""
         if self.waitaof is None:
             waitaof = has_waitaof(self._client.info("server"))
-            if not waitaof:  # refuse a server that cannot confirm before writing to it
+            if not waitaof:
                 self.check_fsync(self._client.config_get("append*"))
             self.waitaof = waitaof
         return self.add_confirmation(pipe)
@@ -128,17 +120,17 @@ class ScriptRunner(ScriptPlan):
     def read(self, rkey: str) -> tuple[Any, datetime]:
         """What Redis key ``rkey`` holds, and the server's clock when it was read."""
         try:
-            if self.cluster:  # a cluster pipeline refuses TIME, which has no key to route by
+            if self.cluster:
                 raw = self._client.get(rkey)
                 seconds, micros = self._client.time()
             else:
                 pipe: Pipeline = self._client.pipeline(transaction=False)
-                pipe.get(rkey)  # both in one round trip
+                pipe.get(rkey)
                 pipe.time()
                 raw, (seconds, micros) = pipe.execute()
         except (RedisError, RedisClusterException) as exc:
             raise translate(exc, self.url) from exc
-        return raw, server_time(seconds, micros)
+        return (raw, server_time(seconds, micros))
 
     def close(self) -> None:
         """Close the runner's own connections (the client is the store's)."""
