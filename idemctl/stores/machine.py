@@ -43,6 +43,17 @@ def first_token(now: datetime) -> int:
     return (now - EPOCH) // timedelta(microseconds=1)
 
 
+def clock_passed(record: Record, now: datetime) -> bool:
+    """Whether ``record`` may vanish (be purged) at ``now``: its fencing token is below
+    ``first_token(now)``, so the key's next life starts above every token of this one.
+
+    A store whose clock counts milliseconds (SQLite, memory) can claim a key several times
+    within one tick, each takeover one token up; deleting such a record in that same tick
+    would let the next claim start at or below a token already handed out.
+    """
+    return record.fencing_token < first_token(now)
+
+
 def decide_claim(
     existing: Record | None, key: str, fingerprint: str | None, now: datetime, lease: float
 ) -> tuple[ClaimOutcome, Record | None]:

@@ -30,6 +30,7 @@ from idemctl.stores.base import BATCH, BaseStore, Progress, utcnow
 from idemctl.stores.machine import (
     check_forgettable,
     check_holder,
+    clock_passed,
     completed,
     decide_claim,
     decide_guard,
@@ -321,16 +322,18 @@ class RowStore(BaseStore):
             return RecordFilter(retention_over_at=now - timedelta(seconds=older_than))
 
         with self._transaction(write=False) as tx:
-            found = [r.key for r in tx.select(over(self.now()))]
+            now = self.now()
+            found = [r.key for r in tx.select(over(now)) if clock_passed(r, now)]
         if dry_run:
             return len(found)
         purged = 0
         for batch in batched(found, BATCH):
             with self._transaction() as tx:
-                query = over(self.now())
+                now = self.now()
+                query = over(now)
                 for key in batch:
                     record = tx.get(key)
-                    if record is not None and query.matches(record):
+                    if record is not None and query.matches(record) and clock_passed(record, now):
                         tx.delete(key)
                         purged += 1
             if progress is not None:

@@ -68,3 +68,25 @@ def test_purge_and_forget_never_turn_the_counter_back(row_store: RowStore) -> No
     assert row_store.get("k") is None
     last = claim(row_store, "k")
     assert last.fencing_token == first_token(clock.now) > again.fencing_token
+
+
+def test_purge_keeps_a_record_until_the_clock_has_passed_its_tokens(row_store: RowStore) -> None:
+    # Three claims in one millisecond tick (two forced unlocks): tokens start, start+1,
+    # start+2. Had purge deleted the record in that same tick, the next claim would have
+    # started at `start` again, a token a zombie of the old life still holds.
+    clock = row_store._clock
+    assert isinstance(clock, Clock)
+    held = claim(row_store, "k")
+    for _ in range(2):
+        row_store.unlock("k", force=True)
+        held = claim(row_store, "k")
+    row_store.forget("k", force=True)  # a tombstone past retention at once
+    assert row_store.purge(dry_run=True) == 0
+    assert row_store.purge() == 0
+    assert claim(row_store, "k").fencing_token == held.fencing_token + 1
+
+    row_store.forget("k", force=True)
+    clock.advance(0.001)  # the next tick: the clock has passed every token of the key
+    assert row_store.purge(dry_run=True) == 1
+    assert row_store.purge() == 1
+    assert claim(row_store, "k").fencing_token == first_token(clock.now) > held.fencing_token + 1
