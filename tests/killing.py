@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from idemctl import Acquired, StoreUnavailable
 from idemctl.stores.base import Store
+from tests.polling import wait_until
 
 
 def claims_across_a_kill(
@@ -39,10 +40,7 @@ def claims_across_a_kill(
 
     worker = threading.Thread(target=loop, daemon=True)
     worker.start()
-    deadline = time.monotonic() + hang
-    while len(results) < warmup and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(results) >= warmup, "the claim loop did not get going"
+    wait_until(lambda: len(results) >= warmup, "the claim loop getting going", hang, interval=0.01)
     kill()
     killed.set()
     worker.join(hang * 6)

@@ -35,11 +35,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote, urlencode
+
+from tests.polling import wait_until
 
 HOST = "127.0.0.1"
 CLUSTER_BUS_OFFSET = 10000
@@ -253,22 +254,25 @@ class ServerProcess:
             )
         with _live_lock:
             _live[self.proc.pid] = self
-        deadline = time.monotonic() + timeout
-        while not self.ready() or self.proc.poll() is not None:  # not another's answer
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def up() -> bool:
+            if proc.poll() is not None:
                 self._forget()
                 error = PortTaken if self._port_taken(log_start) else RuntimeError
                 raise error(
-                    f"{self.name} on port {self.port} exited with {self.proc.returncode}:\n"
+                    f"{self.name} on port {self.port} exited with {proc.returncode}:\n"
                     + self.log_tail()
                 )
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(
-                    f"{self.name} on port {self.port} not ready after {timeout}s:\n"
-                    + self.log_tail()
-                )
-            time.sleep(0.01)
+            return self.ready() and proc.poll() is None  # not another's answer
+
+        try:
+            wait_until(up, f"{self.name} on port {self.port} ready", timeout, interval=0.01)
+        except AssertionError:
+            self.kill()
+            raise RuntimeError(
+                f"{self.name} on port {self.port} not ready after {timeout}s:\n" + self.log_tail()
+            ) from None
         return self
 
     def _port_taken(self, log_start: int) -> bool:
@@ -330,11 +334,9 @@ class ServerProcess:
     def restart(self, timeout: float = START_TIMEOUT) -> Self:
         """Stop if running, then start again on the same port with the same options."""
         self.stop()
-        deadline = time.monotonic() + timeout
-        while not _bindable(self.port):  # a killed server's port may take a moment to free
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"port {self.port} still in use after the server stopped")
-            time.sleep(0.05)
+        wait_until(  # a killed server's port may take a moment to free
+            lambda: _bindable(self.port), f"port {self.port} free after the server stopped", timeout
+        )
         return self.start(timeout)
 
     def _forget(self) -> None:
@@ -496,18 +498,25 @@ class RedisCluster:
 
     def wait_ok(self, timeout: float = 60.0) -> None:
         """Until every node says cluster_state:ok and knows all of its peers."""
-        deadline = time.monotonic() + timeout
-        while True:
+        seen: list[Any] = []
+
+        def ok() -> bool:
             states = self.states()
             known = [
                 len([ln for ln in n.cli("CLUSTER", "NODES").splitlines() if ln.strip()])
                 for n in self.nodes
             ]
-            if states == ["ok"] * len(self.nodes) and known == [len(self.nodes)] * len(self.nodes):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"cluster not ok after {timeout}s: {states}, knows {known}")
-            time.sleep(0.05)
+            seen[:] = [states, known]
+            return states == ["ok"] * len(self.nodes) and known == [len(self.nodes)] * len(
+                self.nodes
+            )
+
+        wait_until(
+            ok,
+            "every node cluster_state:ok and knowing all of its peers",
+            timeout,
+            detail=lambda: f"states {seen[0]}, knows {seen[1]}",
+        )
 
     def stop(self) -> None:
         """Stop every node by its PID, also when one of them fails to stop."""
@@ -707,14 +716,16 @@ class PostgresServer(ServerProcess):
         self._wait_backends(timeout)
 
     def _wait_backends(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while any(pid_alive(p) for p in self.backends):
-            if time.monotonic() > deadline:
-                for p in self.backends:  # orphans that did not notice: our own, by PID
-                    with contextlib.suppress(OSError):
-                        os.kill(p, signal.SIGKILL)
-                deadline = time.monotonic() + timeout
-            time.sleep(0.01)
+        def gone() -> bool:
+            return not any(pid_alive(p) for p in self.backends)
+
+        try:
+            wait_until(gone, "the backends exited after the postmaster", timeout, interval=0.01)
+        except AssertionError:
+            for p in self.backends:  # orphans that did not notice: our own, by PID
+                with contextlib.suppress(OSError):
+                    os.kill(p, signal.SIGKILL)
+            wait_until(gone, "the backends gone after SIGKILL", timeout, interval=0.01)
 
     def remove(self) -> None:
         """Stop, and delete the cluster's files when they live outside ``directory``."""
