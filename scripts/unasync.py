@@ -18,10 +18,12 @@ between the two say so in the original with ``idemctl._unasync.is_async()``::
     else:
         time.sleep(pause)  # all the sync module holds
 
-(and ``a if is_async() else b``, which becomes ``b``). There is no other exception: no
-rule for one file, no module kept by hand beside its twin. The tree is written back with
-``ast.unparse`` and formatted with ruff; comments do not survive (the sync module is read
-in its original, as psycopg's are), docstrings do.
+(``if is_async() and ...:`` likewise; and ``a if is_async() else b``, which becomes
+``b``). There is no other exception, no rule for one file: the heartbeat's schedule (the
+loop's timer, or the thread scheduler of ``idemctl.runner.schedule``) and the PostgreSQL
+pool's loop binding are such lines. The tree is written back with ``ast.unparse`` and
+formatted with ruff; comments do not survive (the sync module is read in its original, as
+psycopg's are), docstrings do.
 
     scripts/unasync.py           write the sync modules
     scripts/unasync.py --check   exit 1, naming the files, when one differs from its original
@@ -52,6 +54,7 @@ FILES = {
     "idemctl/aio/decorator.py": "idemctl/runner/decorator.py",
     "idemctl/aio/beat.py": "idemctl/runner/beat.py",
     "idemctl/aio/heartbeat.py": "idemctl/runner/heartbeat.py",
+    "idemctl/stores/postgres/pool_async.py": "idemctl/stores/postgres/pool.py",
     "idemctl/http/attempt_aio.py": "idemctl/http/attempt.py",
 }
 """Each async original and the sync module written from it."""
@@ -76,11 +79,14 @@ MODULES = {
     "idemctl.stores.redis.steps_async": "idemctl.stores.redis.steps",
     "idemctl.stores.base_async": "idemctl.stores.base",
     "idemctl.stores.postgres.unit_async": "idemctl.stores.postgres.unit",
+    "idemctl.stores.postgres.pool_async": "idemctl.stores.postgres.pool",
 }
 """Modules renamed in imports (and in docstrings)."""
 
 NAMES = {
     "AsyncClient": "Client",
+    "AsyncConnectionPool": "ConnectionPool",
+    "AsyncPool": "Pool",
     "AsyncConnection": "Connection",
     "AsyncCursor": "Cursor",
     "AsyncFront": "Front",
@@ -122,6 +128,10 @@ def _docstring_words(text: str) -> str:
 
 
 def _is_escape(test: ast.expr) -> bool:
+    """``is_async()``, or ``is_async() and ...``: true in the original, false in its sync
+    module."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return _is_escape(test.values[0])
     return (
         isinstance(test, ast.Call)
         and isinstance(test.func, ast.Name)

@@ -1,6 +1,6 @@
 """A heartbeat's beat: every lease it keeps extended (a lost one dropped), every hold on an
-entity asked again. The heartbeats themselves (a thread's scheduler, an event loop's timer)
-each beat with their own concurrency's copy of this.
+entity asked again. The heartbeat (``idemctl.aio.heartbeat``, and the sync one written from
+it) beats with its own concurrency's copy of this.
 
 This module is the original of ``idemctl.runner.beat`` (scripts/unasync.py).
 """

@@ -1,8 +1,8 @@
 # Written by scripts/unasync.py from idemctl/aio/beat.py.
 # Do not edit: change that file and run the script (scripts/test checks the two agree).
 """A heartbeat's beat: every lease it keeps extended (a lost one dropped), every hold on an
-entity asked again. The heartbeats themselves (a thread's scheduler, an event loop's timer)
-each beat with their own concurrency's copy of this.
+entity asked again. The heartbeat (``idemctl.runner.heartbeat``, and the sync one written from
+it) beats with its own concurrency's copy of this.
 
 Written by scripts/unasync.py from ``idemctl.aio.beat``.
 """

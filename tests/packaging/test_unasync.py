@@ -87,6 +87,10 @@ def test_the_is_async_escape_keeps_the_sync_branch_alone() -> None:
         "    timer = loop_timer if is_async() else thread_timer\n"
         "    if is_async():\n"
         "        await only_on_the_loop()\n"
+        "    if is_async() and due:\n"
+        "        await renew()\n"
+        "    else:\n"
+        "        keep()\n"
     )
     out = unasync.unasync(text, "idemctl/aio/attempt.py")
     _same(
@@ -97,7 +101,8 @@ def test_the_is_async_escape_keeps_the_sync_branch_alone() -> None:
         "    time.sleep(backoff)\n"
         "    if ready():\n"
         "        go()\n"
-        "    timer = thread_timer\n",
+        "    timer = thread_timer\n"
+        "    keep()\n",
     )
     assert "is_async" not in out
 

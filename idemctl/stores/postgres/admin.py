@@ -24,7 +24,7 @@ from idemctl.stores import postgres as package
 from idemctl.stores.base import Progress
 from idemctl.stores.machine import check_forgettable, unlocked
 from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT, _exists, _now
-from idemctl.stores.postgres.pool import LockTimeout
+from idemctl.stores.postgres.pool_base import LockTimeout
 from idemctl.stores.postgres.sql import (
     COLUMNS,
     lock_wait,

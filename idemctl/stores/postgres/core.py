@@ -14,7 +14,8 @@ from idemctl.errors import ConfigError, NotProvisioned
 from idemctl.stores.base import BaseStore
 from idemctl.stores.limits import DEFAULT_LEASE, DEFAULT_RETENTION
 from idemctl.stores.postgres import url as postgres_url
-from idemctl.stores.postgres.pool import Pool, PoolSettings
+from idemctl.stores.postgres.pool import Pool
+from idemctl.stores.postgres.pool_base import PoolSettings
 from idemctl.stores.postgres.sql import (
     DEFAULT_SCHEMA,
     migrations,
@@ -59,14 +60,16 @@ class PostgresCore(BaseStore):
         self.keys_table = self.names.keys_table
         self.outbox_table = self.names.outbox_table
         self._pool = Pool(
-            conninfo,
-            url=self.url,
-            schema=schema,
-            pool_min=pool_min,
-            pool_max=pool_max,
-            lock_timeout=lock_timeout,
-            statement_timeout=statement_timeout,
-            connect_timeout=connect_timeout,
+            PoolSettings(
+                conninfo=conninfo,
+                url=self.url,
+                schema=schema,
+                pool_min=pool_min,
+                pool_max=pool_max,
+                lock_timeout=lock_timeout,
+                statement_timeout=statement_timeout,
+                connect_timeout=connect_timeout,
+            )
         )
         self._sql = protocol_statements(self.names)
 

@@ -11,7 +11,7 @@ import psycopg
 from idemctl.errors import NotProvisioned
 from idemctl.stores.base_async import AsyncStore
 from idemctl.stores.postgres import PostgresStore
-from idemctl.stores.postgres.pool import AsyncPool
+from idemctl.stores.postgres.pool_async import AsyncPool
 
 
 class AsyncPostgresCore(AsyncStore):

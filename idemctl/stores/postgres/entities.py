@@ -11,7 +11,7 @@ from idemctl.errors import EntityNotFound, StoreError
 from idemctl.model import Entity, EntityPage, validate_key
 from idemctl.stores.machine import entity_locked
 from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT
-from idemctl.stores.postgres.pool import LockTimeout
+from idemctl.stores.postgres.pool_base import LockTimeout
 from idemctl.stores.postgres.sql import ENTITY_COLUMNS, entity_of, lock_wait, utc
 from idemctl.stores.postgres.steps import PostgresSteps
 

@@ -33,7 +33,7 @@ from idemctl.stores.postgres import flows
 from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT, PostgresCore
 from idemctl.stores.postgres.drive import drive
 from idemctl.stores.postgres.flows import Flow, T
-from idemctl.stores.postgres.pool import LockTimeout
+from idemctl.stores.postgres.pool_base import LockTimeout
 from idemctl.stores.postgres.sql import lock_wait
 
 

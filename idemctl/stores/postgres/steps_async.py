@@ -32,7 +32,7 @@ from idemctl.stores.postgres.core import ADMIN_LOCK_WAIT
 from idemctl.stores.postgres.core_async import AsyncPostgresCore
 from idemctl.stores.postgres.drive_async import drive_async
 from idemctl.stores.postgres.flows import Flow, T
-from idemctl.stores.postgres.pool import LockTimeout
+from idemctl.stores.postgres.pool_base import LockTimeout
 from idemctl.stores.postgres.sql import lock_wait
 
 
