@@ -18,8 +18,8 @@ from idemctl.model import Entity, Finding, Record, Stats, Status
 if TYPE_CHECKING:
     from rich.console import JustifyMethod, RenderableType
 
-    from idemctl.harness.demo import Report
-    from idemctl.harness.verify import Report as VerifyReport
+    from idemctl.harness.demo import DemoReport
+    from idemctl.harness.verify import VerifyReport
     from idemctl.operate.doctor import DoctorReport
     from idemctl.outbox.table import OutboxRow, OutboxStatus
 
@@ -272,7 +272,7 @@ def doctor_summary(report: DoctorReport) -> str:
 # Kafka: consume, demo, the outbox ------------------------------------------------------
 
 
-def demo_table(report: Report) -> Table:
+def demo_table(report: DemoReport) -> Table:
     table = Table(title="Each payment's charges", title_justify="left")
     table.add_column("payments", justify="right")
     table.add_column("messages delivered", justify="right")

@@ -17,7 +17,7 @@ from rich.text import Text
 from idemctl.cli.common import emit_json, note, option_of, settings
 
 if TYPE_CHECKING:
-    from idemctl.harness.httpcheck import Point, Report
+    from idemctl.harness.httpcheck import HttpReport, Point
 
 STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 KAFKA_ONLY = (
@@ -155,7 +155,7 @@ def run_http(ctx: typer.Context, given_options: HttpOptions) -> None:
         raise typer.Exit(1)
 
 
-def table(report: Report) -> Table:
+def table(report: HttpReport) -> Table:
     """A row a point: its verdict in colour and why."""
     title = f"idemctl verify --http {report.method} {report.url}"
     caption = [
@@ -183,7 +183,7 @@ def table(report: Report) -> Table:
     return table
 
 
-def summary(ctx: typer.Context, report: Report) -> None:
+def summary(ctx: typer.Context, report: HttpReport) -> None:
     current = settings(ctx)
     counts = ", ".join(
         f"{report.count(verdict)} {word}"

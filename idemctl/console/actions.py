@@ -40,7 +40,7 @@ from idemctl.errors import ConfigError, IdemctlError
 from idemctl.operate import repair
 from idemctl.operate.documents import action as action_document
 from idemctl.operate.documents import item as item_document
-from idemctl.operate.repair import Changed, Outcome, state_of
+from idemctl.operate.repair import Changed, KeyOutcome, state_of
 
 LIMIT = 500
 """Keys a sweep's or a bulk action's preview binds at most: a sweep that finds more acts
@@ -59,11 +59,11 @@ class Dry:
 
 
 @dataclass(frozen=True)
-class Ran:
+class Acted:
     """What an action did: its document and each key's outcome."""
 
     document: dict[str, Any]
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[KeyOutcome] = field(default_factory=list)
     appeared: list[str] = field(default_factory=list)
     """A sweep's: keys it would take now that its preview never listed (left alone)."""
 
@@ -78,7 +78,7 @@ class Repair:
     """What it acts on: key, entity (forget's other form), id, older_than (a sweep), or
     keys (a bulk action: ``key`` repeated)."""
     dry: Callable[[Where, Asked], Dry]
-    run: Callable[[Where, Asked, Mapping[str, Any]], Ran]
+    run: Callable[[Where, Asked, Mapping[str, Any]], Acted]
     """Raises ``Changed`` where a single key is no longer as bound: nothing done."""
     verb: str = ""
     """A bulk action's, in its confirmation: ``unlock 3 keys``."""
@@ -172,10 +172,10 @@ def _unlock_dry(where: Where, asked: Asked) -> Dry:
     return Dry(document, {"keys": {key: state_of(before)}}, 1)
 
 
-def _unlock_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+def _unlock_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Acted:
     key = _target_of(asked, "key")
     done = operate.unlock(where.target, key, expect=_one(bound, "keys", key))
-    return Ran(_document(where, done), [Outcome(key, True, "freed")])
+    return Acted(_document(where, done), [KeyOutcome(key, True, "freed")])
 
 
 def _forget_dry(where: Where, asked: Asked) -> Dry:
@@ -191,15 +191,15 @@ def _forget_dry(where: Where, asked: Asked) -> Dry:
     return Dry(_document(where, done), {"keys": {key: state_of(done.record)}}, 1)
 
 
-def _forget_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+def _forget_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Acted:
     if asked.get("entity"):
         entity = asked["entity"]
         expect = _one(bound, "entities", entity)
         done = operate.forget_entity(where.target, entity, expect=expect)
-        return Ran(_document(where, done), [Outcome(entity, True, "forgot")])
+        return Acted(_document(where, done), [KeyOutcome(entity, True, "forgot")])
     key = _target_of(asked, "key")
     done = operate.forget(where.target, key, expect=_one(bound, "keys", key))
-    return Ran(_document(where, done), [Outcome(key, True, "forgot")])
+    return Acted(_document(where, done), [KeyOutcome(key, True, "forgot")])
 
 
 def _unlock_stale_dry(where: Where, asked: Asked) -> Dry:
@@ -210,16 +210,16 @@ def _unlock_stale_dry(where: Where, asked: Asked) -> Dry:
     return Dry(document, {"keys": states}, len(states))
 
 
-def _unlock_stale_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+def _unlock_stale_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Acted:
     expected: dict[str, Any] = bound.get("keys", {})
     outcomes = repair.unlock_each(where.target, expected)
     now = operate.unlock_stale(where.target, _older_than(asked), dry_run=True)
     appeared = [k for k in now.keys or [] if k not in expected][:LIMIT]
-    return Ran(_acted(where, "unlock", outcomes, where.target.skipped), outcomes, appeared)
+    return Acted(_acted(where, "unlock", outcomes, where.target.skipped), outcomes, appeared)
 
 
 def _acted(
-    where: Where, action: str, outcomes: list[Outcome], skipped: int | None = None
+    where: Where, action: str, outcomes: list[KeyOutcome], skipped: int | None = None
 ) -> dict[str, Any]:
     keys = [o.key for o in outcomes if o.done]
     return action_document.document(
@@ -234,13 +234,13 @@ def _purge_dry(where: Where, asked: Asked) -> Dry:
     return Dry(_document(where, done), {"older_than": older, "at": at}, done.count)
 
 
-def _purge_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+def _purge_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Acted:
     """What was past retention at the preview: the preview's ``older_than`` plus the time
     since (by this console's clock; the store judges by its own, which runs as fast), so
     that nothing whose retention ran out after the preview goes, to within the time a
     store call takes to read its clock."""
     since = max(0.0, time.time() - float(bound["at"]))
-    return Ran(_document(where, operate.purge(where.target, float(bound["older_than"]) + since)))
+    return Acted(_document(where, operate.purge(where.target, float(bound["older_than"]) + since)))
 
 
 def _replay_of(where: Where, asked: Asked) -> Any:
@@ -270,7 +270,7 @@ def _replay_dry(where: Where, asked: Asked) -> Dry:
     return Dry(document, {"rows": {str(r.id): _row_state(r) for r in rows}}, len(rows))
 
 
-def _replay_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+def _replay_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Acted:
     from idemctl.operate.documents import outbox as outbox_documents
 
     chosen = _replay_of(where, asked)
@@ -281,8 +281,8 @@ def _replay_run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
         raise Changed(row_id, expect, rows.get(row_id), "row")
     report = chosen.send(where.brokers, where.kafka_config)
     document = outbox_documents.replay(where.fields, 1, report.sent, report.failed, report.marked)
-    outcome = Outcome(row_id, report.sent > 0, "replayed" if report.sent else "not sent")
-    return Ran({"action": "replay", "count": report.sent, **document}, [outcome])
+    outcome = KeyOutcome(row_id, report.sent > 0, "replayed" if report.sent else "not sent")
+    return Acted({"action": "replay", "count": report.sent, **document}, [outcome])
 
 
 def _picked(asked: Asked) -> list[str]:
@@ -323,12 +323,12 @@ def _bulk_dry(action: str) -> Callable[[Where, Asked], Dry]:
     return dry
 
 
-def _bulk_run(action: str) -> Callable[[Where, Asked, Mapping[str, Any]], Ran]:
+def _bulk_run(action: str) -> Callable[[Where, Asked, Mapping[str, Any]], Acted]:
     each = repair.unlock_each if action == "unlock" else repair.forget_each
 
-    def run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Ran:
+    def run(where: Where, asked: Asked, bound: Mapping[str, Any]) -> Acted:
         outcomes = each(where.target, bound.get("keys", {}))
-        return Ran(_acted(where, action, outcomes), outcomes)
+        return Acted(_acted(where, action, outcomes), outcomes)
 
     return run
 

@@ -35,7 +35,7 @@ from idemctl.console.known import KNOWN
 from idemctl.console.oplog import OperatorLog, OperatorLogUnwritable
 from idemctl.console.pages import PAGES
 from idemctl.console.security import Security
-from idemctl.console.throttle import Busy, TimedOut
+from idemctl.console.throttle import Throttled, TimedOut
 from idemctl.errors import EntityNotFound, IdemctlError, KeyNotFound, OptionError, StoreUnavailable
 
 
@@ -203,7 +203,7 @@ def _audit(console: Console, request: Request) -> dict[str, Any] | None:
     try:
         return security.audits.run(lambda: views.audit(console.where, request.query_params),
                                    "idemctl-console-audit")  # fmt: skip
-    except Busy as exc:
+    except Throttled as exc:
         raise HTTPException(
             429, f"{security.audits.at_once} audits are running: try again in {exc.retry_after} s",
             headers={"Retry-After": str(exc.retry_after)},

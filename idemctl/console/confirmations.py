@@ -10,13 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from idemctl.console.actions import Dry, Ran, Repair
+from idemctl.console.actions import Acted, Dry, Repair
 from idemctl.console.display import plain
 from idemctl.console.oplog import Entry, OperatorLog, OperatorLogUnwritable
 from idemctl.console.previews import SIGNER, Asked
 from idemctl.console.views import Where
 from idemctl.errors import IdemctlError
-from idemctl.operate.repair import Changed, Outcome, what_changed
+from idemctl.operate.repair import Changed, KeyOutcome, what_changed
 
 # Previews, confirmations and what came of them -------------------------------------------
 
@@ -113,7 +113,7 @@ def _changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[st
 
 
 @dataclass(frozen=True)
-class Plan:
+class Confirmed:
     """A confirmation that matched its preview: what it will act on."""
 
     act: Repair
@@ -128,7 +128,7 @@ class Plan:
 
 def confirmed(
     chosen: Repair, where: Where, asked: Asked, user: str, typed: str, token: str
-) -> Refusal | Plan:
+) -> Refusal | Confirmed:
     """The plan a confirmation binds, or why nothing will be done (with a new preview)."""
     payload = SIGNER.read(token)
     if payload is None:
@@ -147,23 +147,23 @@ def confirmed(
         return _refused(chosen, where, asked, user, 400, "mistyped",
                         "the confirmation did not match: nothing was done",
                         bound=payload.get("bound", {}))  # fmt: skip
-    return Plan(chosen, asked, user, payload)
+    return Confirmed(chosen, asked, user, payload)
 
 
 @dataclass(frozen=True)
 class Done:
     """What a confirmed action did."""
 
-    plan: Plan
-    ran: Ran
+    plan: Confirmed
+    ran: Acted
     error: str | None = None
 
     @property
-    def left_alone(self) -> list[Outcome]:
+    def left_alone(self) -> list[KeyOutcome]:
         """The keys it did not act on: changed since their preview, refused, or (a sweep)
         stale now but never previewed."""
         alone = [o for o in self.ran.outcomes if not o.done]
-        return alone + [Outcome(k, False, "left alone: not in the preview")
+        return alone + [KeyOutcome(k, False, "left alone: not in the preview")
                         for k in self.ran.appeared]  # fmt: skip
 
     @property
@@ -187,11 +187,11 @@ class Done:
         """Whether it did all its preview showed, and nothing stayed to tell key by key."""
         return self.error is None and not self.left_alone and not self.plan.act.bulk
 
-    def each(self) -> list[Outcome]:
+    def each(self) -> list[KeyOutcome]:
         """Each key's outcome, for the operator log: a sweep's and a bulk action's."""
         if not (self.plan.act.sweep or self.plan.act.bulk):
             return []
-        return self.ran.outcomes + [Outcome(k, False, "left alone: not in the preview")
+        return self.ran.outcomes + [KeyOutcome(k, False, "left alone: not in the preview")
                                     for k in self.ran.appeared]  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -205,11 +205,11 @@ class Done:
         }  # fmt: skip
 
 
-def outcome_json(outcome: Outcome) -> dict[str, Any]:
+def outcome_json(outcome: KeyOutcome) -> dict[str, Any]:
     return {"key": outcome.key, "done": outcome.done, "said": outcome.said, "now": outcome.now}
 
 
-def perform(plan: Plan, where: Where) -> Done | Refusal:
+def perform(plan: Confirmed, where: Where) -> Done | Refusal:
     """Run ``plan``: what it did, or, where a single key changed since its preview, a
     refusal saying what changed (nothing done) with the new preview."""
     chosen, asked = plan.act, plan.asked
@@ -221,14 +221,14 @@ def perform(plan: Plan, where: Where) -> Done | Refusal:
                         f"nothing was done: the {exc.noun} changed since its preview",
                         changes)  # fmt: skip
     except IdemctlError as exc:
-        return Done(plan, Ran({}), str(exc))
+        return Done(plan, Acted({}), str(exc))
     return Done(plan, ran)
 
 
 # The operator log ---------------------------------------------------------------------------
 
 
-def log_before(oplog: OperatorLog, plan: Plan, address: str | None) -> Entry:
+def log_before(oplog: OperatorLog, plan: Confirmed, address: str | None) -> Entry:
     """The line written before ``plan`` acts (``started``, its target typed, a sweep's or a
     bulk action's keys as previewed): ``OperatorLogUnwritable`` when it cannot be written,
     and then nothing is done."""
@@ -249,7 +249,7 @@ class Logged:
     error: str | None = None
 
 
-def log_after(oplog: OperatorLog, started: Entry, plan: Plan, done: Done | Refusal) -> Logged:
+def log_after(oplog: OperatorLog, started: Entry, plan: Confirmed, done: Done | Refusal) -> Logged:
     """What came of ``plan``, on the ``started`` line's id: the result (a refusal says what
     changed) with the keys acted on, then a line for each key of a sweep or a bulk action."""
     entries: list[dict[str, Any]] = []

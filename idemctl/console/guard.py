@@ -26,7 +26,7 @@ from starlette.responses import (
 from idemctl.console.auth import OPERATOR, Session, User
 from idemctl.console.oplog import ANONYMOUS, OperatorLogUnwritable
 from idemctl.console.pages import PAGES
-from idemctl.console.throttle import Busy
+from idemctl.console.throttle import Throttled
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -258,7 +258,7 @@ async def login(request: Request) -> Response:
     try:
         async with security.hashing:
             found = await run_in_threadpool(users.check, name, password) if users else None
-    except Busy as exc:
+    except Throttled as exc:
         raise HTTPException(429, "too many logins at once: try again in a moment",
                             headers={"Retry-After": str(exc.retry_after)}) from None  # fmt: skip
     if found is None:

@@ -84,7 +84,7 @@ class LoginTokens:
         return hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()[:32]
 
 
-class Seen:
+class Remembered:
     """Names remembered once each, up to ``most``: ``first`` is true the first time a name
     is seen, and once for the first name past ``most`` (``overflow``)."""
 
@@ -122,4 +122,4 @@ class Security:
     hashing: Gate = field(default_factory=lambda: Gate(HASHING_AT_ONCE, HASHING_WAITING))
     audits: Slots = field(default_factory=lambda: Slots(AUDITS_AT_ONCE, AUDIT_SECONDS))
     refusals: Window = field(default_factory=lambda: Window(REFUSALS_LOGGED, FAILURE_WINDOW))
-    foreign: Seen = field(default_factory=lambda: Seen(FOREIGN_HOSTS_LOGGED))
+    foreign: Remembered = field(default_factory=lambda: Remembered(FOREIGN_HOSTS_LOGGED))

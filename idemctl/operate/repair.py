@@ -233,7 +233,7 @@ def check_state(
 
 
 @dataclass(frozen=True)
-class Outcome:
+class KeyOutcome:
     """What came of one key of ``unlock_each`` or ``forget_each``: ``done``, or why it was
     left alone (``said``), with its state when it was looked at (None: gone)."""
 
@@ -248,7 +248,7 @@ def unlock_each(
     expected: Mapping[str, Mapping[str, Any]],
     *,
     progress: Progress | None = None,
-) -> list[Outcome]:
+) -> list[KeyOutcome]:
     """Free each key of ``expected`` that is still in the state given (``state_of``), as
     ``unlock`` without force frees it; leave alone each one that changed or that unlock
     refuses. Never touches a key not in ``expected``."""
@@ -260,7 +260,7 @@ def forget_each(
     expected: Mapping[str, Mapping[str, Any]],
     *,
     progress: Progress | None = None,
-) -> list[Outcome]:
+) -> list[KeyOutcome]:
     """Forget each key of ``expected`` still in the state given, as ``forget`` without
     force; the others left alone, as ``unlock_each``."""
     return _each(target, expected, "forgot", lambda key: target.forget(key, False, False), progress)
@@ -272,11 +272,11 @@ def _each(
     verb: str,
     action: Callable[[str], object],
     progress: Progress | None,
-) -> list[Outcome]:
+) -> list[KeyOutcome]:
     keys = list(expected)
     for key in keys:
         validate_key(key)
-    outcomes: list[Outcome] = []
+    outcomes: list[KeyOutcome] = []
     for start in range(0, len(keys), BATCH):
         batch = keys[start : start + BATCH]
         found = _read_many(target, batch)
@@ -285,16 +285,16 @@ def _each(
             current = None if record is None else state_of(record)
             if current != dict(expected[key]):
                 said = "left alone: " + what_changed(expected[key], current)
-                outcomes.append(Outcome(key, False, said, current))
+                outcomes.append(KeyOutcome(key, False, said, current))
                 continue
             try:
                 action(key)
             except (Refused, KeyNotFound) as exc:
-                outcomes.append(Outcome(key, False, f"left alone: {exc}", current))
+                outcomes.append(KeyOutcome(key, False, f"left alone: {exc}", current))
             except IdemctlError as exc:  # the store failed this one: said, the others go on
-                outcomes.append(Outcome(key, False, f"failed: {exc}", current))
+                outcomes.append(KeyOutcome(key, False, f"failed: {exc}", current))
             else:
-                outcomes.append(Outcome(key, True, verb, current))
+                outcomes.append(KeyOutcome(key, True, verb, current))
         if progress is not None:
             progress(len(batch))
     return outcomes

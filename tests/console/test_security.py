@@ -375,7 +375,7 @@ def test_an_unknown_name_costs_what_a_user_of_each_hash_kind_costs(
 def test_hashing_runs_a_few_at_a_time_and_turns_away_the_rest() -> None:
     import asyncio
 
-    from idemctl.console.throttle import Busy, Gate
+    from idemctl.console.throttle import Gate, Throttled
 
     async def scenario() -> list[str]:
         gate, release, said = Gate(at_once=2, waiting=2), asyncio.Event(), []
@@ -385,7 +385,7 @@ def test_hashing_runs_a_few_at_a_time_and_turns_away_the_rest() -> None:
                 async with gate:
                     said.append(f"in {n}")
                     await release.wait()
-            except Busy as exc:
+            except Throttled as exc:
                 said.append(f"busy {n} {exc.retry_after}")
 
         tasks = [asyncio.create_task(one(n)) for n in range(5)]

@@ -24,7 +24,7 @@ from idemctl.harness.verify.plan import (
     Effect,
     Fault,
     Plan,
-    Report,
+    VerifyReport,
     _Chaos,
     _Messages,
     judge,
@@ -69,7 +69,7 @@ def test_a_store_fault_explains_effects_from_a_lease_before_it_to_its_end() -> N
 
 
 def test_the_report_names_each_broken_promise() -> None:
-    report = Report("r", "t", "s", "m", "g", 10, 5, 1, 1, 2)
+    report = VerifyReport("r", "t", "s", "m", "g", 10, 5, 1, 1, 2)
     assert report.ok and report.problems == []
     report.lost = ["k1"]
     report.duplicate_effects, report.duplicates_allowed = 3, 1

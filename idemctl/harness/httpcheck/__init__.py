@@ -27,7 +27,7 @@ sees a new order each time; another payload is the body with another ``{uuid}``,
 body with a member (JSON) or a pair (form) added.
 
 Only the standard library (``http.client`` and threads): the base install has no HTTP
-client. No printing: ``check_api`` returns a ``Report``, ``on_point`` hears each point as
+client. No printing: ``check_api`` returns a ``HttpReport``, ``on_point`` hears each point as
 it is judged. Header values that may be credentials are kept in the report only masked.
 """
 
@@ -38,7 +38,16 @@ from collections.abc import Callable
 
 from idemctl.harness.httpcheck.cases import LONG_KEY, PLACEHOLDER, Checker
 from idemctl.harness.httpcheck.client import REPLAYED, Answer
-from idemctl.harness.httpcheck.report import FAIL, PASS, SKIP, TITLES, VERDICTS, WARN, Point, Report
+from idemctl.harness.httpcheck.report import (
+    FAIL,
+    PASS,
+    SKIP,
+    TITLES,
+    VERDICTS,
+    WARN,
+    HttpReport,
+    Point,
+)
 from idemctl.harness.httpcheck.target import HttpTarget, Unreachable, header_pair, masked, merged
 from idemctl.urls import redact_url
 
@@ -53,9 +62,9 @@ __all__ = [
     "VERDICTS",
     "WARN",
     "Answer",
+    "HttpReport",
     "HttpTarget",
     "Point",
-    "Report",
     "Unreachable",
     "check_api",
     "header_pair",
@@ -64,7 +73,9 @@ __all__ = [
 ]
 
 
-def check_api(target: HttpTarget, on_point: Callable[[Point], None] = lambda point: None) -> Report:
+def check_api(
+    target: HttpTarget, on_point: Callable[[Point], None] = lambda point: None
+) -> HttpReport:
     """Send every case to the API at ``target.url`` and judge each; Unreachable when its
     host takes no connection (checked first, before any request is sent)."""
     target.check()
@@ -84,7 +95,7 @@ def check_api(target: HttpTarget, on_point: Callable[[Point], None] = lambda poi
         point = case()
         points.append(point)
         on_point(point)
-    return Report(
+    return HttpReport(
         url=redact_url(target.url),
         method=target.method,
         key_header=target.key_header,

@@ -7,7 +7,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from idemctl.harness.httpcheck.client import REPLAYED, Answer, Client, difference
+from idemctl.harness.httpcheck.client import REPLAYED, Answer, Requester, difference
 from idemctl.harness.httpcheck.report import FAIL, PASS, SEVERITY, SKIP, WARN, Point
 from idemctl.harness.httpcheck.target import HttpTarget, merged
 
@@ -30,7 +30,7 @@ class _Points:
         return Point(self.id, verdict, reason, tuple(self.statuses))
 
 
-class Checker(Client):
+class Checker(Requester):
     """The cases, each a method returning its Point."""
 
     def __init__(self, target: HttpTarget) -> None:

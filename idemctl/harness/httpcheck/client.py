@@ -80,7 +80,7 @@ def _describe(exc: BaseException, timeout: float) -> str:
     return str(exc) or type(exc).__name__
 
 
-class Client:
+class Requester:
     """Requests to the target's host: the caller's headers, the key if any, the body."""
 
     def __init__(self, target: HttpTarget) -> None:

@@ -47,7 +47,7 @@ class Point:
 
 
 @dataclass(frozen=True)
-class Report:
+class HttpReport:
     url: str
     """Redacted."""
     method: str

@@ -20,7 +20,7 @@ Everything it made is removed at the end, also on Ctrl-C, unless ``keep``. No pr
 ``on_step`` hears what happens and ``on_progress`` gets a ``Progress``; the CLI renders.
 """
 
-from idemctl.harness.verify.plan import Plan, Progress, Report
+from idemctl.harness.verify.plan import Plan, Progress, VerifyReport
 from idemctl.harness.verify.run import run_verify
 
-__all__ = ["Plan", "Progress", "Report", "run_verify"]
+__all__ = ["Plan", "Progress", "VerifyReport", "run_verify"]

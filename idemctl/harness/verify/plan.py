@@ -108,7 +108,7 @@ class Effect:
 
 
 @dataclass
-class Report:
+class VerifyReport:
     run_id: str
     topic: str
     store: str

@@ -22,7 +22,7 @@ from idemctl.harness.verify.plan import (
     Fault,
     Plan,
     Progress,
-    Report,
+    VerifyReport,
     _Chaos,
     _Messages,
     guarantee_of,
@@ -35,7 +35,7 @@ def run_verify(
     plan: Plan,
     on_step: Callable[[str], None] = lambda step: None,
     on_progress: Callable[[Progress], None] = lambda progress: None,
-) -> Report:
+) -> VerifyReport:
     """Run the proof; ``on_step`` hears each step, ``on_progress`` the counts, every
     quarter second. KeyboardInterrupt (Ctrl-C) stops it, and what it made is removed."""
     plan.check()
@@ -63,7 +63,7 @@ class _Run:
         self.messages = _Messages.plan(plan, self.id)
         self.progress = Progress()
         mode, guarantee = guarantee_of(plan)
-        self.report = Report(
+        self.report = VerifyReport(
             self.id, self.topic, self.scratch.shown, mode, guarantee, plan.messages,
             len(self.messages.expected), plan.partitions, plan.consumers,
             len(self.messages.poison), kept=plan.keep,
@@ -80,7 +80,7 @@ class _Run:
         self.progress.phase = name
         self.on_progress(self.progress)
 
-    def run(self) -> Report:
+    def run(self) -> VerifyReport:
         consumers: _Consumers | None = None
         try:
             with ExitStack() as stack:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from idemctl.harness.demo import Report
+    from idemctl.harness.demo import DemoReport
 
 
-def document(report: Report) -> dict[str, Any]:
+def document(report: DemoReport) -> dict[str, Any]:
     return {
         "topic": report.topic,
         "payments": report.payments,

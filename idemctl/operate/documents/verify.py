@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from idemctl.harness.verify import Progress, Report
+    from idemctl.harness.verify import Progress, VerifyReport
 
 
 def fields(progress: Progress) -> dict[str, Any]:
@@ -21,5 +21,5 @@ def fields(progress: Progress) -> dict[str, Any]:
     }
 
 
-def document(where: dict[str, str], report: Report) -> dict[str, Any]:
+def document(where: dict[str, str], report: VerifyReport) -> dict[str, Any]:
     return {**where, **report.to_json()}

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from idemctl.harness.httpcheck import Report
+    from idemctl.harness.httpcheck import HttpReport
 
 
-def document(report: Report) -> dict[str, Any]:
+def document(report: HttpReport) -> dict[str, Any]:
     return report.to_json()
