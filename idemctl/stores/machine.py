@@ -47,24 +47,36 @@ def clock_passed(record: Record, now: datetime) -> bool:
     """Whether ``record`` may vanish (be purged) at ``now``: its fencing token is below
     ``first_token(now)``, so the key's next life starts above every token of this one.
 
-    A store whose clock counts milliseconds (SQLite, memory) can claim a key several times
-    within one tick, each takeover one token up; deleting such a record in that same tick
-    would let the next claim start at or below a token already handed out.
+    Each takeover is one token up, and a clock can stand still or be coarse (a test's hand
+    clock; a machine's in a VM): a key claimed several times within one of its ticks holds
+    tokens above it, and deleting its record then would let the next claim start at or
+    below a token already handed out.
     """
     return record.fencing_token < first_token(now)
 
 
 def decide_claim(
-    existing: Record | None, key: str, fingerprint: str | None, now: datetime, lease: float
+    existing: Record | None,
+    key: str,
+    fingerprint: str | None,
+    now: datetime,
+    lease: float,
+    first: int | None = None,
 ) -> tuple[ClaimOutcome, Record | None]:
-    """The claim rules of ARCHITECTURE.md: the outcome, and the record to write (None: no write)."""
+    """The claim rules of ARCHITECTURE.md: the outcome, and the record to write (None: no
+    write). ``first``: the token of a key with no record, ``first_token(now)`` unless the
+    store's ``now`` is coarser than its clock (the row stores keep milliseconds and give
+    the clock's microseconds here)."""
     expires = now + timedelta(seconds=lease)
     owner = new_owner()
     if existing is None or existing.retention_over(now):
         # Past retention (or forgotten) the key is new, but the fencing counter goes on: a
         # zombie of the old life must never hold a token that is valid again. With no record
         # at all, the clock starts it above every token the key may have had.
-        token = first_token(now) if existing is None else existing.fencing_token + 1
+        if existing is not None:
+            token = existing.fencing_token + 1
+        else:
+            token = first_token(now) if first is None else first
         record = Record(
             key=key,
             status=Status.IN_PROGRESS,

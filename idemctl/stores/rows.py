@@ -37,6 +37,7 @@ from idemctl.stores.machine import (
     decide_settle,
     entity_locked,
     failed,
+    first_token,
     forgotten,
     released,
     unlocked,
@@ -91,8 +92,11 @@ class RowStore(BaseStore):
         outcomes = []
         with self._transaction() as tx:
             now = self.now()
+            first = first_token(self._clock())  # in microseconds, as the clock has them
             for r in requests:
-                outcome, record = decide_claim(tx.get(r.key), r.key, r.fingerprint, now, lease)
+                outcome, record = decide_claim(
+                    tx.get(r.key), r.key, r.fingerprint, now, lease, first
+                )
                 if record is not None:
                     tx.put(record)
                 outcomes.append(outcome)
@@ -322,18 +326,18 @@ class RowStore(BaseStore):
             return RecordFilter(retention_over_at=now - timedelta(seconds=older_than))
 
         with self._transaction(write=False) as tx:
-            now = self.now()
-            found = [r.key for r in tx.select(over(now)) if clock_passed(r, now)]
+            clock = self._clock()
+            found = [r.key for r in tx.select(over(self.now())) if clock_passed(r, clock)]
         if dry_run:
             return len(found)
         purged = 0
         for batch in batched(found, BATCH):
             with self._transaction() as tx:
-                now = self.now()
-                query = over(now)
+                clock = self._clock()
+                query = over(self.now())
                 for key in batch:
                     record = tx.get(key)
-                    if record is not None and query.matches(record) and clock_passed(record, now):
+                    if record is not None and query.matches(record) and clock_passed(record, clock):
                         tx.delete(key)
                         purged += 1
             if progress is not None:

@@ -42,8 +42,8 @@ def claim(store: RowStore, key: str) -> Acquired:
 def test_a_new_key_starts_at_the_stores_clock(row_store: RowStore) -> None:
     clock = row_store._clock
     assert isinstance(clock, Clock)
-    clock.advance(0.0123456)  # the row stores keep milliseconds
-    assert claim(row_store, "k").fencing_token == first_token(START) + 12_000
+    clock.advance(0.012345)  # the row stores keep milliseconds, their tokens the clock's µs
+    assert claim(row_store, "k").fencing_token == first_token(START) + 12_345
 
 
 def test_purge_and_forget_never_turn_the_counter_back(row_store: RowStore) -> None:
@@ -71,8 +71,8 @@ def test_purge_and_forget_never_turn_the_counter_back(row_store: RowStore) -> No
 
 
 def test_purge_keeps_a_record_until_the_clock_has_passed_its_tokens(row_store: RowStore) -> None:
-    # Three claims in one millisecond tick (two forced unlocks): tokens start, start+1,
-    # start+2. Had purge deleted the record in that same tick, the next claim would have
+    # Three claims with the clock standing still (two forced unlocks): tokens start,
+    # start+1, start+2. Had purge deleted the record then, the next claim would have
     # started at `start` again, a token a zombie of the old life still holds.
     clock = row_store._clock
     assert isinstance(clock, Clock)
@@ -86,7 +86,7 @@ def test_purge_keeps_a_record_until_the_clock_has_passed_its_tokens(row_store: R
     assert claim(row_store, "k").fencing_token == held.fencing_token + 1
 
     row_store.forget("k", force=True)
-    clock.advance(0.001)  # the next tick: the clock has passed every token of the key
+    clock.advance(0.001)  # the clock has passed every token of the key
     assert row_store.purge(dry_run=True) == 1
     assert row_store.purge() == 1
     assert claim(row_store, "k").fencing_token == first_token(clock.now) > held.fencing_token + 1
