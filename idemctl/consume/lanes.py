@@ -136,7 +136,8 @@ class Lane:
         self.thread = threading.Thread(
             target=self._serve, name=f"idemctl-handler-{index}", daemon=True
         )
-        self.thread.start()
+        """Started with the lane's first round: a consumer that never ran (its metrics
+        port taken, say) leaves no thread behind for the interpreter's exit."""
 
     @property
     def busy(self) -> bool:
@@ -152,6 +153,8 @@ class Lane:
     def give(self, rnd: Round) -> None:
         self.round = rnd
         self._inbox.put(rnd)
+        if self.thread.ident is None:
+            self.thread.start()
 
     def close(self) -> None:
         """No more rounds: the thread ends (an abandoned one, whenever its handler returns)."""
