@@ -153,19 +153,22 @@ def test_a_cancellation_while_the_heartbeat_stops_is_not_swallowed(
     from idemctl.aio import heartbeat
 
     beating, stopping = asyncio.Event(), asyncio.Event()
+    runs: list[asyncio.Task[Any]] = []  # the task run (and its handler) runs in
 
     async def slow_to_stop(self: heartbeat.Heartbeat) -> None:
         beating.set()
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
             stopping.set()
-            await asyncio.sleep(0.5)  # winding down takes a while: the window
+            # winding down lasts until run's task is cancelled: the window
+            await wait_until_async(runs[0].cancelling, "run's task is cancelled")
             raise
 
     monkeypatch.setattr(heartbeat.Heartbeat, "_beat", slow_to_stop)
 
     async def quick(ctx: Context) -> str:
+        runs.append(asyncio.current_task())  # type: ignore[arg-type]
         await beating.wait()  # a beat is under way (lease 0.3 s: due at 0.1 s)
         return "done"
 

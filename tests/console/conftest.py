@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from idemctl.console.auth import hash_password
+from tests.polling import wait_until
 from tests.powertools.conftest import _no_lambda_env, redis_client, redis_pt  # noqa: F401
 from tests.servers import HOST, free_port, http_answers
 
@@ -49,13 +49,13 @@ class ConsoleProcess:
         self.stderr = folder / "console.err"
         with self.stderr.open("wb") as err:  # a file, never a pipe that fills and blocks it
             self.proc = subprocess.Popen(command, env=env, stderr=err)
-        deadline = time.monotonic() + 60
-        while not http_answers(self.port):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"console exited: {self.stderr.read_text()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("console did not answer within 60 s")
-            time.sleep(0.1)
+        wait_until(
+            lambda: http_answers(self.port),
+            "the console answers",
+            interval=0.1,
+            procs=[self.proc],
+            detail=self.stderr.read_text,
+        )
 
     @property
     def base(self) -> str:

@@ -13,7 +13,6 @@ the SQLite run's."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from idemctl.model import ClaimRequest
 from tests.backends import expire_lease, unique_prefix, unique_schema
 from tests.console.conftest import PASSWORDS, ConsoleProcess
 from tests.console.test_browser import click, log_in
+from tests.polling import wait_until
 from tests.servers import KafkaBroker
 
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "images" / "console"
@@ -61,10 +61,12 @@ def after_a_sample(console: ConsoleProcess, client: httpx.Client) -> None:
     seen = samples(console, client)
     if seen is None:
         return
-    deadline = time.monotonic() + 30
-    while (samples(console, client) or 0) <= seen:
-        assert time.monotonic() < deadline, "the console took no sample in 30 s"
-        time.sleep(0.1)
+    wait_until(
+        lambda: (samples(console, client) or 0) > seen,
+        "the console takes another sample",
+        timeout=30,
+        interval=0.1,
+    )
 
 
 def http_login(console: ConsoleProcess) -> httpx.Client:

@@ -365,7 +365,7 @@ def test_the_store_password_is_never_shown(
 
 
 def test_no_auth_is_refused_off_loopback(sqlite_url: str, tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="--no-auth only on a loopback address"):
+    with pytest.raises(AssertionError, match="--no-auth only on a loopback address"):
         ConsoleProcess(sqlite_url, tmp_path, "--no-auth", bind="0.0.0.0")
 
 

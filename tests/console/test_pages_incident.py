@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html as htmllib
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from idemctl.model import ClaimRequest
 from tests.backends import expire_lease, unique_schema
 from tests.console.conftest import PASSWORDS, ConsoleProcess
 from tests.console.test_pages import log_in
+from tests.polling import wait_until
 from tests.servers import KafkaBroker
 
 HIDDEN = {
@@ -331,14 +331,21 @@ def test_the_overview_shows_the_last_hour_as_the_console_sampled_it(tmp_path: Pa
             held = store.get("h-3")
             store.fail("h-3", held.owner, held.fencing_token, "boom", retriable=True)
             expire_lease(store, "h-4", ago=60)
-        deadline = time.monotonic() + 60
-        while True:
-            history = ana.get("/api/").json().get("history") or {}
-            steps = history.get("steps", [])
-            if sum(s["completed"] or 0 for s in steps) >= 3 and steps[-1]["stale"] == 1:
-                break
-            assert time.monotonic() < deadline, history
-            time.sleep(0.2)
+        seen: dict[str, Any] = {}
+
+        def counted() -> bool:
+            seen["history"] = ana.get("/api/").json().get("history") or {}
+            steps = seen["history"].get("steps", [])
+            return sum(s["completed"] or 0 for s in steps) >= 3 and steps[-1]["stale"] == 1
+
+        wait_until(
+            counted,
+            "the history counts 3 completed and 1 stale",
+            interval=0.2,
+            detail=lambda: repr(seen.get("history")),
+        )
+        history = seen["history"]
+        steps = history["steps"]
         assert sum(s["failed"] or 0 for s in steps) == 1
         assert history["interval_seconds"] == pytest.approx(1.0)
         page = ana.get("/").text

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from tests.backends import expire_lease
 from tests.cli.helpers import validate
 from tests.console.conftest import PASSWORDS, REPO, ConsoleProcess
 from tests.console.test_security import csrf_of, log_in, logged, login
+from tests.polling import wait_until
 from tests.servers import HOST, free_port, http_answers
 
 TWINS = ("entity account:0001", "account:0001")
@@ -126,12 +126,13 @@ class Started:
             self.proc = subprocess.Popen(
                 [*command, "--bind", f"{HOST}:{self.port}"], env=env, cwd=cwd, stderr=out
             )
-        deadline = time.monotonic() + 60
-        while not http_answers(self.port):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"console exited: {err.read_text()}")
-            assert time.monotonic() < deadline, "console did not answer within 60 s"
-            time.sleep(0.1)
+        wait_until(
+            lambda: http_answers(self.port),
+            "the console answers",
+            interval=0.1,
+            procs=[self.proc],
+            detail=err.read_text,
+        )
         self.base = f"http://{HOST}:{self.port}"
 
     def stop(self) -> None:

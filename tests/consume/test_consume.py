@@ -21,6 +21,7 @@ import pytest
 from idemctl import Acquired, Permanent, open_store
 from idemctl.consume import ConsumeOptions, Consumer, Event, adapt
 from idemctl.runner import Context
+from tests.polling import wait_until
 from tests.scrape import probe, scrape
 from tests.servers import KafkaBroker
 
@@ -199,10 +200,10 @@ def test_a_busy_key_holds_its_partition_until_the_holder_finishes(
         )
 
         def finish_once_it_waits() -> None:
-            deadline = time.monotonic() + 60
-            while not consumer.summary.counts["busy"] and time.monotonic() < deadline:
-                time.sleep(0.05)
-            other.complete("k-1", held.owner, held.fencing_token, "done elsewhere")
+            try:
+                wait_until(lambda: consumer.summary.counts["busy"], "the consumer finds k-1 busy")
+            finally:
+                other.complete("k-1", held.owner, held.fencing_token, "done elsewhere")
 
         threading.Thread(target=finish_once_it_waits, daemon=True).start()
         summary = consumer.run()
@@ -216,12 +217,16 @@ def test_cli_consume_runs_a_handler_module_and_sigterm_drains(
 ) -> None:
     topic, group = names()
     kafka_broker.create_topic(topic, partitions=1)
+    # The third handler runs until the test releases it, after SIGTERM was heard: mid-handler.
     (tmp_path / "slow.py").write_text(
-        "import time\n"
+        "import os\n"
+        "from tests.polling import wait_until\n"
         "def handle(event, ctx):\n"
         "    with open('effects.txt', 'a') as f:\n"
         "        f.write(ctx.key + ' start\\n')\n"
-        "    time.sleep(1.0)\n"
+        "    with open('effects.txt') as f:\n"
+        "        if f.read().count('start') >= 3:\n"
+        "            wait_until(lambda: os.path.exists('release'), 'the test releases it', 120)\n"
         "    with open('effects.txt', 'a') as f:\n"
         "        f.write(ctx.key + ' done\\n')\n"
         "    return ctx.attempt\n"
@@ -231,32 +236,35 @@ def test_cli_consume_runs_a_handler_module_and_sigterm_drains(
 
     metrics_port = free_port()
     kafka = kafka_flags(kafka_broker)
+    errors = tmp_path / "stderr.txt"
+    stderr = errors.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "idemctl", "--store", f"sqlite:///{tmp_path}/keys.db", "consume",
          "--brokers", kafka_broker.bootstrap, "--topic", topic, "--group", group,
          "--handler", "slow:handle", "--batch-size", "1", "--json", *kafka,
          "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     try:
         effects = tmp_path / "effects.txt"
-        deadline = time.monotonic() + 60
-        while not (effects.exists() and effects.read_text().count("start") >= 3):
-            assert time.monotonic() < deadline, (
-                proc.stderr.read() if proc.poll() is not None else "no progress"
-            )  # type: ignore[union-attr]
-            time.sleep(0.1)
+        wait_until(lambda: effects.exists() and effects.read_text().count("start") >= 3,
+                   "three handlers started", procs=[proc], detail=errors.read_text)  # fmt: skip
         samples, types = scrape(metrics_port)
         assert samples[("idemctl_messages_total", (("outcome", "executed"),))] >= 2
         assert types["idemctl_paused_partitions"] == "gauge"
         assert probe(metrics_port, "/healthz")[0] == 200
         assert probe(metrics_port, "/readyz") == (200, "ready\n")
-        proc.send_signal(signal.SIGTERM)  # mid-handler
-        out, err = proc.communicate(timeout=60)
+        proc.send_signal(signal.SIGTERM)  # mid-handler: the third is held until it is heard
+        wait_until(lambda: "SIGTERM: finishing the work in hand" in errors.read_text(),
+                   "SIGTERM heard", procs=[proc], detail=errors.read_text)  # fmt: skip
+        (tmp_path / "release").touch()
+        out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+        stderr.close()
+    err = errors.read_text()
     assert proc.returncode == 0, err
     lines = effects.read_text().splitlines()
     started = [ln.split()[0] for ln in lines if ln.endswith("start")]
@@ -362,15 +370,11 @@ def test_a_consumer_joining_and_leaving_loses_nothing(
         second = Consumer(second_store, adapt(handler), opts)
         one = threading.Thread(target=first.run, daemon=True)
         one.start()
-        deadline = time.monotonic() + 60
-        while sum(effects.values()) < 100:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: sum(effects.values()) >= 100, "the first member ran 100 keys")
         two = threading.Thread(target=second.run, daemon=True)
         two.start()
-        while second.summary.finished < 50:  # it got partitions and worked them
-            assert time.monotonic() < deadline + 60, "the second member never got work"
-            time.sleep(0.05)
+        # It got partitions and worked them.
+        wait_until(lambda: second.summary.finished >= 50, "the second member got work")
         second.stop()  # leaves: its partitions go back to the first
         two.join(60)
         one.join(120)
@@ -414,6 +418,7 @@ def test_concurrency_runs_partitions_side_by_side_each_in_order(
     lock = threading.Lock()
     running, most = 0, 0
     order: dict[int, list[int]] = {}
+    overlapped = threading.Event()
 
     def handler(event: Event) -> None:
         nonlocal running, most
@@ -421,7 +426,11 @@ def test_concurrency_runs_partitions_side_by_side_each_in_order(
             running += 1
             most = max(most, running)
             order.setdefault(event.partition, []).append(event.offset)
-        time.sleep(0.02)  # a handler waiting on I/O
+            if running >= 2:
+                overlapped.set()
+        # A handler waiting on I/O: until another partition's handler runs beside it (a
+        # consumer running one at a time never gets there, and most stays 1).
+        overlapped.wait(60)
         with lock:
             running -= 1
 

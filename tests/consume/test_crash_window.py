@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from idemctl.model import Status
 from tests.consume.test_consume import REPO, committed, kafka_flags, names, produce
+from tests.polling import wait_until
 from tests.servers import KafkaBroker
 
 MESSAGES = 300
@@ -71,6 +73,14 @@ def test_a_kill_mid_batch_repeats_only_the_running_handlers(
     def effects() -> int:
         return len(ledger.read_text().splitlines())
 
+    def reached(n: int) -> bool:
+        return effects() >= n
+
+    def stderr_of(proc: subprocess.Popen[bytes]) -> str:
+        if proc.poll() is None:
+            return "the consumer made no progress"
+        return proc.stderr.read().decode()  # type: ignore[union-attr]
+
     rng = random.Random(concurrency)
     kills = 0
     for _ in range(KILLS):
@@ -78,11 +88,9 @@ def test_a_kill_mid_batch_repeats_only_the_running_handlers(
         try:
             # Mid-batch: some way into a batch of 100, once handlers are running.
             target = effects() + rng.randrange(20, 60)
-            deadline = time.monotonic() + 90
-            while effects() < target:
-                assert consumer.poll() is None, consumer.stderr.read()  # type: ignore[union-attr]
-                assert time.monotonic() < deadline, "the consumer made no progress"
-                time.sleep(0.005)
+            wait_until(partial(reached, target), f"{target} effects in the ledger",
+                       timeout=90, interval=0.005, procs=[consumer],
+                       detail=partial(stderr_of, consumer))  # fmt: skip
             os.kill(consumer.pid, signal.SIGKILL)
             kills += 1
         finally:
@@ -118,12 +126,16 @@ def test_sigterm_mid_batch_finishes_the_running_handler_and_releases_the_rest(
     kafka_broker.create_topic(topic, partitions=1)
     keys = [f"slow-{i}" for i in range(10)]
     produce(kafka_broker, topic, [{"value": {"n": k}, "idem": k} for k in keys])
+    # The second handler runs until the test releases it, after SIGTERM was heard: mid-handler.
     (tmp_path / "slow.py").write_text(
-        "import os, time\n"
+        "import os\n"
+        "from tests.polling import wait_until\n"
         "def handle(event, ctx):\n"
         "    with open(os.environ['LEDGER'], 'a') as f:\n"
         "        f.write(ctx.key + ' start\\n')\n"
-        "    time.sleep(0.5)\n"
+        "    with open(os.environ['LEDGER']) as f:\n"
+        "        if f.read().count('start') >= 2:\n"
+        "            wait_until(lambda: os.path.exists('release'), 'the test releases it', 120)\n"
         "    with open(os.environ['LEDGER'], 'a') as f:\n"
         "        f.write(ctx.key + ' done\\n')\n"
     )
@@ -137,19 +149,23 @@ def test_sigterm_mid_batch_finishes_the_running_handler_and_releases_the_rest(
         "--batch-size", "10", "--exit-when-idle", "3s", *kafka,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}", "LEDGER": str(ledger)}
-    first = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while ledger.read_text().count("start") < 2:  # the second handler of the batch runs
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
-        first.send_signal(signal.SIGTERM)
-        _, err = first.communicate(timeout=30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-    assert first.returncode == 0, err.decode()
+    errors = tmp_path / "stderr.txt"
+    with errors.open("wb") as stderr:
+        first = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=stderr)
+        try:
+            wait_until(lambda: ledger.read_text().count("start") >= 2,
+                       "the second handler of the batch runs", procs=[first],
+                       detail=errors.read_text)  # fmt: skip
+            first.send_signal(signal.SIGTERM)
+            wait_until(lambda: "SIGTERM: finishing the work in hand" in errors.read_text(),
+                       "SIGTERM heard", procs=[first], detail=errors.read_text)  # fmt: skip
+            (tmp_path / "release").touch()
+            first.wait(timeout=30)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+    assert first.returncode == 0, errors.read_text()
     lines = ledger.read_text().splitlines()
     started = [ln.split()[0] for ln in lines if ln.endswith("start")]
     assert started == [ln.split()[0] for ln in lines if ln.endswith("done")]  # none cut off

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.consume.test_consume import REPO, committed, kafka_flags, names, read_all
+from tests.polling import wait_until
 from tests.servers import HOST, KafkaBroker, RedisServer, free_port
 
 BIG = 5 * 1024 * 1024
@@ -124,11 +125,9 @@ def test_dlq_oversize_truncate_cuts_the_payload_and_says_where_the_original_is(
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(held.stderr or ()), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 60
-    while sum("neither handled nor dead-lettered" in line for line in lines) < 3:
-        assert held.poll() is None, "".join(lines)  # refused, held; tried again with back-off
-        assert time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.1)
+    # Refused, held (not crashed); tried again with back-off.
+    wait_until(lambda: sum("neither handled nor dead-lettered" in line for line in lines) >= 3,
+               "three refusals", procs=[held], detail=lambda: "".join(lines))  # fmt: skip
     held.terminate()
     held.wait(timeout=60)
     reader.join(10)
@@ -247,10 +246,9 @@ def test_a_dead_letter_topic_refusing_writes_holds_the_partition_until_it_takes_
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
     reader.start()
     refusals = "neither handled nor dead-lettered"
-    deadline = time.monotonic() + 120
-    while sum(refusals in line for line in lines) < 3 and time.monotonic() < deadline:
-        assert proc.poll() is None, "".join(lines)  # held, not crashed
-        time.sleep(0.2)
+    # Held, not crashed.
+    wait_until(lambda: sum(refusals in line for line in lines) >= 3, "three refusals",
+               timeout=120, procs=[proc], detail=lambda: "".join(lines))  # fmt: skip
     held = [line for line in lines if refusals in line]
     assert len(held) >= 3, "".join(lines)
     assert "pausing its partition there" in held[0] and "@2 " in held[0]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from idemctl.consume import Consumer, Event, adapt
 from idemctl.kafka.options import Summary
 from idemctl.runner import Context
 from tests.consume.test_consume import committed, names, options, produce, read_all
+from tests.polling import wait_until
 from tests.servers import KafkaBroker
 
 ORDER = {"order_key": "account:{account}", "sequence": "seq"}
@@ -109,11 +109,11 @@ def _run_until(consumer: Consumer, done: Any, timeout: float = 60) -> Summary:
     out: list[Summary] = []
     thread = threading.Thread(target=lambda: out.append(consumer.run()))
     thread.start()
-    deadline = time.monotonic() + timeout
-    while not done(consumer.summary) and time.monotonic() < deadline and thread.is_alive():
-        time.sleep(0.05)
-    consumer.stop()
-    thread.join(30)
+    try:
+        wait_until(lambda: done(consumer.summary) or not thread.is_alive(), "done", timeout)
+    finally:
+        consumer.stop()
+        thread.join(30)
     assert out, "the consumer did not stop"
     return out[0]
 
@@ -143,12 +143,13 @@ def test_contiguous_holds_an_event_until_its_predecessor_applies(
         waiting = threading.Event()
 
         def produce_first_once_held() -> None:
-            deadline = time.monotonic() + 30
-            while consumer.summary.counts["gap_wait"] == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            waiting.set()
-            # Sequence 1 arrives late, in the other partition.
-            to_partition(kafka_broker, topic, 1, event(1, 1))
+            try:
+                held = lambda: consumer.summary.counts["gap_wait"]  # noqa: E731
+                wait_until(held, "sequence 2 held for its predecessor", timeout=30)
+                waiting.set()
+            finally:
+                # Sequence 1 arrives late, in the other partition.
+                to_partition(kafka_broker, topic, 1, event(1, 1))
 
         helper = threading.Thread(target=produce_first_once_held)
         helper.start()

@@ -17,6 +17,7 @@ from confluent_kafka import Message, TopicPartition
 from idemctl import open_store
 from idemctl.consume import ConsumeOptions, Consumer, adapt
 from idemctl.consume.event import Event
+from tests.polling import wait_until
 
 
 class Broker:
@@ -104,11 +105,9 @@ def _run(keys: dict[int, list[str]], hang: str, until: set[str] | None = None) -
         summary: list[Any] = []
         thread = threading.Thread(target=lambda: summary.append(consumer.run()), daemon=True)
         thread.start()
-        deadline = time.monotonic() + 30
-        while not others <= set(ran):
-            assert time.monotonic() < deadline, f"the other partitions never went on: {ran}"
-            assert thread.is_alive(), summary
-            time.sleep(0.02)
+        wait_until(lambda: others <= set(ran) or not thread.is_alive(),
+                   "the other partitions went on", 30, detail=lambda: f"ran: {ran}")  # fmt: skip
+        assert others <= set(ran), summary  # not: the consumer stopped
         while_stuck = list(ran), len(consumer._lanes), consumer.stalled
         release.set()
         thread.join(30)

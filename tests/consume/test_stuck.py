@@ -24,6 +24,7 @@ from idemctl.errors import HandlerTimeout
 from idemctl.runner import Context
 from tests.consume.test_consume import committed, names, options, read_all
 from tests.consume.test_processes import Run
+from tests.polling import wait_until
 from tests.scrape import probe, scrape
 from tests.servers import KafkaBroker, RedisServer, free_port
 
@@ -83,11 +84,12 @@ def _lines(tmp_path: Path) -> list[tuple[str, str, int]]:
 def _wait(what: str, check: Any, timeout: float, run: Run) -> float:
     """Seconds until ``check()`` held (fails after ``timeout``, with the run's log)."""
     started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, f"not {what} in {timeout}s:\n{run.stderr()}"
-        assert run.proc.poll() is None, f"exited {run.proc.returncode}:\n{run.stderr()}"
-        run.seen += [run.lines.get() for _ in range(run.lines.qsize())]
-        time.sleep(0.2)
+
+    def looked() -> bool:
+        run.seen += [run.lines.get() for _ in range(run.lines.qsize())]  # the log so far
+        return bool(check())
+
+    wait_until(looked, what, timeout, interval=0.2, procs=[run.proc], detail=run.stderr)
     return time.monotonic() - started
 
 
@@ -184,15 +186,20 @@ def test_an_abandoned_handlers_late_result_is_refused(
         running = threading.Thread(target=consumer.run, daemon=True)
         running.start()
         try:
-            deadline = time.monotonic() + 60
-            while (record := store.get("late")) is None or record.status.value != "completed":
-                assert time.monotonic() < deadline and running.is_alive(), record
-                time.sleep(0.1)
+
+            def completed() -> bool:
+                record = store.get("late")
+                return record is not None and record.status.value == "completed"
+
+            wait_until(lambda: completed() or not running.is_alive(), "'late' completed",
+                       detail=lambda: repr(store.get("late")))  # fmt: skip
+            record = store.get("late")
+            assert record is not None and record.status.value == "completed", record
             assert record.result == {"attempt": 2} and effects == [2]
             release.set()  # the abandoned attempt returns now, and tries to complete
-            while not any("refused its result" in r.getMessage() for r in caplog.records):
-                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-                time.sleep(0.1)
+            wait_until(lambda: any("refused its result" in r.getMessage() for r in caplog.records),
+                       "the store refused the late result",
+                       detail=lambda: repr([r.getMessage() for r in caplog.records]))  # fmt: skip
         finally:
             consumer.stop()
             running.join(30)

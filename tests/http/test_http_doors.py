@@ -21,6 +21,7 @@ from idemctl.http.asgi import IdempotencyMiddleware as ASGIMiddleware
 from idemctl.http.wsgi import IdempotencyMiddleware as WSGIMiddleware
 from idemctl.model import Status
 from idemctl.stores.memory import MemoryStore
+from tests.polling import wait_until_async
 
 JSON_TYPE = {"content-type": "application/json"}
 
@@ -300,10 +301,11 @@ def test_a_cancelled_request_runs_to_its_end_and_is_stored() -> None:
     """A server that cancels a request when its client hangs up: the app goes on, its key is
     completed, the retry replays it."""
     store = MemoryStore()
-    release = threading.Event()
+    release, in_view = threading.Event(), threading.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
+        in_view.set()
         await asyncio.to_thread(release.wait, 10)  # a sync view in its thread
         await send({"type": "http.response.start", "status": 201, "headers": []})
         await send({"type": "http.response.body", "body": b"charged"})
@@ -318,16 +320,15 @@ def test_a_cancelled_request_runs_to_its_end_and_is_stored() -> None:
             pass
 
         request = asyncio.ensure_future(middleware(scope(b"x"), receive, send))
-        await asyncio.sleep(0.05)
+        await wait_until_async(in_view.is_set, "the view runs")
         request.cancel()
         with pytest.raises(asyncio.CancelledError):
             await request
         assert store.get("http:-:POST:/charges:x").status is Status.IN_PROGRESS
         release.set()
-        for _ in range(200):
-            if store.get("http:-:POST:/charges:x").status is Status.COMPLETED:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_async(
+            lambda: store.get("http:-:POST:/charges:x").status is Status.COMPLETED, "completed"
+        )
 
     asyncio.run(main())
     assert store.get("http:-:POST:/charges:x").status is Status.COMPLETED
@@ -349,7 +350,7 @@ def test_a_hang_up_does_not_reach_the_app_before_its_response_ends() -> None:
         got.append("view done")
         await send({"type": "http.response.start", "status": 201, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: len(got) == 2, "the hang-up reaches the app")
         listener.cancel()
 
     async def main() -> None:

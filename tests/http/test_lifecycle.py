@@ -6,7 +6,6 @@ response instead of 409."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ from tests.http.conftest import (
     stored_key,
     unique,
 )
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,14 +39,13 @@ def kind_and_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, s
 
 def in_progress(served: Served, key: str, timeout: float = 60) -> None:
     """Wait until a request holds ``key`` (the store says so)."""
-    deadline = time.monotonic() + timeout
     with served.store() as store:
-        while time.monotonic() < deadline:
+
+        def taken() -> bool:
             record = store.get(key)
-            if record is not None and record.status is Status.IN_PROGRESS and record.owner:
-                return
-            time.sleep(0.02)
-    raise AssertionError(f"no request took {key}")
+            return record is not None and record.status is Status.IN_PROGRESS and bool(record.owner)
+
+        wait_until(taken, f"a request took {key}", timeout, interval=0.02)
 
 
 def test_a_server_killed_mid_request_lets_the_retry_charge_once(
@@ -127,8 +126,9 @@ def test_the_heartbeat_holds_a_slow_request_past_its_lease(short_lease: Served) 
         in_progress(short_lease, stored_key(key))
         first = store.get(stored_key(key))
         assert first is not None and first.lease_expires_at is not None
-        while datetime.now(UTC) <= first.lease_expires_at:  # the lease it was claimed with
-            time.sleep(0.05)
+        # The lease it was claimed with over, by the clock the server's heartbeat runs on.
+        end = first.lease_expires_at
+        wait_until(lambda: datetime.now(UTC) > end, "the first lease is over")
         held = store.get(stored_key(key))
         assert held is not None and held.lease_expires_at is not None
         assert (held.owner, held.fencing_token) == (first.owner, first.fencing_token)

@@ -30,6 +30,7 @@ import pytest
 from idemctl import open_store
 from idemctl.model import Status
 from tests.http.conftest import SERVERS, Served, problem, serve, stored_key, unique
+from tests.polling import wait_until
 from tests.servers import HOST, PostgresServer, RedisServer
 
 pytestmark = pytest.mark.timeout(600)
@@ -67,10 +68,7 @@ class StoreServer:
 
     def up(self, timeout: float = 60.0) -> None:
         """Start again on the same port, directory and options, once the port is free."""
-        deadline = time.monotonic() + timeout
-        while not bindable(self.server.port):
-            assert time.monotonic() < deadline, f"port {self.server.port} still taken"
-            time.sleep(0.05)
+        wait_until(lambda: bindable(self.server.port), f"port {self.server.port} free", timeout)
         self.server.start(timeout)
 
     def stop(self) -> None:
@@ -184,17 +182,20 @@ def all_in_progress(store_url: str, clients: list[Client], timeout: float = 60.0
     """Until each client's key was seen held by a request (the store says so)."""
     keys = [c.key for c in clients]
     seen: set[str] = set()
-    deadline = time.monotonic() + timeout
     with open_store(store_url) as store:
-        while len(seen) < len(keys):
+
+        def all_seen() -> bool:
             for key in set(keys) - seen:
                 record = store.get(stored_key(key))
                 if record is not None and record.status is Status.IN_PROGRESS:
                     seen.add(key)
-            assert time.monotonic() < deadline, f"held: {len(seen)} of {len(keys)}; " + "; ".join(
-                f"{c.key}: {c.trail()}" for c in clients
-            )
-            time.sleep(0.01)
+            return len(seen) == len(keys)
+
+        def held() -> str:
+            trails = "; ".join(f"{c.key}: {c.trail()}" for c in clients)
+            return f"held: {len(seen)} of {len(keys)}; {trails}"
+
+        wait_until(all_seen, "every charge held", timeout, interval=0.01, detail=held)
 
 
 @pytest.mark.parametrize("run", range(RUNS))

@@ -623,8 +623,16 @@ def test_sigterm_while_marking_waits_on_a_lock_still_marks_the_batch_in_hand(
             timeout=30,
         )
         relay.popen.send_signal(signal.SIGTERM)
-        time.sleep(1.0)
-        assert relay.popen.poll() is None, relay.describe()  # still finishing its batch
+        wait_for(
+            "the relay hears SIGTERM",
+            lambda: "SIGTERM: finishing the work in hand" in relay.stderr(),
+            timeout=30,
+        )
+        # heard, and still finishing its batch: its UPDATE still waits on the lock
+        assert relay.popen.poll() is None, relay.describe()
+        assert world.backends("wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"), (
+            relay.describe()
+        )
         assert world.published() == set()
         locker.rollback()
     finally:

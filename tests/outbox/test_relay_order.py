@@ -31,6 +31,7 @@ from idemctl.outbox.table import WINDOW, OutboxRow, OutboxTable
 from idemctl.stores import open_store
 from tests.backends import unique_schema
 from tests.outbox.test_outbox import Pg, drop_schema, headers_of, read_topic, tag
+from tests.polling import wait_until
 from tests.servers import KafkaBroker, PostgresServer
 
 
@@ -292,10 +293,16 @@ def test_an_aggregate_taken_by_one_transaction_is_skipped_by_every_other(pg: Pg)
         # first row
         pid = first.info.backend_pid
         first.close()
-        deadline = time.monotonic() + 10
-        while pg.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
-            assert time.monotonic() < deadline, "the closed connection's backend lingers"
-            time.sleep(0.01)
+        wait_until(
+            lambda: (
+                not pg.admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone()
+            ),
+            "the closed connection's backend is gone",
+            timeout=10,
+            interval=0.01,
+        )
         assert take(third, pg, 10) == [("A", 0), ("A", 1), ("A", 2)]
         third.rollback()
         # the second commits B#0 published: the rest of B comes next, from B#1

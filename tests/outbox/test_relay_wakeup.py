@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -22,6 +21,7 @@ from idemctl.outbox.wakeup import Wakeup, channel
 from idemctl.stores import open_store
 from tests.backends import unique_schema
 from tests.outbox.test_outbox import Pg, drop_schema, tag
+from tests.polling import wait_until
 from tests.servers import KafkaBroker, PostgresServer
 
 NEVER = 600.0
@@ -55,12 +55,15 @@ class Running:
 
     def idle(self, rounds: int = 2) -> None:
         """Wait until it has done ``rounds`` rounds (the first, and the look it takes once
-        it listens): from then on it waits in its poll interval."""
-        deadline = time.monotonic() + 30
-        while self.rounds < rounds:
-            assert time.monotonic() < deadline, f"the relay did {self.rounds} round(s) in 30 s"
-            time.sleep(0.02)
-        time.sleep(0.2)
+        it listens: its LISTEN comes before that look): from then on it waits in its poll
+        interval, and a notification sent meanwhile is queued for it."""
+        wait_until(
+            lambda: self.rounds >= rounds,
+            f"the relay does {rounds} round(s)",
+            timeout=30,
+            interval=0.02,
+            detail=lambda: f"it did {self.rounds}",
+        )
 
 
 def write(pg: Pg, n: int = 1) -> list[uuid.UUID]:
@@ -70,13 +73,17 @@ def write(pg: Pg, n: int = 1) -> list[uuid.UUID]:
 
 
 def published_within(pg: Pg, ids: list[uuid.UUID], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    """Whether every row of ``ids`` is marked published within ``seconds`` (polled)."""
+
+    def published() -> bool:
         rows = pg.rows()
-        if all(rows[i]["published_at"] is not None for i in ids):
-            return True
-        time.sleep(0.05)
-    return False
+        return all(rows[i]["published_at"] is not None for i in ids)
+
+    try:
+        wait_until(published, f"{len(ids)} row(s) published", timeout=seconds)
+    except AssertionError:
+        return False
+    return True
 
 
 def listeners(pg: Pg) -> list[int]:
@@ -136,7 +143,7 @@ def test_a_relay_whose_listening_connection_died_listens_again_and_looks_at_once
 ) -> None:
     with Running(pg, kafka_broker) as running:
         running.idle()
-        pids = listeners(pg)
+        pids = wait_until(lambda: listeners(pg), "the relay's LISTEN shows", timeout=30)
         assert len(pids) == 1, pids
         pg.admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
         ids = write(pg)  # committed while nobody listens: its notification is lost

@@ -30,6 +30,7 @@ from idemctl.harness.verify.plan import (
     judge,
     percentile,
 )
+from tests.polling import wait_until
 
 PLAN = Plan("sqlite:///x.db", "127.0.0.1:9092", batch_size=2, lease=5.0)
 
@@ -226,10 +227,12 @@ def test_a_killed_consumers_effects_are_all_before_its_recorded_kill(tmp_path: P
     try:
         consumers.running = [victim := consumers.start()]
         consumers.command = [sys.executable, "-c", "import time; time.sleep(60)"]  # its successor
-        deadline = time.monotonic() + 60
-        while not times.exists() or len(times.read_text().splitlines()) < 1000:
-            assert time.monotonic() < deadline and victim.poll() is None
-            time.sleep(0.01)
+        wait_until(
+            lambda: times.exists() and len(times.read_text().splitlines()) >= 1000,
+            "the child writes 1000 times",
+            interval=0.01,
+            procs=[victim],
+        )
         consumers.kill_one(random.Random(0))
     finally:
         consumers.kill_all()

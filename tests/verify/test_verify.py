@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from idemctl.harness.scratch import Scratch
 from idemctl.harness.verify.plan import Plan, _Messages
 from tests.backends import unique_prefix, unique_schema
 from tests.cli.helpers import validate
+from tests.polling import wait_until
 from tests.servers import KafkaBroker, ctrl_c_reaches_it
 
 # verify runs under a bound of its own (--timeout, and the subprocess's 400 s), which says
@@ -359,13 +359,19 @@ def test_the_password_shows_nowhere_not_even_in_the_consumers_command_lines(
     command += [kafka_broker.bootstrap, *FAST_GROUPS, "--messages", "2000", "--kill-every", "0"]
     command += ["--rate", "400"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = []
-    deadline = time.monotonic() + 180
-    while proc.poll() is None and time.monotonic() < deadline:
+    seen: list[str] = []
+
+    def look() -> bool:
+        """Whether verify has ended; until then, the consume processes' command lines."""
+        if proc.poll() is not None:
+            return True
         ps = subprocess.run(["ps", "-ewwo", "args"], capture_output=True, text=True, check=True)
-        seen += [line for line in ps.stdout.splitlines() if "idemctl" in line and "consume" in line]
-        time.sleep(0.5)
+        lines = ps.stdout.splitlines()
+        seen.extend(line for line in lines if "idemctl" in line and "consume" in line)
+        return False
+
     try:
+        wait_until(look, "verify ends", timeout=180, interval=0.5)
         out, err = proc.communicate(timeout=10)
     finally:
         if proc.poll() is None:
@@ -427,9 +433,7 @@ def test_consumers_stop_when_verify_is_killed_outright(
         assert consumers(), "no consume process seen"
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 60
-        while consumers() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: not consumers(), "the consume processes go", interval=0.2)
         assert consumers() == []
     finally:
         if proc.poll() is None:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from idemctl import open_store
 from tests.backends import BACKENDS, FAMILIES, expire_lease
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -68,19 +68,22 @@ def test_twenty_callers_in_two_processes_run_the_key_once(url: str, tmp_path: Pa
 def test_a_waiter_takes_over_from_a_killed_holder_and_runs_once(url: str, tmp_path: Path) -> None:
     key, ledger = f"wait-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.txt"
     holder = start(url, key, ledger, "--hold")
-    deadline = time.monotonic() + 60
-    while not ledger_lines(ledger):  # the holder's handler has begun
-        assert holder.poll() is None, holder.communicate()[1][-2000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(
+        lambda: ledger_lines(ledger),
+        "the holder's handler has begun",
+        interval=0.02,
+        procs=[holder],
+        detail=lambda: holder.communicate()[1][-2000:],
+    )
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     procs = [start(url, key, ledger, "--wait", "60") for _ in range(2)]
     with open_store(url) as store:
-        deadline = time.monotonic() + 60
-        while store.get(key) is None or store.get(key).attempts < 1:  # type: ignore[union-attr]
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(
+            lambda: (record := store.get(key)) is not None and record.attempts >= 1,
+            f"{key} is claimed",
+            interval=0.02,
+        )
         expire_lease(store, key)  # the killed holder's lease is over now
     found = results(procs)
     lines = ledger_lines(ledger)
