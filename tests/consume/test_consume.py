@@ -330,7 +330,8 @@ def test_store_outage_fails_closed_and_loses_nothing(
             worker = threading.Thread(target=consumer.run, daemon=True)
             worker.start()
             assert outage.wait(60)
-            time.sleep(2.0)
+            # the consumer meets the outage (and commits nothing past it meanwhile)
+            wait_until(lambda: consumer.summary.counts["store_unavailable"], "store unavailable")
             during = committed(kafka_broker, topic, group, 2)
             assert sum(o for o in during.values() if o > 0) < 100  # nothing past the outage
             assert consumer.summary.counts["store_unavailable"] >= 1

@@ -16,6 +16,7 @@ import pytest
 from tests.consume.test_consume import names
 from tests.consume.test_processes import Run
 from tests.consume.test_stuck import MODES, STUCK, _lines, _produce, _wait, stuck_topic
+from tests.polling import wait_until
 from tests.scrape import probe
 from tests.servers import KafkaBroker, RedisServer, free_port
 
@@ -76,13 +77,14 @@ def test_a_slow_handler_under_every_limit_starts_no_spare_lane(
     try:
         done = lambda: {k for k, what, _ in _lines(tmp_path) if what == "done"}  # noqa: E731
         readiness = []
-        started = time.monotonic()
-        while not {k for _, k in keys} <= done():
-            assert time.monotonic() - started < 90, run.stderr()
+
+        def all_done() -> bool:
             running = {k for k, _, _ in _lines(tmp_path)} - done()
             if "stuck-1" in running:  # the slow handler runs: ready all the same
                 readiness.append(probe(port, "/readyz"))
-            time.sleep(0.3)
+            return {k for _, k in keys} <= done()
+
+        wait_until(all_done, "every key done", 90, 0.3, procs=[run.proc], detail=run.stderr)
         run.proc.send_signal(signal.SIGTERM)
         code, summary = run.finish(timeout=60)
         assert code == 0, run.stderr()

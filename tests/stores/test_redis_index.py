@@ -22,6 +22,7 @@ from idemctl.model import Guard, Settle, Stats, Verdict
 from idemctl.stores import open_store
 from idemctl.stores.redis import RedisStore
 from tests.backends import expire_lease, unique_prefix
+from tests.polling import wait_until
 from tests.servers import RedisCluster, RedisServer
 
 KEYS = 40
@@ -141,9 +142,14 @@ def test_counts_equal_a_full_scan_after_chaos(where: RedisServer | RedisCluster)
             w.join(30)
         assert not errors, errors
         assert not any(w.is_alive() for w in workers)
+
         # Midway as at the end, the counts agree whenever no record's TTL ends within the
-        # second: wait until every short-lived one is gone, and its second over.
-        time.sleep(SHORT * 2 + 1.2)
+        # second: wait until every short-lived one is gone, and its second over (Redis's own
+        # clock: polled, not slept).
+        def agreed() -> bool:
+            return comparable(store.stats()) == comparable(store.stats(exact=True))
+
+        wait_until(agreed, "the index's counts agree with a full scan", SHORT * 2 + 30, 0.2)
         indexed, scanned = store.stats(), store.stats(exact=True)
         assert indexed.counted_by == "index" and scanned.counted_by == "scan"
         assert comparable(indexed) == comparable(scanned)
