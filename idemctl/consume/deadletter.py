@@ -8,6 +8,8 @@ is consume's confluent-kafka producer of them."""
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from idemctl import tracing
@@ -46,9 +48,25 @@ def producer_config(consumer: dict[str, Any], timeout: float) -> dict[str, Any]:
     }
 
 
+@dataclass(eq=False)
+class Letter:
+    """A dead letter posted: ``answered`` once the broker acknowledged it (``refusal`` None)
+    or refused it (``refusal`` says why, in one line)."""
+
+    msg: Any
+    topic: str
+    headers: list[Any]
+    answered: bool = False
+    refusal: str | None = None
+    cut: bool = False
+    """Written again with its payload cut (``--dlq-oversize truncate``)."""
+    why_cut: str = ""
+    sent: float = 0.0
+
+
 class DeadLetters:
     """Writes dead letters with Spring Kafka's header names and encodings (so Java tools read
-    them) and waits for each acknowledgement."""
+    them), from the loop's thread: ``post`` sends, ``poll`` takes the answers in."""
 
     def __init__(self, options: ConsumeOptions, consumer_config: dict[str, Any]) -> None:
         from confluent_kafka import KafkaException, Producer
@@ -59,6 +77,10 @@ class DeadLetters:
             self._producer = Producer(self._config, logger=kafka_log)
         except KafkaException as exc:
             raise ConfigError(f"Kafka client settings: {kafka_text(exc)}") from None
+        self._flying: set[Letter] = set()
+        self._reports: list[tuple[Letter, Any]] = []
+        self._failed = False
+        """A delivery failed: the producer is renewed once no other letter is on its way."""
 
     def _renew(self) -> None:
         """After a failed delivery: drop what the producer still holds, so nothing it gave
@@ -73,14 +95,18 @@ class DeadLetters:
     def topic(self, msg: Any) -> str:
         return dead_letter_topic(self.options.dlq_topic, msg.topic())
 
-    def send(
+    @property
+    def flying(self) -> bool:
+        """Letters posted and not answered yet."""
+        return bool(self._flying)
+
+    def post(
         self, msg: Any, reason: str, detail: str, exc: BaseException | None, span: Any = None
-    ) -> str | None:
-        """Write ``msg`` to its dead-letter topic and wait for the broker: None once it is
-        acknowledged, else why it is not (one line). A record refused as too large is
-        written again with its payload cut under ``--dlq-oversize truncate``. With a
-        tracing ``span``, its trace context replaces the message's ``traceparent``."""
-        topic = self.topic(msg)
+    ) -> Letter:
+        """Write ``msg`` to its dead-letter topic without waiting: the letter is answered
+        by a later ``poll`` (acknowledged, or why not, in one line). A record refused as
+        too large is written again with its payload cut under ``--dlq-oversize truncate``.
+        With a tracing ``span``, its trace context replaces the message's ``traceparent``."""
         original = msg.headers() or ()
         headers = dead_letter_headers(
             original if span is None else tracing.inject(span, original),
@@ -92,70 +118,96 @@ class DeadLetters:
             detail,
             exc,
         )
-        value: bytes | None = msg.value()
-        refused = self._produce(topic, msg.key(), value, headers)
-        if refused is None or refused[0] not in OVERSIZE or value is None:
-            return None if refused is None else refused[1]
-        if self.options.dlq_oversize != "truncate":
-            return f"{refused[1]} (--dlq-oversize truncate writes it with the payload cut)"
-        cut = [
-            *headers,
-            ("idemctl-dlt-truncated", f"{len(value)} bytes, cut to {TRUNCATE_TO}".encode()),
-        ]
-        again = self._produce(topic, msg.key(), value[:TRUNCATE_TO], cut)
-        if again is None:
-            log.warning(
-                "dead letter of %s[%d]@%d cut from %d to %d payload bytes (%s); the original "
-                "stays at that offset while the topic's retention lasts",
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-                len(value),
-                TRUNCATE_TO,
-                refused[1],
-                extra={
-                    "idemctl": {
-                        "topic": msg.topic(),
-                        "partition": msg.partition(),
-                        "offset": msg.offset(),
-                        "dlq_topic": topic,
-                        "truncated_from": len(value),
-                    }
-                },
-            )
-            return None
-        return again[1]
+        letter = Letter(msg, self.topic(msg), headers)
+        self._produce(letter, msg.value(), headers)
+        return letter
 
-    def _produce(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: list[Any]
-    ) -> tuple[str, str] | None:
-        """Produce one record and wait for its delivery report: None when acknowledged,
-        else (error name, one line). Waits at most ``dlq_timeout`` and a little more: the
-        producer's own ``message.timeout.ms`` fails the record by then."""
+    def poll(self) -> None:
+        """Take the broker's answers in: each answered letter says so. A letter with no
+        answer past ``dlq_timeout`` and a little more (the producer's own
+        ``message.timeout.ms`` fails it by then) is taken as refused."""
+        self._producer.poll(0)
+        reports, self._reports = self._reports, []
+        for letter, error in reports:
+            if error is None:
+                letter.answered = True
+                if letter.cut:
+                    self._said_cut(letter)
+            else:
+                self._failed = True
+                self._refused(letter, _name(error), error.str())
+        now = time.monotonic()
+        for letter in [x for x in self._flying if now - x.sent > self.options.dlq_timeout + 5]:
+            self._flying.discard(letter)
+            self._failed = True
+            self._refused(letter, "_TIMED_OUT", "no acknowledgement")
+        if self._failed and not self._flying:
+            self._renew()
+            self._failed = False
+
+    def _produce(self, letter: Letter, value: bytes | None, headers: list[Any]) -> None:
         from confluent_kafka import KafkaException
 
-        delivered: list[Any] = []
+        def reported(error: Any, _msg: Any) -> None:  # in poll(), on the loop's thread
+            self._flying.discard(letter)
+            self._reports.append((letter, error))
+
+        letter.sent = time.monotonic()
         try:
             self._producer.produce(
-                topic,
-                value=value,
-                key=key,
-                headers=headers,
-                on_delivery=lambda err, _msg: delivered.append(err),
-            )
+                letter.topic, value=value, key=letter.msg.key(), headers=headers,
+                on_delivery=reported,
+            )  # fmt: skip
         except KafkaException as exc:  # refused before sending: too large, bad topic, ...
             error = exc.args[0] if exc.args else None
-            return _name(error), f"could not dead-letter to {topic}: {kafka_text(exc)}"
+            self._refused(letter, _name(error), kafka_text(exc))
         except BufferError as exc:
-            return "QUEUE_FULL", f"could not dead-letter to {topic}: {exc}"
-        self._producer.flush(self.options.dlq_timeout + 5)
-        if delivered and delivered[0] is None:
-            return None
-        self._renew()
-        if not delivered:
-            return "_TIMED_OUT", f"could not dead-letter to {topic}: no acknowledgement"
-        error = delivered[0]
-        return _name(error), f"could not dead-letter to {topic}: {error.str()}"
+            self._refused(letter, "QUEUE_FULL", str(exc))
+        else:
+            self._flying.add(letter)
+
+    def _refused(self, letter: Letter, name: str, text: str) -> None:
+        """``letter`` was not written: answered so, or written again with its payload cut."""
+        refusal = f"could not dead-letter to {letter.topic}: {text}"
+        value: bytes | None = letter.msg.value()
+        if name in OVERSIZE and value is not None and not letter.cut:
+            if self.options.dlq_oversize == "truncate":
+                if self._failed and not self._flying:
+                    self._renew()
+                    self._failed = False
+                letter.cut = True
+                cut = [
+                    *letter.headers,
+                    ("idemctl-dlt-truncated", f"{len(value)} bytes, cut to {TRUNCATE_TO}".encode()),
+                ]
+                letter.why_cut = text
+                self._produce(letter, value[:TRUNCATE_TO], cut)
+                return
+            refusal += " (--dlq-oversize truncate writes it with the payload cut)"
+        letter.answered, letter.refusal = True, refusal
+
+    @staticmethod
+    def _said_cut(letter: Letter) -> None:
+        msg, value = letter.msg, letter.msg.value()
+        log.warning(
+            "dead letter of %s[%d]@%d cut from %d to %d payload bytes (%s); the original "
+            "stays at that offset while the topic's retention lasts",
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            len(value),
+            TRUNCATE_TO,
+            f"could not dead-letter to {letter.topic}: {letter.why_cut}",
+            extra={
+                "idemctl": {
+                    "topic": msg.topic(),
+                    "partition": msg.partition(),
+                    "offset": msg.offset(),
+                    "dlq_topic": letter.topic,
+                    "truncated_from": len(value),
+                }
+            },
+        )
 
     def close(self) -> None:
         self._producer.flush(10)

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from idemctl.kafka.acts import about
+from idemctl.kafka.acts import DeadLetter, about
 from idemctl.model import Order
 
 Pause = tuple[float, str]
 """Pause a partition at a message: seconds to wait, and why (the summary's count)."""
+LETTER: Pause = (0.0, "dead_letter")
+"""A partition stops at a message to dead-letter (``Item.letter``) until the loop wrote it
+(``consume.mailroom``): not a pause, and not counted."""
 
 
 @dataclass(slots=True)
@@ -28,6 +31,9 @@ class Item:
     """With --order-key: the entity and sequence the guard orders this event by."""
     outcome: str | None = None
     """What it came to, once done (the summary's count it went to)."""
+    letter: DeadLetter | None = None
+    """The lane's verdict that it goes to the dead-letter topic: written by the loop
+    (``consume.mailroom``), which finishes it once the broker took it."""
     claim_ns: tuple[int, int] | None = None
     span: Any = None
     """With tracing: its claim's time, and its process span while it is open."""
@@ -48,7 +54,7 @@ Stop = tuple[Item, Pause] | None
 """Where a partition's run stopped, and why: None when it went through."""
 
 
-__all__ = ["Item", "Pause", "Stop", "about", "chunks", "fields", "while_done"]
+__all__ = ["LETTER", "Item", "Pause", "Stop", "about", "chunks", "fields", "while_done"]
 
 
 def fields(**fields: Any) -> dict[str, Any]:

@@ -45,6 +45,9 @@ class Round:
     moved: set[Partition] = field(default_factory=set)
     """Partitions taken out of the round while its lane's handler was overdue (the loop
     handed them to another lane): the lane does nothing more with their messages."""
+    went_on: set[Partition] = field(default_factory=set)
+    """Partitions whose stop was a dead letter now written: their messages after it are
+    handed out again as they are, not fetched again."""
 
     def first_unfinished(self, tp: Partition | None = None) -> Item | None:
         """The first message not finished, of ``tp`` or of any partition."""

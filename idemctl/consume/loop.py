@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.acting import Acting
 from idemctl.consume.deadletter import DeadLetters, kafka_text
+from idemctl.consume.hooks import Chain, Hooks, Timing
 from idemctl.consume.item import Item, about
 from idemctl.consume.lanes import Lane, Partition, Round
+from idemctl.consume.mailroom import Mailroom
 from idemctl.consume.options import ConsumeOptions
 from idemctl.consume.overdue import Overdue
 from idemctl.consume.pausing import Pausing
@@ -104,16 +106,16 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         """Paused while the handler of their lane is overdue (``consume.spares``)."""
         self._fetched_at = time.monotonic()
         self._kafka: Any = None
-        self._dlq: DeadLetters | None = None
         self._acts = Acts(options, self.summary, log, flag)
-        self._storm_tripped: str | None = None
+        traced = Tracing.start(store.url, options.trace_keys)
+        self._hooks: Hooks = Hooks() if traced is None else traced
+        """Tracing and timing (``consume.hooks``)."""
+        self._mail = Mailroom(self._acts, self._owns, self._hooks)
         self._closing = False
         self._failure: BaseException | None = None
         """Raised by the loop at its next turn (found in a rebalance callback)."""
         self._finished: queue.SimpleQueue[tuple[Lane, Round]] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._handler_timed: Callable[[float], None] | None = None
-        self._store_timed: Callable[[str, float], None] | None = None
         self._lanes = [self._lane(i) for i in range(options.concurrency)]
         """The lanes: --concurrency of them, and spare ones beside overdue handlers."""
         self._lane_numbers = itertools.count(options.concurrency)
@@ -124,7 +126,6 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
             lambda: list(self._lanes), options.stall_timeout, options.handler_timeout, hard,
             self._wake.set,
         )  # fmt: skip
-        self._trace = Tracing.start(store.url, options.trace_keys)
 
     def _lane(self, index: int) -> Lane:
         o = self.options
@@ -138,19 +139,24 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
             complete_wait=o.complete_wait,
             logger=log,
         )
-        batch.timed = self._store_timed
+        batch.timed = self._hooks.store_call
         return Lane(index, batch, self._work, self._lane_done)
 
     def _lane_done(self, lane: Lane, rnd: Round) -> None:
         self._finished.put((lane, rnd))
         self._wake.set()
 
+    def use(self, hooks: Hooks) -> None:
+        """Tell ``hooks`` of each message's life too (``consume.hooks``), before ``run``."""
+        self._hooks = Chain([self._hooks, hooks])
+        self._mail.hooks = self._hooks
+        for lane in self._lanes:
+            lane.batch.timed = self._hooks.store_call
+
     def timed(self, handler: Callable[[float], None], store: Callable[[str, float], None]) -> None:
         """Tell ``handler`` each handler run's seconds, and ``store`` each claim and
         completion round trip's (``"claim"`` or ``"complete"``, and the seconds)."""
-        self._handler_timed, self._store_timed = handler, store
-        for lane in self._lanes:
-            lane.batch.timed = store
+        self.use(Timing(handler, store))
 
     @property
     def in_flight(self) -> int:
@@ -165,7 +171,7 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
     def _not_stalled(self) -> set[Partition]:
         """Partitions the stall watchdog leaves alone: paused by idemctl, or with
         messages in hand (a lane's handler that does not return is the other watchdog's)."""
-        return {*self._paused, *self._pressed, *self._in_lane, *self._waiting}
+        return {*self._paused, *self._pressed, *self._in_lane, *self._waiting, *self._mail.held}
 
     def stop(self) -> None:
         """Drain and return (signal-safe): the running handlers finish (for at most
@@ -180,7 +186,7 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         """Build the Kafka clients from the options: a setting librdkafka refuses is a
         ConfigError naming it, before anything is claimed. ``run`` opens them if needed."""
         if self._kafka is None:
-            self._kafka, self._dlq = kafka_clients(self.options, self._on_kafka_error)
+            self._kafka, self._mail.dlq = kafka_clients(self.options, self._on_kafka_error)
 
     def run(self) -> Summary:
         """Consume until stopped, done (``max_messages``, ``exit_when_idle``) or failed;
@@ -233,14 +239,15 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
     def _in_hand(self) -> int:
         """Messages fetched and not finished: waiting for a lane, or in one."""
         waiting = sum(len(items) for items in self._waiting.values())
-        return waiting + sum(lane.round.unfinished() for lane in self._lanes if lane.round)
+        rounds = [lane.round for lane in self._lanes if lane.round] + self._mail.rounds()
+        return waiting + sum(rnd.unfinished() for rnd in rounds)
 
     def _fetch(self) -> None:
         """Fetch the next round while the lanes run theirs: at most a batch waits. With
         every lane busy and a round waiting, wait for a lane; past ``PRESS_AFTER``, pause
         every partition and poll only to stay in the group."""
         o = self.options
-        busy = any(lane.busy for lane in self._lanes)
+        busy = any(lane.busy for lane in self._lanes) or self._mail.busy
         want = o.batch_size - sum(len(items) for items in self._waiting.values())
         if o.max_messages is not None:  # claim no message that will not run
             want = min(want, o.max_messages - self.summary.finished - self._in_hand())
@@ -290,7 +297,8 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         """Hand the waiting messages of partitions in no lane to the free lanes, their
         partitions shared out among them."""
         free = [lane for lane in self._lanes if not lane.busy]
-        ready = [tp for tp in self._waiting if tp not in self._in_lane]
+        held = self._mail.held
+        ready = [tp for tp in self._waiting if tp not in self._in_lane and tp not in held]
         if not free or not ready:
             return
         shares: list[dict[Partition, list[Item]]] = [{} for _ in range(min(len(free), len(ready)))]
@@ -313,6 +321,8 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
                 break
             if lane.round is rnd:
                 self._settle(lane, rnd)
+        for rnd in self._mail.poll():  # its dead letters answered
+            self._finish(rnd)
         for lane in list(self._lanes):
             if lane.abandoned is not None and lane.round is not None:
                 self._abandon(lane)
@@ -322,27 +332,39 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
             raise failure
 
     def _settle(self, lane: Lane, rnd: Round) -> None:
-        """A round is back: store its partitions' offsets, pause each where it stopped."""
+        """A round is back: its dead letters written (``consume.mailroom``), then its
+        partitions' offsets stored, each paused where it stopped."""
         lane.round = None
         for tp in rnd.partitions:
             if self._in_lane.get(tp) is lane:
                 del self._in_lane[tp]
         self._unpark(rnd)
-        if self._storm_tripped is not None:
-            self._failure = self._failure or ConsumeStopped(self._storm_tripped)
+        if rnd.error is not None or self._mail.tripped is not None or not self._mail.take(rnd):
+            self._finish(rnd)
+        self._retire(lane)
+
+    def _finish(self, rnd: Round) -> None:
+        if self._mail.tripped is not None:
+            self._failure = self._failure or ConsumeStopped(self._mail.tripped)
             return  # no offset of this round stored
         if rnd.error is not None:
             self._failure = self._failure or rnd.error
         self._put_back(rnd)
         self._unpress()
-        self._retire(lane)
 
     def _put_back(self, rnd: Round) -> None:
         """Store the offsets of what ``rnd`` finished; pause each of its partitions where it
-        stopped (sought back to its first unfinished message)."""
+        stopped (sought back to its first unfinished message); one whose stop was a dead
+        letter now written goes on with the messages after it at once."""
         self._store_offsets(list(rnd.partitions.values()))
         for tp in rnd.partitions:
             stop = rnd.blocked.get(tp)
+            if stop is None and tp in rnd.went_on and not self._stop.is_set():
+                rest = [item for item in rnd.partitions[tp] if not item.done]
+                for item in rest:
+                    item.letter = None  # a verdict behind the stop: decided again
+                self._waiting[tp] = rest + self._waiting.get(tp, [])
+                continue
             if stop is None and not self._stop.is_set():
                 left = rnd.first_unfinished(tp)
                 stop = (left, (0.0, "")) if left is not None else None  # from there, at once
@@ -428,7 +450,9 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         self._stop.set()
         self._waiting.clear()  # never claimed: the next owner fetches them again
         deadline = time.monotonic() + self.options.drain_timeout
-        while any(lane.busy for lane in self._lanes) and time.monotonic() < deadline:
+        while (
+            any(lane.busy for lane in self._lanes) or self._mail.busy
+        ) and time.monotonic() < deadline:
             self._wake.wait(min(0.1, max(deadline - time.monotonic(), 0)))
             self._wake.clear()
             try:
@@ -445,6 +469,8 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
                 u = unfinished
                 left.append(u.key or f"{u.tp[0]}[{u.tp[1]}]@{u.offset}")
             self._store_offsets(list(lane.round.partitions.values()))  # what finished
+        for rnd in self._mail.rounds():  # dead letters unanswered: from there, next time
+            self._store_offsets(list(rnd.partitions.values()))
         if left:
             log.warning(
                 "--drain-timeout %s passed with handlers still running: %s; their messages "
@@ -480,8 +506,8 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         # librdkafka's synchronous commit and its close wait without a bound (for a group
         # coordinator, say): a consumer told to stop must stop all the same.
         within(leave, CLOSE_TIMEOUT, "the final commit and leaving the group")
-        if self._dlq is not None:
-            self._dlq.close()
+        if self._mail.dlq is not None:
+            self._mail.dlq.close()
 
     # Rebalances ---------------------------------------------------------------------------
 
@@ -495,7 +521,9 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         revoked = {(p.topic, p.partition) for p in partitions}
         # Closing (the drain is over): what still runs was named already; no second wait.
         deadline = time.monotonic() + (0 if self._closing else self.options.drain_timeout)
-        while any(tp in self._in_lane for tp in revoked) and time.monotonic() < deadline:
+        while any(tp in self._in_lane or tp in self._mail.held for tp in revoked) and (
+            time.monotonic() < deadline
+        ):
             self._wake.wait(0.05)
             self._wake.clear()
             try:

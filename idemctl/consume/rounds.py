@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from idemctl.consume.item import Item, Pause, Stop, about, chunks, fields
+from idemctl.consume.item import LETTER, Item, Pause, Stop, about, chunks, fields
 from idemctl.consume.lanes import Lane, Round, Running
 from idemctl.consume.watch import log
 from idemctl.durations import format_duration
@@ -29,10 +28,10 @@ from idemctl.runner.ordering import missing_predecessor
 if TYPE_CHECKING:
     from idemctl.consume.acting import Acting
     from idemctl.consume.event import Handler
-    from idemctl.consume.traced import Tracing
+    from idemctl.consume.hooks import Hooks
+    from idemctl.consume.mailroom import Mailroom
     from idemctl.kafka.policy import Keying
     from idemctl.runner import Batch
-    from idemctl.stores.base import Store
 
     _Base = Acting
 else:
@@ -45,11 +44,10 @@ class Rounds(_Base):
     """A part of Consumer: running a round in a lane's thread."""
 
     handler: Handler
-    store: Store
     _stop: threading.Event
     _keying: Keying
-    _trace: Tracing | None
-    _handler_timed: Callable[[float], None] | None
+    _hooks: Hooks
+    _mail: Mailroom
     _gap_since: dict[tuple[str, int, int], float]
 
     def _work(self, lane: Lane, rnd: Round) -> None:
@@ -73,12 +71,17 @@ class Rounds(_Base):
                             entities.add(entity)
                     round_items.append(item)
             self._pass(lane, rnd, round_items)
-            if self._stop.is_set() or self._storm_tripped is not None:
+            if self._halted():
                 return  # draining, or stopping: later passes were never claimed
             pending = [items for items in later if rnd.usable(items[0])]
 
+    def _halted(self) -> bool:
+        """Draining (stop()), or stopping (the dead-letter breaker tripped, in the loop)."""
+        return self._stop.is_set() or self._mail.tripped is not None
+
     def _block(self, rnd: Round, item: Item, wait: Pause) -> None:
-        self._count(wait[1])
+        if wait is not LETTER:
+            self._count(wait[1])
         rnd.block(item, wait)
 
     def _pass(self, lane: Lane, rnd: Round, items: list[Item]) -> None:
@@ -104,7 +107,7 @@ class Rounds(_Base):
             for i, item in enumerate(part):
                 if item.tp in rnd.moved:
                     return None  # moved to another lane while this one's handler was overdue
-                if self._stop.is_set() or self._storm_tripped is not None:
+                if self._halted():
                     release(part[i:])
                     return None
                 wait = self._process(lane, rnd, item, claimed.get(item.key) if item.key else None)
@@ -121,14 +124,12 @@ class Rounds(_Base):
         taken = 0
         try:
             for chunk, ask in zip(parts, asks, strict=True):
-                if self._stop.is_set() or self._storm_tripped is not None:
+                if self._halted():
                     break
                 taken += 1
                 try:
                     claimed.update((r.key, r) for r in ask.take())
-                    if self._trace is not None:
-                        for item in chunk:
-                            item.claim_ns = ask.sent
+                    self._hooks.claimed(chunk, ask.sent)
                 except StoreUnavailable as exc:
                     log.warning(
                         "store unavailable, pausing every partition: %s",
@@ -186,32 +187,28 @@ class Rounds(_Base):
                 wait = self._act(item, result)
                 if wait is not None:
                     self._block(rnd, item, wait)
-        if self._trace is not None:
-            for result in completed:
-                item = keyed[result.key]
-                if item.span is not None:
-                    self._trace.completed(item.span, item.ran_ns, result)
-                    self._trace.end(item.span, item.outcome or result.outcome.value)
-                    item.span = None
+        hooks = self._hooks
+        for result in completed:
+            item = keyed[result.key]
+            hooks.completed(item, result)
+            if item.letter is None:  # else it ends once its dead letter is answered
+                hooks.end(item, item.outcome or result.outcome.value)
 
     def _process(
         self, lane: Lane, rnd: Round, item: Item, claimed: RunResult | None
     ) -> Pause | None:
-        """Run a held key's handler; then what its result comes to. With tracing, inside
-        the message's process span, which ends here unless a completion is on its way."""
-        trace = self._trace
-        if trace is None:
-            return self._handle(lane, rnd, item, claimed)
-        item.span = trace.begin(item.msg, item.key, claimed, item.claim_ns)
+        """Run a held key's handler; then what its result comes to. The hooks hear it
+        begin, and end here unless a completion or a dead letter is on its way."""
+        hooks = self._hooks
+        hooks.begin(item, claimed)
         try:
             wait = self._handle(lane, rnd, item, claimed)
         except BaseException as exc:
-            item.span.record_exception(exc)
-            trace.end(item.span, None)
+            hooks.failed(item, exc)
+            hooks.end(item, None)
             raise
-        if item.done or wait is not None:
-            trace.end(item.span, item.outcome if wait is None else wait[1])
-            item.span = None
+        if item.letter is None and (item.done or wait is not None):
+            hooks.end(item, item.outcome if wait is None else wait[1])
         return wait
 
     def _handle(
@@ -227,7 +224,7 @@ class Rounds(_Base):
             if wait is not None:
                 return wait
         event = self._event(item)
-        timed = self._handler_timed
+        hooks = self._hooks
         rnd.started.add(claimed.key)
 
         def call(ctx: Context) -> Any:
@@ -246,20 +243,13 @@ class Rounds(_Base):
                     ) from None
                 raise
             finally:
-                if timed is not None:
-                    timed(time.monotonic() - running.started)
+                hooks.handler_ran(time.monotonic() - running.started)
             if lane.returned(running):
                 self._late(batch, ctx, running, value, None)
                 raise Abandoned
             return value
 
-        if self._trace is None:
-            ran = batch.run(claimed.key, call)
-        else:
-            with self._trace.run(item.span) as span:
-                ran = batch.run(claimed.key, call)
-                self._trace.ran(span, ran)
-            item.ran_ns = time.time_ns()
+        ran = hooks.run(item, lambda: batch.run(claimed.key, call))
         return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
 
     def _late(
