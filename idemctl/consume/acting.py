@@ -9,21 +9,19 @@ from idemctl.consume.event import Event
 from idemctl.consume.item import LETTER, Item, Pause
 from idemctl.consume.options import ConsumeOptions
 from idemctl.kafka.acts import Acts, DeadLetter, Finished, Paused
-from idemctl.kafka.options import Summary
 from idemctl.runner import RunResult
 
 
 class Acting:
-    """A part of Consumer: what it does with a message once the policy has decided."""
+    """What a message comes to once the policy has decided (``Rounds``' part)."""
 
-    options: ConsumeOptions
-    summary: Summary
-    _acts: Acts
+    def __init__(self, options: ConsumeOptions, acts: Acts) -> None:
+        self.options, self._acts = options, acts
 
     def _count(self, outcome: str, n: int = 1) -> None:
         self._acts.count(outcome, n)
 
-    def _act(self, item: Item, result: RunResult) -> Pause | None:
+    def act(self, item: Item, result: RunResult) -> Pause | None:
         """What a RunResult comes to in Kafka, for both modes: None when the message is
         finished (or its completion is on its way), else how long to pause its partition
         and why (``LETTER``: until its dead letter is written)."""

@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from idemctl.consume.acting import Acting
 from idemctl.consume.deadletter import DeadLetters, kafka_text
 from idemctl.consume.hooks import Chain, Hooks, Timing
 from idemctl.consume.item import Item, about
@@ -74,7 +73,7 @@ PRESS_AFTER = 1.0
 it pauses the partitions in hand and polls only to stay in the group."""
 
 
-class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
+class Consumer(Spares, Pausing, KafkaState):
     """Runs ``handler`` for each message of ``options.topics``, effectively once per key."""
 
     def __init__(
@@ -89,9 +88,6 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         self.store, self.handler, self.options = store, handler, options
         self.summary = Summary()
         self._keying = Keying(options)
-        self._gap_since: dict[tuple[str, int, int], float] = {}
-        """--contiguous: when the partition was first paused at each message whose
-        predecessor is missing."""
         self._stop = threading.Event()
         self._paused: dict[Partition, float] = {}
         self._resume_at: dict[Partition, int] = {}
@@ -111,6 +107,8 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         self._hooks: Hooks = Hooks() if traced is None else traced
         """Tracing and timing (``consume.hooks``)."""
         self._mail = Mailroom(self._acts, self._owns, self._hooks)
+        self._rounds = Rounds(handler, options, self._keying, self._acts, self._hooks, self._halted)
+        """What the lanes run: all they read of the loop is ``_halted``."""
         self._closing = False
         self._failure: BaseException | None = None
         """Raised by the loop at its next turn (found in a rebalance callback)."""
@@ -140,7 +138,7 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
             logger=log,
         )
         batch.timed = self._hooks.store_call
-        return Lane(index, batch, self._work, self._lane_done)
+        return Lane(index, batch, self._rounds.work, self._lane_done)
 
     def _lane_done(self, lane: Lane, rnd: Round) -> None:
         self._finished.put((lane, rnd))
@@ -149,7 +147,7 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
     def use(self, hooks: Hooks) -> None:
         """Tell ``hooks`` of each message's life too (``consume.hooks``), before ``run``."""
         self._hooks = Chain([self._hooks, hooks])
-        self._mail.hooks = self._hooks
+        self._mail.hooks = self._rounds.hooks = self._hooks
         for lane in self._lanes:
             lane.batch.timed = self._hooks.store_call
 
@@ -172,6 +170,10 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
         """Partitions the stall watchdog leaves alone: paused by idemctl, or with
         messages in hand (a lane's handler that does not return is the other watchdog's)."""
         return {*self._paused, *self._pressed, *self._in_lane, *self._waiting, *self._mail.held}
+
+    def _halted(self) -> bool:
+        """Draining (``stop()``), or stopping (the dead-letter breaker tripped)."""
+        return self._stop.is_set() or self._mail.tripped is not None
 
     def stop(self) -> None:
         """Drain and return (signal-safe): the running handlers finish (for at most
@@ -426,10 +428,11 @@ class Consumer(Spares, Rounds, Acting, Pausing, KafkaState):
             claim = rnd.claimed.get(other.key)
             if claim is not None and claim.outcome is Step.HELD:
                 batch.give_back(other.key)
-        self._completed(rnd, rnd.current, batch.end_round())
-        wait = self._act(item, result)
+        rounds = self._rounds
+        rounds.completed(rnd, rnd.current, batch.end_round())
+        wait = rounds.act(item, result)
         if wait is not None:
-            self._block(rnd, item, wait)
+            rounds.block(rnd, item, wait)
         self._lanes.remove(lane)
         self._settle(lane, rnd)
         lane.close()

@@ -11,10 +11,11 @@ round (``Round.block``); the loop pauses, seeks and stores offsets when it takes
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from idemctl.consume.acting import Acting
 from idemctl.consume.item import LETTER, Item, Pause, Stop, about, chunks, fields
 from idemctl.consume.lanes import Lane, Round, Running
 from idemctl.consume.watch import log
@@ -26,31 +27,40 @@ from idemctl.runner.limits import Abandoned
 from idemctl.runner.ordering import missing_predecessor
 
 if TYPE_CHECKING:
-    from idemctl.consume.acting import Acting
     from idemctl.consume.event import Handler
     from idemctl.consume.hooks import Hooks
-    from idemctl.consume.mailroom import Mailroom
+    from idemctl.consume.options import ConsumeOptions
+    from idemctl.kafka.acts import Acts
     from idemctl.kafka.policy import Keying
     from idemctl.runner import Batch
-
-    _Base = Acting
-else:
-    _Base = object
 
 HELD, RAN, EXECUTED = Step.HELD, Step.RAN, Outcome.EXECUTED
 
 
-class Rounds(_Base):
-    """A part of Consumer: running a round in a lane's thread."""
+class Rounds(Acting):
+    """Runs the rounds the loop hands the lanes, in the lanes' threads. Of the loop it only
+    reads ``halted``; what it finds is written on the round (where each partition stopped,
+    and why; the messages to dead-letter) and on its messages, which the loop reads when
+    it takes the round back."""
 
-    handler: Handler
-    _stop: threading.Event
-    _keying: Keying
-    _hooks: Hooks
-    _mail: Mailroom
-    _gap_since: dict[tuple[str, int, int], float]
+    def __init__(
+        self,
+        handler: Handler,
+        options: ConsumeOptions,
+        keying: Keying,
+        acts: Acts,
+        hooks: Hooks,
+        halted: Callable[[], bool],
+    ) -> None:
+        super().__init__(options, acts)
+        self.handler, self._keying, self.hooks = handler, keying, hooks
+        self.halted = halted
+        """Draining (stop()), or stopping (the dead-letter breaker tripped)."""
+        self._gap_since: dict[tuple[str, int, int], float] = {}
+        """--contiguous: when the partition was first paused at each message whose
+        predecessor is missing."""
 
-    def _work(self, lane: Lane, rnd: Round) -> None:
+    def work(self, lane: Lane, rnd: Round) -> None:
         """Run ``rnd`` in passes of distinct keys and entities; a partition that stopped
         skips the rest of it."""
         pending = [items for items in rnd.partitions.values() if items]
@@ -71,15 +81,11 @@ class Rounds(_Base):
                             entities.add(entity)
                     round_items.append(item)
             self._pass(lane, rnd, round_items)
-            if self._halted():
+            if self.halted():
                 return  # draining, or stopping: later passes were never claimed
             pending = [items for items in later if rnd.usable(items[0])]
 
-    def _halted(self) -> bool:
-        """Draining (stop()), or stopping (the dead-letter breaker tripped, in the loop)."""
-        return self._stop.is_set() or self._mail.tripped is not None
-
-    def _block(self, rnd: Round, item: Item, wait: Pause) -> None:
+    def block(self, rnd: Round, item: Item, wait: Pause) -> None:
         if wait is not LETTER:
             self._count(wait[1])
         rnd.block(item, wait)
@@ -107,7 +113,7 @@ class Rounds(_Base):
             for i, item in enumerate(part):
                 if item.tp in rnd.moved:
                     return None  # moved to another lane while this one's handler was overdue
-                if self._halted():
+                if self.halted():
                     release(part[i:])
                     return None
                 wait = self._process(lane, rnd, item, claimed.get(item.key) if item.key else None)
@@ -124,12 +130,12 @@ class Rounds(_Base):
         taken = 0
         try:
             for chunk, ask in zip(parts, asks, strict=True):
-                if self._halted():
+                if self.halted():
                     break
                 taken += 1
                 try:
                     claimed.update((r.key, r) for r in ask.take())
-                    self._hooks.claimed(chunk, ask.sent)
+                    self.hooks.claimed(chunk, ask.sent)
                 except StoreUnavailable as exc:
                     log.warning(
                         "store unavailable, pausing every partition: %s",
@@ -138,17 +144,17 @@ class Rounds(_Base):
                     )
                     for item in (i for later in parts[taken - 1 :] for i in later):
                         if rnd.usable(item):
-                            self._block(rnd, item, (o.backoff, "store_unavailable"))
+                            self.block(rnd, item, (o.backoff, "store_unavailable"))
                     break
                 release([i for i in chunk if not rnd.usable(i)])
                 for part in self._by_partition(claimed, [i for i in chunk if rnd.usable(i)]):
                     stop = run_partition(part)
                     if stop is not None:
-                        self._block(rnd, *stop)
+                        self.block(rnd, *stop)
         finally:  # chunks sent but not run now are given back; every completion answered
             if lane.abandoned is None:  # else the loop settled the round without this thread
                 completed = batch.end_round()
-        self._completed(rnd, items, completed)
+        self.completed(rnd, items, completed)
 
     @staticmethod
     def _by_partition(claimed: dict[str, RunResult], items: list[Item]) -> list[list[Item]]:
@@ -164,7 +170,7 @@ class Rounds(_Base):
 
         return sorted(partitions.values(), key=attempt)
 
-    def _completed(self, rnd: Round, items: list[Item], completed: list[RunResult]) -> None:
+    def completed(self, rnd: Round, items: list[Item], completed: list[RunResult]) -> None:
         """The pass's completions answered: executed ones are finished; one that failed
         stops its partition at its message, even where a later message of it stopped the
         partition already: nothing past it may be stored."""
@@ -184,10 +190,10 @@ class Rounds(_Base):
         for result in sorted(failed, key=lambda r: keyed[r.key].offset):
             item = keyed[result.key]
             if rnd.usable(item):
-                wait = self._act(item, result)
+                wait = self.act(item, result)
                 if wait is not None:
-                    self._block(rnd, item, wait)
-        hooks = self._hooks
+                    self.block(rnd, item, wait)
+        hooks = self.hooks
         for result in completed:
             item = keyed[result.key]
             hooks.completed(item, result)
@@ -199,7 +205,7 @@ class Rounds(_Base):
     ) -> Pause | None:
         """Run a held key's handler; then what its result comes to. The hooks hear it
         begin, and end here unless a completion or a dead letter is on its way."""
-        hooks = self._hooks
+        hooks = self.hooks
         hooks.begin(item, claimed)
         try:
             wait = self._handle(lane, rnd, item, claimed)
@@ -217,14 +223,14 @@ class Rounds(_Base):
         if claimed is None:
             return self._unusable(item)
         if claimed.outcome is not HELD:
-            return self._act(item, claimed)
+            return self.act(item, claimed)
         batch = lane.batch
         if self.options.contiguous and item.order is not None:
             wait = self._gap(batch, item, claimed)
             if wait is not None:
                 return wait
         event = self._event(item)
-        hooks = self._hooks
+        hooks = self.hooks
         rnd.started.add(claimed.key)
 
         def call(ctx: Context) -> Any:
@@ -250,7 +256,7 @@ class Rounds(_Base):
             return value
 
         ran = hooks.run(item, lambda: batch.run(claimed.key, call))
-        return None if ran.outcome is RAN else self._act(item, ran)  # RAN: completion on its way
+        return None if ran.outcome is RAN else self.act(item, ran)  # RAN: completion on its way
 
     def _late(
         self,

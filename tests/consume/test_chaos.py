@@ -53,13 +53,13 @@ def slow_payments(folder: Path, seconds: float) -> str:
 def consumers_under_chaos(
     broker: KafkaBroker, url: str, topic: str, group: str, handler: str, *options: str,
     cwd: Path, env: dict[str, str], rng: random.Random, done: Callable[[], bool],
-    total: int, settle: float = 0.0, kill_limit: int | None = None,
+    total: int, kill_limit: int | None = None,
 ) -> int:  # fmt: skip
     """Three `idemctl consume` processes on a topic of ``total`` messages; every KILL_EVERY
     seconds a random one is SIGKILLed and started again (``kill_limit`` times at most;
     without a limit, only once the group committed ``total / KILLS`` more messages since
-    the last kill), until ``done()``. After
-    ``settle`` seconds the rest get SIGTERM (drain and exit), each stopped by its PID.
+    the last kill), until ``done()``. Then they get SIGTERM (drain and exit: what each
+    holds is finished), each stopped by its PID.
     Returns the number of kills."""
     # A killed member holds its partitions until its session times out: keep that short.
     # Offsets committed every 500 ms: the kills follow the group's progress closely.
@@ -101,7 +101,6 @@ def consumers_under_chaos(
             kills += 1
             consumers[victim] = start()
         print(f"drained in {time.monotonic() - started:.0f}s with {kills} kills")
-        time.sleep(settle)
     finally:
         for c in consumers:
             if c.poll() is None:
@@ -211,7 +210,6 @@ def test_killed_consumers_with_an_outside_effect_lose_nothing(
         env={**os.environ, "IDEMCTL_DEMO_LEDGER": str(ledger),
              "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples"), str(tmp_path)])},
         done=lambda: set(charged()) == set(keys),
-        settle=5.0,  # the survivors finish what they hold (leases of 3 s)
     )  # fmt: skip
     effects = charged()
     assert set(effects) == set(keys)  # none lost

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -255,7 +254,10 @@ def test_a_dead_letter_topic_refusing_writes_holds_the_partition_until_it_takes_
     waits = [float(line.split("trying again in ")[1].split("s")[0]) for line in held[:3]]
     assert waits == sorted(waits) and waits[2] > waits[0]  # back-off grows
     assert gate.cut > 0
-    time.sleep(2)  # past an auto-commit: what is committed now is what it stored
+    # A fourth refusal comes a --dlq-timeout (1 s) after the third: an auto-commit (every
+    # 1 s) went by meanwhile, so what is committed now is what it stored.
+    wait_until(lambda: sum(refusals in line for line in lines) >= 4, "a fourth refusal",
+               timeout=120, procs=[proc], detail=lambda: "".join(lines))  # fmt: skip
     assert committed(broker, topic, group, 1) == {0: 2}  # nothing past the bad message
     assert ledger(tmp_path) == Counter({"good-0": 1, "good-1": 1})
 

@@ -101,7 +101,7 @@ def _run(keys: dict[int, list[str]], hang: str, until: set[str] | None = None) -
                            stall_timeout=0.2, backoff=0.05)  # fmt: skip
         consumer = Consumer(store, adapt(handle), o)
         consumer._kafka = broker
-        consumer._dlq = type("NoDlq", (), {"close": lambda self: None})()
+        consumer._mail.dlq = type("NoDlq", (), {"close": lambda self: None})()  # type: ignore[assignment]
         summary: list[Any] = []
         thread = threading.Thread(target=lambda: summary.append(consumer.run()), daemon=True)
         thread.start()

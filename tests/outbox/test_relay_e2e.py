@@ -554,9 +554,10 @@ def test_two_relays_at_once_publish_each_row_exactly_once(world: World) -> None:
         return len(looked) >= 2
 
     wait_for("both relays look at the outbox", both_looked, 30)
-    for start in range(200, 2000, 150):
+    for start in range(200, 2000, 150):  # the rest while the relays run
+        before = len(world.published())
         rows |= world.write(min(150, 2000 - start), start=start)
-        time.sleep(0.05)
+        wait_for("the relays go on meanwhile", lambda: len(world.published()) > before, 60)  # noqa: B023
     assert len(rows) == 2000
     for proc in (a, b):
         proc.wait(120)

@@ -385,8 +385,9 @@ def test_three_relays_with_failing_deliveries_keep_every_aggregates_order(
         for thread in threads:
             thread.start()
         for events in transactions[half:]:  # the rest while the relays run
+            before = ledger.produced
             write(pg, events)
-            time.sleep(0.01)
+            wait_until(lambda: ledger.produced > before, "the relays go on meanwhile", 60)  # noqa: B023
         for thread in threads:
             thread.join(60)
             assert not thread.is_alive(), "a relay still runs after 60 s"
