@@ -363,9 +363,10 @@ class Consumer(Spares, Pausing, KafkaState):
             stop = rnd.blocked.get(tp)
             if stop is None and tp in rnd.went_on and not self._stop.is_set():
                 rest = [item for item in rnd.partitions[tp] if not item.done]
-                for item in rest:
-                    item.letter = None  # a verdict behind the stop: decided again
-                self._waiting[tp] = rest + self._waiting.get(tp, [])
+                if rest and self._owns(rest[0]):  # not revoked while its letter was written
+                    for item in rest:
+                        item.letter = None  # a verdict behind the stop: decided again
+                    self._waiting[tp] = rest + self._waiting.get(tp, [])
                 continue
             if stop is None and not self._stop.is_set():
                 left = rnd.first_unfinished(tp)
