@@ -53,6 +53,9 @@ class PtTable:
     store: Store
     dir: Path
     read: Callable[[str], dict[str, Any] | None]
+    write: Callable[[str, dict[str, Any]], None]
+    """Put a record's attributes back as they are given (past idemctl and Powertools)."""
+    delete: Callable[[str], None]
     job_defaults: dict[str, Any] = field(default_factory=dict)
     opened: list[PowertoolsTable] = field(default_factory=list)
 
@@ -87,6 +90,13 @@ class PtTable:
 
     def raw(self, key: str) -> dict[str, Any] | None:
         return self.read(key)
+
+    def backdate(self, key: str, **attributes: Any) -> None:
+        """Set some of the record's attributes (its expirations): the record's timestamps
+        moved into the past instead of a test waiting for the wall clock to pass them."""
+        doc = self.read(key)
+        assert doc is not None, key
+        self.write(key, {**doc, **attributes})
 
     def open(self, url: str | None = None) -> PowertoolsTable:
         table = open_table(url or self.url)
@@ -133,7 +143,7 @@ def enable_ttl(server: MotoServer, table: PtTable) -> None:
 
 def dynamodb_table(server: MotoServer, tmp_path: Path, name: str, layer: dict[str, Any]) -> PtTable:
     """A new Powertools table with ``layer``'s arguments on the moto server."""
-    from boto3.dynamodb.types import TypeDeserializer
+    from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
     table = unique_table()
     create_table(server, table, layer)
@@ -155,6 +165,12 @@ def dynamodb_table(server: MotoServer, tmp_path: Path, name: str, layer: dict[st
         assert isinstance(plain, dict)
         return plain
 
+    def write(key: str, doc: dict[str, Any]) -> None:
+        client.put_item(TableName=table, Item=TypeSerializer().serialize(doc)["M"])
+
+    def delete(key: str) -> None:
+        raise AssertionError("DynamoDB's TTL deletes nothing at once: nothing to stand for")
+
     store = Store("dynamodb", table=table, endpoint_url=server.endpoint_url, layer=layer)
     return PtTable(
         name,
@@ -162,6 +178,8 @@ def dynamodb_table(server: MotoServer, tmp_path: Path, name: str, layer: dict[st
         store,
         tmp_path,
         read,
+        write,
+        delete,
         JOB_DEFAULTS.get(name, {}),
     )
 
@@ -205,8 +223,12 @@ def redis_pt(redis_server: RedisServer, tmp_path: Path) -> Iterator[PtTable]:
         assert isinstance(doc, dict)
         return doc
 
+    def write(key: str, doc: dict[str, Any]) -> None:
+        client.set(key, json.dumps(doc), keepttl=True)
+
     store = Store("redis", port=redis_server.port, db=DB)
-    table = PtTable("redis", redis_server.url(f"/{DB}", "layout=powertools"), store, tmp_path, read)
+    url = redis_server.url(f"/{DB}", "layout=powertools")
+    table = PtTable("redis", url, store, tmp_path, read, write, client.delete)
     try:
         yield table
     finally:

@@ -3,9 +3,14 @@ Powertools itself (tests/powertools/writers.py):
 
 - completed: the function returned;
 - in_progress: its invocation hangs with a Lambda context of 120 s left (live);
-- stale: its invocation hung with 1 s left and was killed; the second has passed;
+- stale: its invocation hung with 1 s left and was killed; then its in-progress expiry
+  is moved 10 s into the past;
 - blocked: its invocation hung with no Lambda context registered and was killed;
-- expired: completed with ``expires_after_seconds=1``, and that second has passed.
+- expired: completed with ``expires_after_seconds=1``; then its expiry is moved 10 s into
+  the past (on Redis, where its TTL deletes it at expiration, it is deleted unless
+  ``keep`` persisted it).
+
+The record's timestamps are set, not waited out: Powertools reads the wall clock.
 
 ``kill=True`` leaves the in-progress ones with a real writer process SIGKILLed inside the
 function; ``kill=False`` with an invocation that dies inside the function in this process
@@ -72,17 +77,21 @@ def build(
     tag: str = "",
 ) -> Scenario:
     """One record per state in ``states`` on ``table``; returns once each state holds (the
-    stale and expired ones' time has passed). ``keep(key)`` runs right after the expired
-    record is written (Redis: PERSIST, or its TTL deletes it at expiration)."""
+    stale and expired ones' expiries moved into the past). ``keep(key)`` runs right after
+    the expired record is written (Redis: PERSIST, or it goes as its TTL would delete
+    it)."""
     tag = tag or "-" + uuid.uuid4().hex[:6]
     jobs = {s: table.job(payload_for(s, tag)) for s in states}
-    expired_by = 0.0
     if "expired" in jobs:
         jobs["expired"] = replace(jobs["expired"], expires_after_seconds=1)
         assert call(jobs["expired"]).kind == "ran"
+        key = key_of(jobs["expired"])
         if keep is not None:
-            keep(key_of(jobs["expired"]))
-        expired_by = int(time.time() + 1) + 1.0  # int(now) > expiration from then on
+            keep(key)
+        if table.name == "redis" and keep is None:
+            table.delete(key)  # as its TTL deletes it at expiration
+        else:
+            table.backdate(key, **{table.attr("expiry_attr"): int(time.time()) - 10})
     if "completed" in jobs:
         assert call(jobs["completed"]).kind == "ran"
     held = [s for s in ("in_progress", "stale", "blocked") if s in jobs]
@@ -93,17 +102,12 @@ def build(
     elif held:
         for s in held:
             assert call(replace(jobs[s], mode="crash")).kind == "crashed"
-    stale_by = time.time() + STALE_MS / 1000 + 0.002 if "stale" in jobs else 0.0
-    wait_until(max(expired_by, stale_by))
+    if "stale" in jobs:
+        past_ms = int(time.time() * 1000) - 10_000
+        table.backdate(key_of(jobs["stale"]), **{table.attr("in_progress_expiry_attr"): past_ms})
     for s in held:
         jobs[s] = replace(jobs[s], mode="complete")
     return Scenario(table, jobs, {s: key_of(j) for s, j in jobs.items()})
-
-
-def wait_until(moment: float) -> None:
-    delay = moment - time.time()
-    if delay > 0:
-        time.sleep(delay)
 
 
 def powertools_verdicts(scenario: Scenario) -> dict[str, str]:

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -20,7 +21,6 @@ import pytest
 from idemctl.cli.exitcodes import ExitCode
 from tests.backends import unique_table
 from tests.cli.helpers import json_doc, json_lines, messages, next_cursor, on, run
-from tests.polling import wait_until
 from tests.powertools.conftest import LAYOUTS, PtTable, dynamodb_table, enable_ttl
 from tests.powertools.states import ALL, STALE_MS, build
 from tests.powertools.writers import call, function_name, key_of
@@ -174,6 +174,8 @@ def test_unlock_stale(cli_table: PtTable, tmp_path: Path, request: pytest.Fixtur
     Powertools' next call of each runs the function once and completes."""
     second = cli_table.job({"order_id": "second-stale"}, remaining_ms=STALE_MS)
     assert call(replace(second, mode="crash")).kind == "crashed"
+    past_ms = int(time.time() * 1000) - 10_000
+    cli_table.backdate(key_of(second), **{cli_table.attr("in_progress_expiry_attr"): past_ms})
     scenario = build(
         cli_table, tmp_path, ("completed", "in_progress", "stale", "blocked"), kill=False
     )
@@ -440,9 +442,12 @@ def test_redis_lock_keys(redis_pt: PtTable, redis_client: Any) -> None:
         assert call(replace(job, mode="crash")).kind == "crashed"
     lock = key_of(jobs[1]) + ":lock"
     assert redis_client.set(lock, "True", ex=10, nx=True)  # as Powertools' _acquire_lock
-    # Powertools' expiry is the wall clock's: the crashed jobs are stale once it passes
+    # Powertools' expiry is the wall clock's: the crashed jobs' expiries are moved past it
+    past_ms = int(time.time() * 1000) - 10_000
+    for job in jobs:
+        redis_pt.backdate(key_of(job), in_progress_expiration=past_ms)
     stale = {key_of(j): "stale" for j in jobs}
-    wait_until(lambda: listed(redis_pt.url, "--stale") == stale, "both jobs stale", 30, 0.1)
+    assert listed(redis_pt.url, "--stale") == stale
     result = on(redis_pt.url, "stats", "--json")
     doc = json_doc(result, STATS)
     assert (doc["total"], doc["skipped"]) == (2, 0)

@@ -7,6 +7,7 @@ next call does what the repair promises."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +19,7 @@ from idemctl.powertools import State, open_table
 from idemctl.stores import open_store
 from tests.powertools.conftest import LAYOUTS, PtTable, dynamodb_table, enable_ttl
 from tests.powertools.states import ALL, STALE_MS, VERDICT, build, powertools_verdicts
-from tests.powertools.writers import call, key_of
+from tests.powertools.writers import Job, call, key_of
 from tests.servers import MotoServer
 
 
@@ -329,6 +330,7 @@ def test_unlock_key_and_purge_of_ended_records(dynamo: PtTable, tmp_path: Path) 
     progress and past expiration; ``purge`` deletes exactly the expired ones."""
     gone = dynamo.job({"order_id": "blocked-then-expired"}, expires_after_seconds=1)
     assert call(replace(gone, mode="crash")).kind == "crashed"  # blocked until it expires
+    dynamo.backdate(key_of(gone), **{dynamo.attr("expiry_attr"): int(time.time()) - 10})
     scenario = build(dynamo, tmp_path, ("completed", "stale", "blocked", "expired"), kill=False)
     keys = scenario.keys
     table = dynamo.open()
@@ -412,12 +414,14 @@ def test_every_partition_of_a_sort_key_table(moto_server: MotoServer, tmp_path: 
     refunds = replace(orders, store=replace(orders.store, layer={**layer, "static_pk_value": "r"}))
     try:
         jobs = [t.job({"n": t.store.layer["static_pk_value"]}) for t in (orders, refunds)]
+        past = int(time.time()) - 10
         for job in jobs:
             assert call(replace(job, mode="crash", remaining_ms=STALE_MS)).kind == "crashed"
+            backdate(moto_server, job, in_progress_expiration=past * 1000)
         for t in (orders, refunds):
             expired = t.job({"e": t.store.layer["static_pk_value"]}, expires_after_seconds=1)
             assert call(expired).kind == "ran"
-        # Its own expired record written last, build waits until all five have ended.
+            backdate(moto_server, expired, expiration=past)
         scenario = build(orders, tmp_path, ("expired", "blocked"), kill=False)
         table = orders.open(
             moto_server.url(orders.store.table, layout="powertools", sort_key_attr="sk")
@@ -429,3 +433,17 @@ def test_every_partition_of_a_sort_key_table(moto_server: MotoServer, tmp_path: 
         assert [r.key for r in table.scan().records] == [scenario.keys["blocked"]]
     finally:
         orders.close()
+
+
+def backdate(server: MotoServer, job: Job, **attributes: int) -> None:
+    """Move ``job``'s record's expiries into the past, on a sort-key table's partition
+    (``static_pk_value``) of the job's own layer."""
+    layer = job.store.layer
+    key = {"id": {"S": layer["static_pk_value"]}, layer["sort_key_attr"]: {"S": key_of(job)}}
+    names = {f"#a{i}": name for i, name in enumerate(attributes)}
+    values = {f":v{i}": {"N": str(v)} for i, v in enumerate(attributes.values())}
+    server.client().update_item(
+        TableName=job.store.table, Key=key, ExpressionAttributeNames=names,
+        ExpressionAttributeValues=values,
+        UpdateExpression="SET " + ", ".join(f"#a{i} = :v{i}" for i in range(len(names))),
+    )  # fmt: skip
