@@ -30,7 +30,7 @@ from idemctl.console.auth import hash_password
 from idemctl.model import ClaimRequest
 from tests.backends import expire_lease
 from tests.console.conftest import PASSWORDS, REPO, ConsoleProcess
-from tests.polling import wait_until
+from tests.polling import wait_until, wait_until_async
 from tests.servers import HOST, free_port
 
 SECRET = {"charge": "ch_secret_42"}
@@ -389,8 +389,8 @@ def test_hashing_runs_a_few_at_a_time_and_turns_away_the_rest() -> None:
                 said.append(f"busy {n} {exc.retry_after}")
 
         tasks = [asyncio.create_task(one(n)) for n in range(5)]
-        for _ in range(10):
-            await asyncio.sleep(0)
+        # Two in, two waiting their turn (they say nothing yet), one turned away.
+        await wait_until_async(lambda: len(said) >= 3, "the five tasks at the gate")
         entered = list(said)
         release.set()
         await asyncio.gather(*tasks)

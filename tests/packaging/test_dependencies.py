@@ -208,25 +208,24 @@ def _top_level() -> dict[str, list[str]]:
 
 
 @functools.cache
-def _owners() -> dict[Path, str]:
-    """Installed file -> its distribution (for names several distributions share, such as
-    the opentelemetry namespace)."""
-    owners = {}
-    for dist in importlib.metadata.distributions():
-        for file in dist.files or []:
-            owners[Path(str(dist.locate_file(file))).resolve()] = dist.metadata["Name"]
-    return owners
+def _files_of(distribution: str) -> frozenset[Path]:
+    """The installed files of ``distribution`` (for names several distributions share,
+    such as the opentelemetry namespace: only theirs are looked at, not every file of
+    every distribution in the venv)."""
+    dist = importlib.metadata.distribution(distribution)
+    return frozenset(Path(str(dist.locate_file(file))).resolve() for file in dist.files or [])
 
 
 def distribution_of(name: str) -> str | None:
     """The installed distribution that provides module ``name``, or None."""
-    candidates = _top_level().get(name.split(".", maxsplit=1)[0], [])
-    if len(set(candidates)) == 1:
+    candidates = sorted(set(_top_level().get(name.split(".", maxsplit=1)[0], [])))
+    if len(candidates) == 1:
         return canonicalize_name(candidates[0])
     spec = importlib.util.find_spec(name) if candidates else None
     if spec is None or spec.origin is None:
         return None
-    owner = _owners().get(Path(spec.origin).resolve())
+    origin = Path(spec.origin).resolve()
+    owner = next((c for c in candidates if origin in _files_of(c)), None)
     return None if owner is None else canonicalize_name(owner)
 
 
