@@ -10,6 +10,9 @@ import os
 
 import pytest
 
+# Each test's CPU seconds, with IDEMCTL_TEST_CPU=FILE (tests/cputime.py).
+from tests.cputime import pytest_runtest_protocol
+
 # Session fixtures that start real servers (tests/servers.py), shared by every test folder.
 from tests.fixtures_dynamodb import aws_credentials, moto_server
 from tests.fixtures_kafka import kafka_broker
@@ -29,6 +32,7 @@ __all__ = [
     "moto_server",
     "need",
     "postgres_server",
+    "pytest_runtest_protocol",
     "redis_cluster",
     "redis_server",
     "redis_with_password",
