@@ -58,9 +58,8 @@ class Letter:
     headers: list[Any]
     answered: bool = False
     refusal: str | None = None
-    cut: bool = False
-    """Written again with its payload cut (``--dlq-oversize truncate``)."""
-    why_cut: str = ""
+    cut: str = ""
+    """Why it was written again with its payload cut (``--dlq-oversize truncate``)."""
     sent: float = 0.0
 
 
@@ -94,11 +93,6 @@ class DeadLetters:
 
     def topic(self, msg: Any) -> str:
         return dead_letter_topic(self.options.dlq_topic, msg.topic())
-
-    @property
-    def flying(self) -> bool:
-        """Letters posted and not answered yet."""
-        return bool(self._flying)
 
     def post(
         self, msg: Any, reason: str, detail: str, exc: BaseException | None, span: Any = None
@@ -141,6 +135,11 @@ class DeadLetters:
             self._flying.discard(letter)
             self._failed = True
             self._refused(letter, "_TIMED_OUT", "no acknowledgement")
+        self._renew_if_idle()
+
+    def _renew_if_idle(self) -> None:
+        """Renew the producer after a failed delivery, once no other letter is on its way
+        (a renewal drops what the producer holds)."""
         if self._failed and not self._flying:
             self._renew()
             self._failed = False
@@ -172,15 +171,12 @@ class DeadLetters:
         value: bytes | None = letter.msg.value()
         if name in OVERSIZE and value is not None and not letter.cut:
             if self.options.dlq_oversize == "truncate":
-                if self._failed and not self._flying:
-                    self._renew()
-                    self._failed = False
-                letter.cut = True
+                self._renew_if_idle()
+                letter.cut = refusal
                 cut = [
                     *letter.headers,
                     ("idemctl-dlt-truncated", f"{len(value)} bytes, cut to {TRUNCATE_TO}".encode()),
                 ]
-                letter.why_cut = text
                 self._produce(letter, value[:TRUNCATE_TO], cut)
                 return
             refusal += " (--dlq-oversize truncate writes it with the payload cut)"
@@ -197,7 +193,7 @@ class DeadLetters:
             msg.offset(),
             len(value),
             TRUNCATE_TO,
-            f"could not dead-letter to {letter.topic}: {letter.why_cut}",
+            letter.cut,
             extra={
                 "idemctl": {
                     "topic": msg.topic(),
