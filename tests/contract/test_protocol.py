@@ -513,13 +513,13 @@ def test_unlock_stale_and_purge_work_in_batches(
     import idemctl.stores.redis
     import idemctl.stores.rows
 
-    # Batches of 40 (Redis: SCAN COUNT 40), so 120 keys take several on every store.
+    # Batches of 10 (Redis: SCAN COUNT 10), so 30 keys take several on every store.
     for module, name in (
         (idemctl.stores.rows, "BATCH"), (idemctl.stores.postgres, "BATCH"),
         (idemctl.stores.dynamodb, "ITEMS_PER_BATCH"), (idemctl.stores.redis, "SCAN_COUNT"),
     ):  # fmt: skip
-        monkeypatch.setattr(module, name, 40)
-    keys = [f"bulk/{i:04d}" for i in range(120)]
+        monkeypatch.setattr(module, name, 10)
+    keys = [f"bulk/{i:04d}" for i in range(30)]
     outcomes = store.claim_many([ClaimRequest(k) for k in keys], lease=LONG)
     assert all(isinstance(o, Acquired) for o in outcomes)
     for k in keys:

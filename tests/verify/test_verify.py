@@ -87,8 +87,10 @@ def target(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     if name == "dynamodb":
         moto = request.getfixturevalue("moto_server")
         # moto answers a few hundred requests a second here, and its verify ran 3.5 minutes
-        # with a third of the messages: a tenth keeps CI short, and kills still land mid-run
-        return Target(moto.url(f"keys-{uuid.uuid4().hex[:8]}"), messages=MESSAGES // 10)
+        # with a third of the messages, and was still the suite's longest test (110 s on 2
+        # cores) with a tenth: 200 (the 20 poison keys a tenth of them) last about a minute,
+        # and kills still land mid-run
+        return Target(moto.url(f"keys-{uuid.uuid4().hex[:8]}"), messages=200)
     raise AssertionError(name)
 
 
