@@ -659,7 +659,11 @@ def test_sigterm_while_marking_waits_on_a_lock_still_marks_the_batch_in_hand(
 CHAOS_ROWS = 3000
 CHAOS_AGGREGATES = 150
 """The chaos rows are 20 events of each of these aggregates, interleaved."""
-CHAOS_FOR = 60.0
+CHAOS_KILLS = 12
+"""Relays killed in the chaos; then one drains what is left."""
+CHAOS_BATCH = 25
+MARK_WAITS = "wait_event_type = 'Lock' AND query LIKE 'UPDATE %%published_at = now()%%'"
+"""A relay's backend whose mark (of a batch it has produced) waits on the table's lock."""
 
 
 def hold_the_lock_now_and_then(world: World, rng: random.Random, stop: threading.Event) -> None:
@@ -677,52 +681,45 @@ def hold_the_lock_now_and_then(world: World, rng: random.Random, stop: threading
         conn.close()
 
 
-def wait_for_a_look(world: World, relay: Proc, before: set[int]) -> None:
-    """Until ``relay`` (started after the backends ``before`` existed) queries the outbox."""
-
-    def looking() -> bool:
-        assert relay.popen.poll() is None, relay.describe()
-        return bool(set(world.backends(RELAY_LOOKS)) - before)
-
-    wait_for("the relay looks at the outbox", looking, timeout=30)
-
-
 def test_relays_killed_again_and_again_lose_no_event(world: World) -> None:
-    """A relay is SIGKILLed 0.25-0.75 s after it starts looking at the table and started
-    again, until the outbox is drained (at most CHAOS_FOR s). A relay drains 3000 rows in
-    about a second here (kills 0.5-1.5 s after the look left two rounds, too few), so
-    batches are small and the table is locked now and then: kills land while a relay has
-    produced a batch and waits to mark it. Each aggregate's events stay in the order they
-    were written: duplicates come after their first copy, and no first copy comes ahead
-    of an earlier event's first copy.
-
-    On a loaded machine a relay may take longer than that to produce its first batch: a
-    round that marked nothing waits a quarter second longer (up to 5 s) before the next
-    kill (seen in CI: 35 kills, every one before the first produce, nothing published in
-    60 s)."""
+    """A relay is SIGKILLed and started again CHAOS_KILLS times; then one drains the outbox.
+    The table is locked now and then (SHARE: a relay takes and produces its batch, and its
+    mark waits), and each kill lands once the relay has marked 0-3 batches (of 25) and its
+    next mark waits on the lock: a batch produced and never marked, every time, whatever
+    the machine's speed (the kills once came 0.25-0.75 s after a look, and on a loaded
+    machine all 35 came before the first produce). Each aggregate's events stay in the
+    order they were written: duplicates come after their first copy, and no first copy
+    comes ahead of an earlier event's first copy."""
     rows = world.write(CHAOS_ROWS, aggregates=CHAOS_AGGREGATES)
     rng = random.Random(5)
-    kills, rounds, later = 0, 0, 0.0
+    kills, rounds = 0, 0
     stop = threading.Event()
     locker = threading.Thread(target=hold_the_lock_now_and_then, args=(world, rng, stop))
     locker.start()
     started = time.monotonic()
     try:
-        while world.unpublished() > 0 and time.monotonic() - started < CHAOS_FOR:
+        while kills < CHAOS_KILLS and (unpublished := world.unpublished()) > 0:
             before = set(world.backends("true"))
-            unpublished = world.unpublished()
-            relay = world.relay("--batch-size", "25", "--poll-interval", "100ms", name="chaos")
+            relay = world.relay(
+                "--batch-size", str(CHAOS_BATCH), "--poll-interval", "100ms", name="chaos"
+            )
             rounds += 1
+            floor = unpublished - CHAOS_BATCH * rng.randrange(4)
+
+            def due(relay: Proc = relay, before: set[int] = before, floor: int = floor) -> bool:
+                assert relay.popen.poll() is None, relay.describe()
+                left = world.unpublished()
+                if left == 0:
+                    return True  # drained before a mark had to wait
+                return left <= floor and bool(set(world.backends(MARK_WAITS)) - before)
+
             try:
-                wait_for_a_look(world, relay, before)
-                time.sleep(later + rng.uniform(0.25, 0.75))
-                if relay.popen.poll() is None:
-                    os.kill(relay.pid, signal.SIGKILL)
-                    kills += 1
+                wait_for("a relay's mark waiting on the lock", due, timeout=60)
+                os.kill(relay.pid, signal.SIGKILL)
+                kills += 1
                 relay.popen.wait(STOP_TIMEOUT)
             finally:
                 Spawner.kill(relay)
-            later = 0.0 if world.unpublished() < unpublished else min(later + 0.25, 5.0)
     finally:
         stop.set()
         locker.join(10)

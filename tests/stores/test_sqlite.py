@@ -7,6 +7,8 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from idemctl import Acquired, Completion, open_store
 
 PROCESSES = 8
@@ -23,6 +25,7 @@ def _first_use(url: str, barrier: Any, out: Any) -> None:
         out.put(f"{type(exc).__name__}: {exc}")
 
 
+@pytest.mark.slow  # a multi-process race, on the standard library's sqlite3 alone
 def test_processes_creating_one_database_at_once_all_work(tmp_path: Path) -> None:
     """Each round, 8 processes open a database that does not exist yet and claim the same
     5 keys at once: none fails (a file turning to WAL under it, a stale view of the schema),
