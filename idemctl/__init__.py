@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         ProcessingError,
         Refused,
         StaleEvent,
+        StaleFence,
         StoreError,
         StoreUnavailable,
     )
@@ -89,6 +90,7 @@ _EXPORTS: dict[str, str] = {
     "Refused": "idemctl.errors",
     "RunResult": "idemctl.runner",
     "StaleEvent": "idemctl.errors",
+    "StaleFence": "idemctl.errors",
     "Status": "idemctl.model",
     "Store": "idemctl.stores.base",
     "StoreError": "idemctl.errors",
@@ -135,6 +137,7 @@ __all__ = [
     "Refused",
     "RunResult",
     "StaleEvent",
+    "StaleFence",
     "Status",
     "Store",
     "StoreError",

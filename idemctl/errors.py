@@ -115,6 +115,19 @@ class LeaseLost(StoreError):
         self.record = record
 
 
+class StaleFence(LeaseLost):
+    """A fenced write was refused: the resource already accepted a newer fencing token of
+    the same key, so a later attempt took the key over and this one is a zombie. The runner
+    treats it as a lost key: not retried, not dead-lettered, logged (``idemctl.fence``)."""
+
+    def __init__(self, resource: str, key: str, token: int, last: int) -> None:
+        super().__init__(
+            f"fenced write to {resource} refused for key {key!r}: its token {token} is older "
+            f"than {last}, which the resource accepted from a later attempt"
+        )
+        self.resource, self.key, self.token, self.last = resource, key, token, last
+
+
 # Running work ---------------------------------------------------------------------------
 
 

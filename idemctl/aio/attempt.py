@@ -30,6 +30,7 @@ from idemctl.errors import (
     LeaseLost,
     NotProvisioned,
     Refused,
+    StaleFence,
     StoreError,
 )
 from idemctl.model import (
@@ -63,6 +64,7 @@ from idemctl.runner.outcome import (
     error_text,
     exhausted,
     exhausted_error,
+    fence_refused,
     last_attempt,
     not_acquired,
     result_lost,
@@ -285,6 +287,7 @@ async def _run_transactional(
     if not isinstance(store, AsyncTransactionalStore):
         raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
     failure: Exception | None = None
+    lost: StaleFence | None = None
     try:
         async with store.transaction(key, fingerprint, lease, order) as unit:
             if isinstance(unit.outcome, Stale):
@@ -299,6 +302,9 @@ async def _run_transactional(
             ctx = Context.held(a, store, logger, unit.connection, outbox, order)
             try:
                 value = stored_form(await call_handler(ctx, handler, timeout))
+            except StaleFence as stale:
+                lost = fence_refused(a, stale, logger)
+                raise Rollback from stale
             except Exception as exc:
                 failure = exc
                 raise Rollback from exc
@@ -312,6 +318,14 @@ async def _run_transactional(
                 fencing_token=a.fencing_token,
             )
     except Rollback:
+        if lost is not None:
+            return RunResult(
+                Outcome.LEASE_LOST,
+                key,
+                error=lost,
+                attempt=a.attempt,
+                fencing_token=a.fencing_token,
+            )
         assert failure is not None
     # The handler's transaction is gone with all it wrote; record the failure on its own,
     # so attempts are counted and a permanent failure is not run again.
@@ -375,6 +389,8 @@ async def invoke(
                 logger=logger,
             )
         ).value
+    except StaleFence as stale:  # a fenced write found a later attempt's token: not ours
+        return Invocation(lease_lost=fence_refused(acquired, stale, logger))
     except Exception as exc:
         error, retriable = exc, not isinstance(exc, (*NEVER_RETRIED, *permanent))
     else:

@@ -27,6 +27,7 @@ from idemctl.errors import (
     LeaseLost,
     NotProvisioned,
     Refused,
+    StaleFence,
     StoreError,
 )
 from idemctl.model import (
@@ -62,6 +63,7 @@ from idemctl.runner.outcome import (
     error_text,
     exhausted,
     exhausted_error,
+    fence_refused,
     last_attempt,
     not_acquired,
     result_lost,
@@ -274,6 +276,7 @@ def _run_transactional(
     if not isinstance(store, TransactionalStore):
         raise ConfigError(f"transactional mode needs a PostgreSQL store, not {store.url}")
     failure: Exception | None = None
+    lost: StaleFence | None = None
     try:
         with store.transaction(key, fingerprint, lease, order) as unit:
             if isinstance(unit.outcome, Stale):
@@ -288,6 +291,9 @@ def _run_transactional(
             ctx = Context.held(a, store, logger, unit.connection, outbox, order)
             try:
                 value = stored_form(call_handler(ctx, handler, timeout))
+            except StaleFence as stale:
+                lost = fence_refused(a, stale, logger)
+                raise Rollback from stale
             except Exception as exc:
                 failure = exc
                 raise Rollback from exc
@@ -301,6 +307,14 @@ def _run_transactional(
                 fencing_token=a.fencing_token,
             )
     except Rollback:
+        if lost is not None:
+            return RunResult(
+                Outcome.LEASE_LOST,
+                key,
+                error=lost,
+                attempt=a.attempt,
+                fencing_token=a.fencing_token,
+            )
         assert failure is not None
     retriable = not isinstance(failure, (*NEVER_RETRIED, InvalidPayload, *permanent))
     outcome = store.claim(key, fingerprint, lease)
@@ -360,6 +374,8 @@ def invoke(
             order=order,
             logger=logger,
         ).value
+    except StaleFence as stale:
+        return Invocation(lease_lost=fence_refused(acquired, stale, logger))
     except Exception as exc:
         error, retriable = (exc, not isinstance(exc, (*NEVER_RETRIED, *permanent)))
     else:

@@ -14,6 +14,7 @@ from idemctl.outbox.rows import NoOutbox
 
 if TYPE_CHECKING:
     from idemctl.aio.outbox import AsyncOutbox
+    from idemctl.fence import Fence
     from idemctl.model import Acquired, Order
     from idemctl.outbox.writer import Outbox
     from idemctl.stores.base import Store
@@ -75,6 +76,13 @@ class Context:
             outbox,
             order,
         )
+
+    @property
+    def fence(self) -> Fence:
+        """The key and fencing token, as the fenced writes of ``idemctl.fence`` take them."""
+        from idemctl.fence import Fence
+
+        return Fence(self.key, self.fencing_token)
 
     @property
     def sequence(self) -> int | None:

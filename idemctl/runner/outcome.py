@@ -7,7 +7,7 @@ import logging
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from idemctl.errors import AttemptsExhausted, LeaseLost, OutboxError, Permanent
+from idemctl.errors import AttemptsExhausted, LeaseLost, OutboxError, Permanent, StaleFence
 from idemctl.frozen import frozen
 from idemctl.model import (
     JSON,
@@ -183,3 +183,17 @@ def result_lost(a: Acquired, lost: LeaseLost, logger: logging.Logger) -> RunResu
         attempt=a.attempt,
         fencing_token=a.fencing_token,
     )
+
+
+def fence_refused(a: Acquired, stale: StaleFence, logger: logging.Logger) -> StaleFence:
+    """A fenced write of the attempt holding ``a`` was refused: a later attempt took the key
+    over. Logged; the attempt ends as LEASE_LOST (not retried, not failed, not dead-lettered:
+    the key is the later attempt's)."""
+    logger.warning(
+        "%s; attempt %d (token %d) ends here",
+        stale,
+        a.attempt,
+        a.fencing_token,
+        extra={"idemctl": {"key": a.key, "outcome": "fence_refused"}},
+    )
+    return stale
