@@ -1,7 +1,12 @@
 """The handler `idemctl demo` runs: charge a payment, once per idempotency key.
 
-The charge, the side effect, is a line appended to the ledger file named by
-IDEMCTL_DEMO_LEDGER (one write per line, so lines of concurrent workers never mix).
+The charge, the side effect, is a row of the ledger, a SQLite database named by
+IDEMCTL_DEMO_LEDGER_DB, written through the fence (`idemctl.fence.sql.fenced_insert`): a
+consumer killed between its charge and its completion leaves a row that the takeover's
+charge replaces (one row a payment), and a zombie's late charge, under an older token, is
+refused with StaleFence. Each try is also a line of the log named by IDEMCTL_DEMO_LEDGER
+(one write per line, so lines of concurrent workers never mix). With IDEMCTL_DEMO_UNFENCED
+set, the log's lines are the charges: what an unfenced effect does.
 
     idemctl consume --topic payments --group billing --handler payments:charge
 """
@@ -9,18 +14,44 @@ IDEMCTL_DEMO_LEDGER (one write per line, so lines of concurrent workers never mi
 from __future__ import annotations
 
 import os
+import sqlite3
+import threading
 from typing import Any
 
 from idemctl.consume import Event
+from idemctl.errors import StaleFence
+from idemctl.fence.sql import fenced_insert
 from idemctl.runner import Context
+
+_local = threading.local()
+
+
+def _log(line: str) -> None:
+    fd = os.open(os.environ["IDEMCTL_DEMO_LEDGER"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _ledger() -> sqlite3.Connection:
+    """This thread's connection to the ledger (autocommit: each charge commits alone)."""
+    db = getattr(_local, "db", None)
+    if db is None:
+        path = os.environ["IDEMCTL_DEMO_LEDGER_DB"]
+        db = _local.db = sqlite3.connect(path, timeout=30, isolation_level=None)
+    return db
 
 
 def charge(event: Event, ctx: Context) -> dict[str, Any]:
     payment = event.json()
-    line = f"{ctx.key} {payment['cents']} token={ctx.fencing_token}\n".encode()
-    fd = os.open(os.environ["IDEMCTL_DEMO_LEDGER"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    _log(f"{ctx.key} {payment['cents']} token={ctx.fencing_token}\n")
+    if os.environ.get("IDEMCTL_DEMO_UNFENCED"):
+        return {"charged": payment["cents"]}
+    row = {"payment": ctx.key, "cents": payment["cents"]}
     try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+        fenced_insert(_ledger(), "charges", row, ctx.fence, unique=("payment",))
+    except StaleFence:
+        _log(f"{ctx.key} refused token={ctx.fencing_token}\n")
+        raise  # this attempt lost its key: the runner logs it and lets it go
     return {"charged": payment["cents"]}

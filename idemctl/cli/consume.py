@@ -201,13 +201,22 @@ def demo(
     payments: Annotated[
         int, typer.Option("--payments", metavar="N", min=10, help="Payments to send")
     ] = 1000,
+    unfenced: Annotated[
+        bool,
+        typer.Option(
+            "--unfenced",
+            help="Charge without the fence (lines of a file), to see a kill repeat a charge",
+        ),
+    ] = False,
 ) -> None:
     """See effectively-once happen: duplicates, two consumers, one killed mid-run.
 
     Sends payments with 30% duplicates (some to other partitions), runs two `consume`
     processes with examples/payments.py, SIGKILLs one and restarts it, then shows how often
-    each payment was charged. Without --store it uses a fresh SQLite file; without
-    --brokers a local broker (pip install 'idemctl[demo]').
+    each payment was charged. The charges go to a ledger through the fence
+    (idemctl.fence), so a kill between a charge and its completion charges nothing twice;
+    --unfenced shows what it repeats otherwise. Without --store it uses a fresh SQLite
+    file; without --brokers a local broker (pip install 'idemctl[demo]').
     """
     current = settings(ctx)
     url, source = current.store_url()
@@ -217,11 +226,23 @@ def demo(
         brokers,
         payments,
         on_step=lambda step: err.print(f"[dim]-[/] {step}"),
+        fenced=not unfenced,
     )
     if current.json:
         emit_json(demo_document.document(report))
     else:
         current.out.print(render.demo_table(report))
+        if report.fenced and report.retaken:
+            err.print(
+                f"charged again by a takeover: {', '.join(report.retaken)}: the killed consumer "
+                "had charged them and died before recording it; the fenced ledger kept one "
+                "charge each, the takeover's"
+            )
+        if report.refused:
+            err.print(
+                f"{report.refused} late charge(s) of an attempt whose key was taken over, "
+                "refused by its fencing token"
+            )
         if report.twice:
             err.print(
                 f"charged twice: {', '.join(report.twice)}: the killed consumer had charged "

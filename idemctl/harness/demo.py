@@ -20,12 +20,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from idemctl.consume.options import repeats_per_kill
 from idemctl.drivers import require
 from idemctl.errors import ConfigError
+from idemctl.fence.sql import add_fence_columns
 from idemctl.harness.broker import brokers_or_local
 
 HANDLER = "payments:charge"
@@ -45,8 +47,20 @@ class DemoReport:
     """Deliveries produced: each payment once, plus duplicates."""
     kills: int
     charges: Counter[str] = field(default_factory=Counter)
-    """Payment key -> times charged (lines in the ledger)."""
+    """Payment key -> times charged: rows of the fenced ledger, lines of the unfenced one."""
     keys: list[str] = field(default_factory=list)
+    fenced: bool = True
+    tries: Counter[str] = field(default_factory=Counter)
+    """Payment key -> times its handler charged it (a takeover's charge replaces a dead
+    attempt's row in the fenced ledger; unfenced, each is a charge)."""
+    refused: int = 0
+    """Late charges of an attempt whose key was taken over, refused by its token."""
+
+    @property
+    def retaken(self) -> list[str]:
+        """Payments charged by an attempt that died before completing, then by its takeover:
+        charged twice unfenced, once (the takeover's row) fenced."""
+        return [k for k in self.keys if self.tries[k] > 1]
 
     @property
     def once(self) -> int:
@@ -62,9 +76,10 @@ class DemoReport:
 
     @property
     def ok(self) -> bool:
-        # A consumer killed between its charges and their completion may charge those keys
-        # again: at most repeats_per_kill() a kill. None may be lost.
-        return not self.never and len(self.twice) <= self.kills * repeats_per_kill()
+        # Unfenced, a consumer killed between its charges and their completion may charge
+        # those keys again: at most repeats_per_kill() a kill. Fenced, never. None is lost.
+        allowed = 0 if self.fenced else self.kills * repeats_per_kill()
+        return not self.never and len(self.twice) <= allowed
 
 
 def examples_dir() -> Path:
@@ -82,9 +97,12 @@ def run_demo(
     payments: int = 1000,
     duplicates: float = 0.3,
     on_step: Callable[[str], None] = lambda step: None,
+    *,
+    fenced: bool = True,
 ) -> DemoReport:
     """Run the demo on ``store`` (``""``: a fresh SQLite file) and ``brokers`` (None: a
-    local broker); ``on_step`` hears what happens, a line at a time."""
+    local broker); ``on_step`` hears what happens, a line at a time. ``fenced``: the
+    charges go to a ledger table through ``idemctl.fence`` (else lines of a file)."""
     require("confluent_kafka", "demo", "idemctl demo")
     run = uuid.uuid4().hex[:8]
     topic, group = f"idemctl-demo-{run}", f"idemctl-demo-{run}"
@@ -93,14 +111,39 @@ def run_demo(
             store = f"sqlite:///{tmp}/demo.db"
         ledger = Path(tmp) / "ledger.txt"
         ledger.touch()
+        book = Path(tmp) / "ledger.db"
+        _book(book)
         with brokers_or_local(brokers) as bootstrap:
             on_step(f"broker {bootstrap}, topic {topic}")
             keys = [f"demo-{run}-pay-{i}" for i in range(payments)]
             messages = _produce(bootstrap, topic, keys, duplicates)
             on_step(f"produced {messages} messages for {payments} payments")
-            kills = _consume(bootstrap, topic, group, store, ledger, set(keys), on_step)
-        charges = Counter(line.split()[0] for line in ledger.read_text().splitlines() if line)
-    return DemoReport(topic, payments, messages, kills, charges, keys)
+            env = {"IDEMCTL_DEMO_LEDGER": str(ledger), "IDEMCTL_DEMO_LEDGER_DB": str(book)}
+            if not fenced:
+                env["IDEMCTL_DEMO_UNFENCED"] = "1"
+            kills = _consume(bootstrap, topic, group, store, ledger, env, set(keys), on_step)
+        lines = [line.split() for line in ledger.read_text().splitlines() if line]
+        tries = Counter(line[0] for line in lines if line[1] != "refused")
+        refused = sum(1 for line in lines if line[1] == "refused")
+        charges = _charges(book) if fenced else tries
+    return DemoReport(topic, payments, messages, kills, charges, keys, fenced, tries, refused)
+
+
+def _book(path: Path) -> None:
+    """The fenced ledger: a row a payment, stamped with the key and token that wrote it."""
+    import sqlite3
+
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("PRAGMA journal_mode=WAL")  # the two consumers write it side by side
+        db.execute("CREATE TABLE charges (payment TEXT PRIMARY KEY, cents INTEGER)")
+        add_fence_columns(db, "charges")
+
+
+def _charges(path: Path) -> Counter[str]:
+    import sqlite3
+
+    with closing(sqlite3.connect(path)) as db:
+        return Counter(payment for (payment,) in db.execute("SELECT payment FROM charges"))
 
 
 def _produce(bootstrap: str, topic: str, keys: list[str], duplicates: float) -> int:
@@ -131,6 +174,7 @@ def _produce(bootstrap: str, topic: str, keys: list[str], duplicates: float) -> 
 
 
 def _charged(ledger: Path) -> set[str]:
+    """The payments some handler charged (the log of tries: enough to follow progress)."""
     return {line.split()[0] for line in ledger.read_text().splitlines() if line}
 
 
@@ -140,6 +184,7 @@ def _consume(
     group: str,
     store: str,
     ledger: Path,
+    ledger_env: dict[str, str],
     keys: set[str],
     on_step: Callable[[str], None],
 ) -> int:
@@ -150,7 +195,7 @@ def _consume(
     command += ["--kafka-config", "heartbeat.interval.ms=500"]
     env = {
         **os.environ,
-        "IDEMCTL_DEMO_LEDGER": str(ledger),
+        **ledger_env,
         "PYTHONPATH": os.pathsep.join([str(examples_dir()), *sys.path]),
     }
 

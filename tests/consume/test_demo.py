@@ -33,8 +33,10 @@ def demo(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 
 def check(report: dict[str, Any], payments: int) -> None:
     assert report["ok"] is True
+    assert report["fenced"] is True
     assert report["never_charged"] == []  # no payment lost
-    assert report["charged_once"] + len(report["charged_twice"]) == payments
+    assert report["charged_twice"] == []  # a killed consumer's late charge is refused
+    assert report["charged_once"] == payments
     assert report["messages"] == int(payments * 1.3)
     assert report["kills"] == 1
 
@@ -48,7 +50,7 @@ def test_demo_on_the_embedded_defaults(tmp_path: Path) -> None:
     row = next(ln for ln in human.stdout.splitlines() if ln.strip().startswith("│"))
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     assert cells[:3] == ["200", "260", "1"]
-    assert int(cells[3]) + int(cells[4]) == 200 and cells[5] == "0"
+    assert cells[3:6] == ["200", "0", "0"]  # once, twice (fenced), never
 
 
 def test_demo_on_a_given_broker_and_store(kafka_broker: KafkaBroker, redis_server: Any) -> None:
@@ -68,3 +70,17 @@ def test_demo_finds_the_payments_handler_outside_the_checkout(
 
     monkeypatch.chdir(tmp_path)  # no examples/ here: the checkout's
     assert examples_dir() == REPO / "examples"
+
+
+def test_the_demo_report_allows_repeats_only_unfenced() -> None:
+    from collections import Counter
+
+    from idemctl.harness.demo import DemoReport
+
+    keys = ["a", "b"]
+    twice = DemoReport("t", 2, 2, 1, Counter(a=2, b=1), keys, fenced=False)
+    assert twice.twice == ["a"] and twice.ok  # a kill may repeat a charge unfenced
+    fenced = DemoReport("t", 2, 2, 1, Counter(a=2, b=1), keys, fenced=True)
+    assert not fenced.ok  # fenced, one repeat fails the run
+    retaken = DemoReport("t", 2, 2, 1, Counter(a=1, b=1), keys, True, Counter(a=2, b=1), 1)
+    assert retaken.ok and retaken.retaken == ["a"] and retaken.refused == 1

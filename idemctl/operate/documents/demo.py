@@ -17,5 +17,8 @@ def document(report: DemoReport) -> dict[str, Any]:
         "charged_once": report.once,
         "charged_twice": report.twice,
         "never_charged": report.never,
+        "fenced": report.fenced,
+        "charged_again_by_a_takeover": report.retaken,
+        "late_charges_refused": report.refused,
         "ok": report.ok,
     }
