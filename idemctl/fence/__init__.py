@@ -23,7 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Fence"]
+from idemctl.errors import IdemctlError
+
+__all__ = ["Fence", "FenceConflict"]
+
+
+class FenceConflict(IdemctlError):
+    """A fenced insert found the row written under another key: two keys claim one row."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from idemctl.errors import IdemctlError, StaleFence
-from idemctl.fence import Fence
+from idemctl.errors import StaleFence
+from idemctl.fence import Fence, FenceConflict
 
 __all__ = [
     "KEY_COLUMN",
@@ -52,10 +52,6 @@ ALTER TABLE {table} ADD COLUMN idemctl_token INTEGER;
 """The fence columns as SQL, for a migration of your own (``MIGRATION.format(table=...)``)."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class FenceConflict(IdemctlError):
-    """A fenced insert found the row written under another key: two keys claim one row."""
 
 
 def _ident(name: str) -> str:
