@@ -1,17 +1,10 @@
-"""idemctl.fence.sql on real databases: SQLite files and the PostgreSQL server. The rules
-of a fenced write, then the acceptance: a holder SIGSTOPped past its lease, taken over,
-and resumed has its late write refused; the takeover's write lands once."""
+"""idemctl.fence.sql on real databases: SQLite files and the PostgreSQL server, the rules
+of a fenced write (the takeover of a stopped holder: test_takeover.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
-import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
@@ -21,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from idemctl import Acquired, open_store
 from idemctl.errors import StaleFence
 from idemctl.fence import Fence
 from idemctl.fence.sql import (
@@ -32,7 +24,6 @@ from idemctl.fence.sql import (
     fenced_insert,
     fenced_update,
 )
-from tests.backends import unique_schema
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,85 +133,3 @@ def test_the_asyncio_forms_on_postgres(postgres_server: Any) -> None:
                 await c.execute(f"DROP TABLE {table}")
 
     asyncio.run(main())
-
-
-# The holder: runs the key with a 1 s lease; its handler says when it is in, waits for the
-# go file (a stand-in for work that takes long), then charges through the fence.
-HOLDER = textwrap.dedent(
-    """
-    import logging, os, sqlite3, sys, time
-    from idemctl import open_store
-    from idemctl.fence.sql import fenced_insert
-    from idemctl.runner import run
-
-    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
-    store_url, kind, target, table, go = sys.argv[1:6]
-
-    def connect():
-        if kind == "sqlite":
-            return sqlite3.connect(target, isolation_level=None, timeout=30)
-        import psycopg
-        return psycopg.connect(target, autocommit=True)
-
-    def charge(ctx):
-        print("running", ctx.attempt, ctx.fencing_token, flush=True)
-        while not os.path.exists(go):
-            time.sleep(0.01)
-        with connect() as c:
-            row = {"payment": ctx.key, "cents": 100}
-            fenced_insert(c, table, row, ctx.fence, unique=["payment"])
-        return "charged"
-
-    with open_store(store_url) as store:
-        store.provision()
-        result = run(store, "pay-1", charge, lease=1)
-    print("outcome", result.outcome.value, flush=True)
-    """
-)
-
-
-def test_a_holder_stopped_past_its_lease_has_its_late_write_refused(
-    db: Db, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    if db.kind == "sqlite":
-        store_url = f"sqlite:///{tmp_path}/keys.db"
-    else:
-        store_url = request.getfixturevalue("postgres_server").url(schema=unique_schema())
-    go = tmp_path / "go"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, store_url, db.kind, db.target, db.table, str(go)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert holder.stdout is not None
-        word, attempt, held = holder.stdout.readline().split()
-        assert (word, attempt) == ("running", "1")
-        holder.send_signal(signal.SIGSTOP)  # its heartbeat stops with it
-        with open_store(store_url) as store:
-            deadline = time.monotonic() + 60
-            while not isinstance(taken := store.claim("pay-1", None, 30), Acquired):
-                assert time.monotonic() < deadline, f"never taken over: {taken}"
-                time.sleep(0.05)  # poll: the 1 s lease runs out by the store's clock
-            assert taken.takeover and taken.fencing_token > int(held)
-            token = taken.fencing_token
-            with closing(db.connect()) as c:
-                fenced_insert(
-                    c, db.table, {"payment": "pay-1", "cents": 100}, Fence("pay-1", token),
-                    unique=["payment"],
-                )  # fmt: skip
-            store.complete("pay-1", taken.owner, taken.fencing_token, "charged")
-            go.touch()
-            holder.send_signal(signal.SIGCONT)
-            out, err = holder.communicate(timeout=60)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
-    assert holder.returncode == 0, err
-    assert out.split() == ["outcome", "lease_lost"]  # ran once, not retried
-    assert f"refused for key 'pay-1': its token {held} is older than {token}" in err
-    assert db.rows() == [("pay-1", 100, "pay-1", token)]  # the takeover's charge, once
