@@ -38,7 +38,12 @@ def _ledger() -> sqlite3.Connection:
     """This thread's connection to the ledger (autocommit: each charge commits alone)."""
     db = getattr(_local, "db", None)
     if db is None:
-        path = os.environ["IDEMCTL_DEMO_LEDGER_DB"]
+        path = os.environ.get("IDEMCTL_DEMO_LEDGER_DB")
+        if not path:
+            raise RuntimeError(
+                "set IDEMCTL_DEMO_LEDGER_DB to the ledger database (idemctl demo makes one), "
+                "or IDEMCTL_DEMO_UNFENCED=1 to charge lines of IDEMCTL_DEMO_LEDGER"
+            )
         db = _local.db = sqlite3.connect(path, timeout=30, isolation_level=None)
     return db
 

@@ -53,6 +53,14 @@ def slow_payments(folder: Path, seconds: float) -> str:
     return "slow_payments:charge"
 
 
+def ledger_env(ledger: Path, folder: Path) -> dict[str, str]:
+    """The environment of examples/payments.py charging unfenced, a line of ``ledger`` a
+    charge: these runs count the repeats a kill may leave (the fenced ledger is the demo's)."""
+    path = os.pathsep.join([str(REPO), str(REPO / "examples"), str(folder)])
+    return {**os.environ, "IDEMCTL_DEMO_LEDGER": str(ledger), "IDEMCTL_DEMO_UNFENCED": "1",
+            "PYTHONPATH": path}  # fmt: skip
+
+
 def consumers_under_chaos(
     broker: KafkaBroker, url: str, topic: str, group: str, handler: str, *options: str,
     cwd: Path, env: dict[str, str], rng: random.Random, done: Callable[[], bool],
@@ -210,8 +218,7 @@ def test_killed_consumers_with_an_outside_effect_lose_nothing(
     kills = consumers_under_chaos(
         kafka_broker, url, topic, group, handler, "--batch-size", str(batch),
         "--lease", "3s", cwd=tmp_path, rng=rng, total=len(messages),
-        env={**os.environ, "IDEMCTL_DEMO_LEDGER": str(ledger),
-             "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples"), str(tmp_path)])},
+        env=ledger_env(ledger, tmp_path),
         done=lambda: set(charged()) == set(keys),
     )  # fmt: skip
     effects = charged()
@@ -255,8 +262,7 @@ def test_ten_kills_then_the_group_drains_to_the_end(
     kills = consumers_under_chaos(
         kafka_broker, url, topic, group, handler, "--batch-size", "20",
         "--lease", "3s", cwd=tmp_path, rng=random.Random(13), total=len(keys), kill_limit=10,
-        env={**os.environ, "IDEMCTL_DEMO_LEDGER": str(ledger),
-             "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples"), str(tmp_path)])},
+        env=ledger_env(ledger, tmp_path),
         done=lambda: charged() == set(keys)
         and sum(committed(kafka_broker, topic, group, PARTITIONS).values()) == len(keys),
     )  # fmt: skip

@@ -3,8 +3,9 @@ fence)`` lands it, ``landed(kind, target)`` reads back the writes there as (key,
 Imported by the test and by the holder process it stops (``python -m tests.fence.effects``).
 
 ``target`` is JSON: ``{"path": ...}`` (sqlite), ``{"dsn": ...}`` (postgres), ``{"port":
-...}`` (redis-*), ``{"endpoint": ...}`` (dynamodb), and ``"name"``, the table, key or
-stream of the test's own."""
+...}`` (redis-*), ``{"endpoint": ...}`` (dynamodb), ``{"url": ..., "path": ...}`` (http:
+the service of examples/fence/service.py, its ledger), and ``"name"``, the table, key
+or stream of the test's own (http: the service's table, ``charges``, made by the service)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from typing import Any
 
 from idemctl.fence import Fence
 
-KINDS = ("sqlite", "postgres", "redis-set", "redis-hset", "redis-xadd", "dynamodb")
+KINDS = ("sqlite", "postgres", "redis-set", "redis-hset", "redis-xadd", "dynamodb", "http")
 
 
 def _sql(kind: str, target: dict[str, Any]) -> Any:
-    if kind == "sqlite":
+    if kind in ("sqlite", "http"):
         return sqlite3.connect(target["path"], isolation_level=None, timeout=30)
     import psycopg
 
@@ -83,6 +84,15 @@ def write(kind: str, target: dict[str, Any], fence: Fence) -> None:
 
         item = {"payment": fence.key, "cents": 100}
         fenced_put_item(_dynamodb(target), item, fence, table=name)
+    elif kind == "http":
+        import httpx
+
+        from idemctl.fence.http import fence_headers, raise_if_stale
+
+        url = f"{target['url']}/charges/{fence.key}"
+        response = httpx.post(url, headers=fence_headers(fence), timeout=30)
+        raise_if_stale(response)  # the service refused the token: StaleFence
+        response.raise_for_status()
     else:
         raise ValueError(kind)
 
@@ -90,7 +100,7 @@ def write(kind: str, target: dict[str, Any], fence: Fence) -> None:
 def landed(kind: str, target: dict[str, Any]) -> list[tuple[str, int]]:
     """The charges there, each as the (key, token) that wrote it."""
     name = target["name"]
-    if kind in ("sqlite", "postgres"):
+    if kind in ("sqlite", "postgres", "http"):
         with closing(_sql(kind, target)) as c:
             rows = c.execute(f"SELECT idemctl_key, idemctl_token FROM {name}").fetchall()
             return [(k, int(t)) for k, t in rows]

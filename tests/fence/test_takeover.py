@@ -1,8 +1,9 @@
 """The acceptance of fenced effects, on each helper against its real server (SQLite files,
-PostgreSQL, redis-server, moto's DynamoDB server): a holder SIGSTOPped past its lease is
-taken over; the takeover charges through the fence and completes; the holder, resumed,
-charges too and is refused by its token, logged, and not retried; one charge is there,
-the takeover's."""
+PostgreSQL, redis-server, moto's DynamoDB server, and a service called over HTTP under
+uvicorn that fences its own ledger with the headers it is sent): a holder SIGSTOPped past
+its lease is taken over; the takeover charges through the fence and completes; the holder,
+resumed, charges too and is refused by its token, logged, and not retried; one charge is
+there, the takeover's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,14 @@ from idemctl import Acquired, open_store
 from idemctl.fence import Fence
 from tests.backends import unique_schema
 from tests.fence.effects import KINDS, landed, prepare, write
+from tests.http.servers import AppServer
 from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=KINDS)
-def effect(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+def effect(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     kind = request.param
     target: dict[str, Any] = {"name": f"charges_{uuid.uuid4().hex[:12]}"}
     if kind == "sqlite":
@@ -35,10 +38,18 @@ def effect(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[st
         target["dsn"] = request.getfixturevalue("postgres_server").dsn()
     elif kind.startswith("redis-"):
         target["port"] = request.getfixturevalue("redis_server").port
-    else:
+    elif kind == "dynamodb":
         target["endpoint"] = request.getfixturevalue("moto_server").endpoint_url
+    else:  # the service being called, under uvicorn, fencing its own ledger
+        target.update(name="charges", path=str(tmp_path / "service.db"))
     prepare(kind, target)
-    return kind, target
+    if kind != "http":
+        yield kind, target
+        return
+    app = "examples.fence.service:app"
+    with AppServer("uvicorn", "memory://", Path(target["path"]), tmp_path, app=app) as service:
+        target["url"] = service.base_url
+        yield kind, target
 
 
 def test_a_holder_stopped_past_its_lease_has_its_late_write_refused(

@@ -50,6 +50,8 @@ NEEDS: dict[str, set[str]] = {
     "idemctl.consume": {"kafka"},
     "idemctl.consume.traced": {"otel"},
     "idemctl.faststream": {"faststream"},
+    "idemctl.fence.dynamodb": {"dynamodb"},  # imported where the write is made
+    "idemctl.fence.redis": {"redis"},
     "idemctl.harness": {"kafka"},
     "idemctl.http.django": {"django"},
     "idemctl.http.fastapi": {"fastapi"},
