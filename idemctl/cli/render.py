@@ -325,6 +325,17 @@ def verify_table(report: VerifyReport) -> Table:
             f"{report.duplicate_effects} (the guarantee allows {report.duplicates_allowed})",
             bad if report.duplicate_effects > report.duplicates_allowed else "green",
         ),
+    ]
+    if report.fenced:
+        mismatched = len(report.fence_mismatches)
+        rows += [
+            ("fenced writes", f"{report.effects_replaced} replaced by a takeover's, "
+             f"{report.late_writes_refused} late one(s) refused by their token", ""),
+            ("fence", "every effect is its completing attempt's" if not mismatched
+             else f"{mismatched} effect(s) NOT their completing attempt's",
+             bad if mismatched else "green"),
+        ]  # fmt: skip
+    rows += [
         (
             "dead letters",
             f"{report.dead_letters} for {report.poison_planted} poison key(s)"

@@ -125,6 +125,14 @@ def verify(
             "effect allowed)",
         ),
     ] = False,
+    fenced: Annotated[
+        bool,
+        typer.Option(
+            "--fenced",
+            help="The effect goes through the fence (idemctl.fence) into a ledger of its own "
+            "(no duplicate effect allowed, a killed attempt's replaced, a late one refused)",
+        ),
+    ] = False,
     batch_size: Annotated[
         int,
         typer.Option(
@@ -331,6 +339,7 @@ def verify(
         store_pause=duration(store_pause, "--store-pause"),
         store_fault_cmd=store_fault_cmd,
         transactional=transactional,
+        fenced=fenced,
         batch_size=batch_size,
         lease=duration(lease, "--lease"),
         rate=rate,

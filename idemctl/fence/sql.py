@@ -17,6 +17,7 @@ as you do (with ``run(..., transactional=True)``, ``ctx.connection`` commits wit
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -75,31 +76,39 @@ def _mark(connection: Any) -> str:
     return "?" if isinstance(connection, (sqlite3.Connection, sqlite3.Cursor)) else "%s"
 
 
-def _update(
-    mark: str, table: str, values: Mapping[str, Any], where: Mapping[str, Any], fence: Fence
-) -> _Statement:
-    if not values or not where:
-        raise ValueError("fenced_update needs values to set and a where to select the rows")
+@functools.lru_cache(maxsize=256)
+def _update_sql(
+    mark: str, table: str, columns: tuple[str, ...], where: tuple[str, ...]
+) -> tuple[str, str]:
+    """The fenced UPDATE and its check, built once for a shape (the names checked here)."""
     t, k, tok = _ident(table), _ident(KEY_COLUMN), _ident(TOKEN_COLUMN)
-    sets = ", ".join(f"{_ident(c)} = {mark}" for c in values)
+    sets = ", ".join(f"{_ident(c)} = {mark}" for c in columns)
     match = " AND ".join(f"{_ident(c)} = {mark}" for c in where)
     # every name passed _ident, every value is a parameter
     sql = (
         f"UPDATE {t} SET {sets}, {k} = {mark}, {tok} = {mark} WHERE {match} "
         f"AND ({k} IS NULL OR {k} <> {mark} OR {tok} <= {mark})"
     )
+    return sql, f"SELECT {k}, {tok} FROM {t} WHERE {match} AND {k} = {mark} AND {tok} > {mark}"
+
+
+def _update(
+    mark: str, table: str, values: Mapping[str, Any], where: Mapping[str, Any], fence: Fence
+) -> _Statement:
+    if not values or not where:
+        raise ValueError("fenced_update needs values to set and a where to select the rows")
+    sql, check = _update_sql(mark, table, tuple(values), tuple(where))
     params = (*values.values(), fence.key, fence.token, *where.values(), fence.key, fence.token)
-    check = f"SELECT {k}, {tok} FROM {t} WHERE {match} AND {k} = {mark} AND {tok} > {mark}"
     return _Statement(sql, params, check, (*where.values(), fence.key, fence.token))
 
 
-def _insert(
-    mark: str, table: str, values: Mapping[str, Any], fence: Fence, unique: Sequence[str]
-) -> _Statement:
-    if not unique or any(c not in values for c in unique):
-        raise ValueError(f"fenced_insert: unique {tuple(unique)!r} must name columns of values")
+@functools.lru_cache(maxsize=256)
+def _insert_sql(
+    mark: str, table: str, given: tuple[str, ...], unique: tuple[str, ...]
+) -> tuple[str, str]:
+    """The fenced INSERT and its check, built once for a shape (the names checked here)."""
     t, k, tok = _ident(table), _ident(KEY_COLUMN), _ident(TOKEN_COLUMN)
-    columns = [*values, KEY_COLUMN, TOKEN_COLUMN]
+    columns = [*given, KEY_COLUMN, TOKEN_COLUMN]
     names = ", ".join(_ident(c) for c in columns)
     marks = ", ".join(mark for _ in columns)
     replace = ", ".join(f"{_ident(c)} = excluded.{_ident(c)}" for c in columns)
@@ -110,7 +119,15 @@ def _insert(
         f"{replace} WHERE {t}.{k} = excluded.{k} AND {t}.{tok} <= excluded.{tok}"
     )
     match = " AND ".join(f"{_ident(c)} = {mark}" for c in unique)
-    check = f"SELECT {k}, {tok} FROM {t} WHERE {match}"
+    return sql, f"SELECT {k}, {tok} FROM {t} WHERE {match}"
+
+
+def _insert(
+    mark: str, table: str, values: Mapping[str, Any], fence: Fence, unique: Sequence[str]
+) -> _Statement:
+    if not unique or any(c not in values for c in unique):
+        raise ValueError(f"fenced_insert: unique {tuple(unique)!r} must name columns of values")
+    sql, check = _insert_sql(mark, table, tuple(values), tuple(unique))
     return _Statement(
         sql, (*values.values(), fence.key, fence.token), check, tuple(values[c] for c in unique)
     )

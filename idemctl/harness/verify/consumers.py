@@ -6,12 +6,13 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,19 @@ from idemctl.processes import term_with_parent
 
 
 class _Ledger:
-    """The recording handler's ledger: a file read as it grows, or (transactional mode) the
-    PostgreSQL table, read on a store kept open for the run."""
+    """The recording handler's ledger: a file read as it grows, (transactional mode) the
+    PostgreSQL table, read on a store kept open for the run, or (fenced mode) a SQLite file
+    written through the fence (idemctl.harness.recorder)."""
 
-    def __init__(self, folder: Path, scratch: Scratch, transactional: bool) -> None:
+    def __init__(
+        self, folder: Path, scratch: Scratch, transactional: bool, fenced: bool = False
+    ) -> None:
         self.table = scratch.ledger_table if transactional else None
         self.path = folder / "ledger.txt"
         self.path.touch()
+        self.fenced = folder / "ledger.db" if fenced else None
+        if self.fenced is not None:
+            _fenced_ledger(self.fenced)
         self._store: Any = scratch.store() if self.table else None  # closed by __exit__
         self._read = 0
         self._effects: list[Effect] = []
@@ -43,7 +50,23 @@ class _Ledger:
 
     @property
     def env(self) -> str:
+        if self.fenced is not None:
+            return f"fenced:{self.fenced}"
         return f"table:{self.table}" if self.table else f"file:{self.path}"
+
+    def _fenced_rows(self, sql: str) -> list[tuple[Any, ...]]:
+        assert self.fenced is not None
+        with closing(sqlite3.connect(self.fenced, timeout=60)) as db:
+            return db.execute(sql).fetchall()
+
+    def fence_figures(self) -> tuple[int, int, dict[str, int]]:
+        """--fenced: the writes that landed, those refused, and each key's standing token."""
+        (writes,), (refused,) = (
+            self._fenced_rows(f"SELECT count(*) FROM {t}")[0]  # noqa: S608 - our tables
+            for t in ("writes", "refused")
+        )
+        tokens = self._fenced_rows("SELECT key, idemctl_token FROM effects")
+        return int(writes), int(refused), {k: int(t) for k, t in tokens}
 
     def _sql(self, sql: str) -> list[tuple[Any, ...]]:
         with self._store.connection() as conn:
@@ -51,6 +74,9 @@ class _Ledger:
 
     def effects(self) -> list[Effect]:
         """Every effect recorded, in the order written."""
+        if self.fenced is not None:
+            rows = self._fenced_rows("SELECT key, pid, sent, handled FROM effects ORDER BY handled")
+            return [Effect(k, int(p), float(s), float(h)) for k, p, s, h in rows]
         if self.table:
             rows = self._sql(f"SELECT key, pid, sent, handled FROM {self.table} ORDER BY n")  # noqa: S608 - our table
             return [Effect(k, int(p), float(s), float(h)) for k, p, s, h in rows]
@@ -65,9 +91,28 @@ class _Ledger:
         return self._effects
 
     def count(self) -> int:
+        if self.fenced is not None:
+            return int(self._fenced_rows("SELECT count(*) FROM effects")[0][0])
         if self.table:
             return int(self._sql(f"SELECT count(*) FROM {self.table}")[0][0])  # noqa: S608
         return len(self.effects())
+
+
+def _fenced_ledger(path: Path) -> None:
+    """The fenced ledger: a row a key (the effect, stamped by the fence), and a row for
+    each write that landed and each one refused."""
+    from idemctl.fence.sql import add_fence_columns
+
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("PRAGMA journal_mode=WAL")  # three consumers write it side by side
+        db.execute(
+            "CREATE TABLE effects (key TEXT PRIMARY KEY, pid INTEGER, sent REAL, handled REAL)"
+        )
+        add_fence_columns(db, "effects")
+        for table in ("writes", "refused"):
+            db.execute(
+                f"CREATE TABLE {table} (n INTEGER PRIMARY KEY, key TEXT, pid INT, token INT)"
+            )
 
 
 class _Consumers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -47,6 +48,10 @@ class Plan:
     store_pause: float = 0.0
     store_fault_cmd: str | None = None
     transactional: bool = False
+    fenced: bool = False
+    """The recording handler writes its effect through the fence (``idemctl.fence``) into a
+    ledger of its own: no duplicate effect allowed, and each key's standing effect must be
+    the one its completing attempt wrote."""
     batch_size: int = 1
     lease: float = 5.0
     rate: float = 0.0
@@ -67,6 +72,10 @@ class Plan:
         if self.transactional and not backends.for_url(self.store).transactional:
             kinds = " or ".join(f"{s}://" for s in backends.transactional())
             raise ConfigError(f"--transactional needs a {kinds} store")
+        if self.fenced and self.transactional:
+            raise ConfigError(
+                "--fenced and --transactional are two ways to keep effects once: choose one"
+            )
         if self.sabotage is not None and self.sabotage not in SABOTAGE:
             raise ConfigError(f"--sabotage must be one of {', '.join(SABOTAGE)}")
         if self.run_id is not None and not self.run_id.replace("-", "").isalnum():
@@ -139,6 +148,15 @@ class VerifyReport:
     throughput: float = 0.0
     kept: bool = False
     timed_out: bool = False
+    fenced: bool = False
+    effects_replaced: int = 0
+    """--fenced: effects a takeover's write replaced (a killed attempt's, left before its
+    completion)."""
+    late_writes_refused: int = 0
+    """--fenced: writes refused by the fence (a zombie's, under an older token)."""
+    fence_mismatches: list[str] = field(default_factory=list)
+    """--fenced: keys whose standing effect carries another token than the attempt that
+    completed the key (a stale write that landed: the fence failed)."""
 
     @property
     def problems(self) -> list[str]:
@@ -151,6 +169,11 @@ class VerifyReport:
             found.append(
                 f"{self.duplicate_effects} duplicate effect(s), the guarantee allows "
                 f"{self.duplicates_allowed}"
+            )
+        if self.fence_mismatches:
+            found.append(
+                f"{len(self.fence_mismatches)} key(s) whose effect is not their completing "
+                "attempt's (a stale write landed)"
             )
         if self.poison_missing:
             found.append(f"{len(self.poison_missing)} poison key(s) not dead-lettered")
@@ -168,6 +191,7 @@ class VerifyReport:
         document["lost_keys"] = self.lost[:100]
         document["poison_missing"] = self.poison_missing[:100]
         document["dead_letters_unexpected"] = self.dead_letters_unexpected[:100]
+        document["fence_mismatches"] = self.fence_mismatches[:100]
         document["problems"] = self.problems
         document["ok"] = self.ok
         return document
@@ -177,6 +201,11 @@ def guarantee_of(plan: Plan) -> tuple[str, str]:
     """The mode under test and what it promises."""
     if plan.transactional:
         return "transactional", "effect and completion commit together: no duplicate effect"
+    if plan.fenced:
+        return "fenced effects", (
+            "each effect written through the fence: a takeover's replaces what a killed "
+            "attempt left, a late one is refused by its token: no duplicate effect"
+        )
     return "at-least-once effects", (
         f"an effect repeats only when a SIGKILL lands between it and its key's completion: "
         f"at most {repeats_per_kill()} a kill (the handler running and 2 x --complete-batch "
@@ -219,12 +248,19 @@ def judge(
                 by_fault += 1
             else:
                 unexplained += 1
-    if plan.transactional:
+    if plan.transactional or plan.fenced:
         return Duplicates(duplicates, 0, duplicates, len(cut_off))
     most = repeats_per_kill() if most is None else most
     over = sum(max(0, n - most) for n in cut_off.values())
     allowed = sum(min(n, most) for n in cut_off.values()) + by_fault
     return Duplicates(duplicates, allowed, unexplained + over, len(cut_off))
+
+
+def fence_mismatches(tokens: dict[str, int], completed: Callable[[str], int | None]) -> list[str]:
+    """--fenced: the keys whose standing effect carries another token (``tokens``: key ->
+    the token its effect was written under) than the attempt that completed the key
+    (``completed``: key -> its record's token, None if it never completed)."""
+    return sorted(k for k, token in tokens.items() if completed(k) != token)
 
 
 def percentile(values: list[float], p: float) -> float | None:

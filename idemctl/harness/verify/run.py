@@ -25,10 +25,12 @@ from idemctl.harness.verify.plan import (
     VerifyReport,
     _Chaos,
     _Messages,
+    fence_mismatches,
     guarantee_of,
     judge,
     percentile,
 )
+from idemctl.model import Status
 
 
 def run_verify(
@@ -93,7 +95,7 @@ class _Run:
                 self.scratch.provision(self.plan.transactional)
                 self.on_step(f"scratch store {self.scratch.shown}")
                 ledger = stack.enter_context(
-                    _Ledger(self.folder, self.scratch, self.plan.transactional)
+                    _Ledger(self.folder, self.scratch, self.plan.transactional, self.plan.fenced)
                 )
                 consumers = _Consumers(self.plan, self.scratch, self.topic, ledger, self.folder)
                 stack.callback(consumers.kill_all)
@@ -105,6 +107,8 @@ class _Run:
                 self.on_step(f"consumers stopped after {self.report.seconds:.1f}s")
                 self.phase("check")
                 self._judge(ledger.effects(), consumers)
+                if self.plan.fenced:
+                    self._judge_fence(ledger)
             return self.report
         finally:
             self.stop_producing.set()
@@ -208,6 +212,23 @@ class _Run:
         report.dead_letters = len(dead)
         report.poison_missing = sorted(messages.poison - set(dead))
         report.dead_letters_unexpected = sorted(set(dead) - messages.poison)
+
+    def _judge_fence(self, ledger: _Ledger) -> None:
+        """--fenced: each key's standing effect must carry the token of the attempt that
+        completed the key; a stale write that landed would carry an older one."""
+        writes, refused, tokens = ledger.fence_figures()
+        report = self.report
+        report.fenced = True
+        report.late_writes_refused = refused
+        report.effects_replaced = writes - len(tokens)
+        with self.scratch.store() as store:
+
+            def completed(key: str) -> int | None:
+                record = store.get(key)
+                done = record is not None and record.status is Status.COMPLETED
+                return record.fencing_token if done and record is not None else None
+
+            report.fence_mismatches = fence_mismatches(tokens, completed)
 
     def _clean(self) -> None:
         if self.plan.keep:
