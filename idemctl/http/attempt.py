@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeAlias, cast
 
-from idemctl.errors import ConfigError, LeaseLost, StoreError
+from idemctl.errors import ConfigError, LeaseLost, StaleFence, StoreError
 from idemctl.http.policy import (
     Attempt,
     Guarded,
@@ -36,9 +36,9 @@ from idemctl.http.policy import (
     Unavailable,
     stored_form,
 )
-from idemctl.model import Acquired, Busy, ClaimOutcome
+from idemctl.model import Acquired, Busy, ClaimOutcome, Completed, Status
 from idemctl.runner.attempt import DEFINITE, complete_while_held, forget, give_back, held, waited
-from idemctl.runner.outcome import Rollback
+from idemctl.runner.outcome import Rollback, fence_refused
 from idemctl.stores.base import Store, TransactionalStore
 
 log = logging.getLogger("idemctl.http")
@@ -95,6 +95,9 @@ def _once(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
             hold_if_interrupted=True,
             logger=log,
         )
+    except StaleFence as stale:
+        fence_refused(a, stale, log)
+        return _taken_over(store, guarded.stored_key)
     except Exception:
         give_back(store, a, None, log)
         raise
@@ -116,6 +119,15 @@ def _once(store: Store, options: Options, guarded: Guarded, app: App) -> Answer:
     if failed is not None:
         return Unavailable(str(failed), ran=True)
     return Ran(sent, stored=True)
+
+
+def _taken_over(store: Store, stored_key: str) -> Answer:
+    """The answer of an attempt whose key a later one took over: the taker's stored
+    response once it completed, else busy (409: the client's retry gets the taker's)."""
+    record = store.get(stored_key)
+    if record is not None and record.status is Status.COMPLETED:
+        return Completed(record)
+    return Busy(record)
 
 
 def _attempt(guarded: Guarded, a: Acquired, connection: Any = None) -> Attempt:

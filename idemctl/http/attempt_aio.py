@@ -33,7 +33,7 @@ from idemctl.aio.attempt import (
     held,
     waited,
 )
-from idemctl.errors import ConfigError, LeaseLost, StoreError
+from idemctl.errors import ConfigError, LeaseLost, StaleFence, StoreError
 from idemctl.http.policy import (
     Attempt,
     Guarded,
@@ -44,8 +44,8 @@ from idemctl.http.policy import (
     Unavailable,
     stored_form,
 )
-from idemctl.model import Acquired, Busy, ClaimOutcome
-from idemctl.runner.outcome import Rollback
+from idemctl.model import Acquired, Busy, ClaimOutcome, Completed, Status
+from idemctl.runner.outcome import Rollback, fence_refused
 from idemctl.stores.base_async import AsyncStore, AsyncTransactionalStore
 
 log = logging.getLogger("idemctl.http")
@@ -105,6 +105,9 @@ async def _once(store: AsyncStore, options: Options, guarded: Guarded, app: App)
             hold_if_interrupted=True,
             logger=log,
         )
+    except StaleFence as stale:  # the app's fenced write met a later attempt's token
+        fence_refused(a, stale, log)
+        return await _taken_over(store, guarded.stored_key)
     except Exception:
         if is_async():
             await asyncio.shield(give_back(store, a, None, log))
@@ -129,6 +132,15 @@ async def _once(store: AsyncStore, options: Options, guarded: Guarded, app: App)
     if failed is not None:
         return Unavailable(str(failed), ran=True)
     return Ran(sent, stored=True)
+
+
+async def _taken_over(store: AsyncStore, stored_key: str) -> Answer:
+    """The answer of an attempt whose key a later one took over: the taker's stored
+    response once it completed, else busy (409: the client's retry gets the taker's)."""
+    record = await store.get(stored_key)
+    if record is not None and record.status is Status.COMPLETED:
+        return Completed(record)
+    return Busy(record)
 
 
 def _attempt(guarded: Guarded, a: Acquired, connection: Any = None) -> Attempt:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from fnmatch import fnmatchcase
 from http import HTTPStatus
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 from idemctl.errors import ConfigError
@@ -45,6 +45,9 @@ from idemctl.model import (
 )
 from idemctl.stores.limits import checked
 from idemctl.stores.waiting import MAX_WAIT
+
+if TYPE_CHECKING:
+    from idemctl.fence import Fence
 
 __all__ = [
     "FORMAT",
@@ -506,3 +509,13 @@ class Attempt:
     connection: Any = None
     """With ``transactional=True`` (PostgreSQL): the transaction's connection. The app's
     SQL on it commits with the stored response, or not at all."""
+
+    @property
+    def fence(self) -> Fence:
+        """The stored key and the fencing token, as the fenced writes of ``idemctl.fence``
+        take them. An app whose fenced write raises ``StaleFence`` lost its key to a later
+        attempt: the client is answered as that attempt's retry would be (its response, or
+        409 while it runs)."""
+        from idemctl.fence import Fence
+
+        return Fence(self.stored_key, self.fencing_token)

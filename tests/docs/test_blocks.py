@@ -186,7 +186,8 @@ def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)  # the default store, sqlite:///./idemctl.db, lands here
     for name in [k for k in os.environ if k.startswith("IDEMCTL_")]:
         monkeypatch.delenv(name)
-    exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
+    # dont_inherit: as a user's script runs, not under this file's __future__ imports
+    exec(compile(block.text, block.where, "exec", dont_inherit=True), {"__name__": "__docs__"})
 
 
 # -- data, diagrams, queries ---------------------------------------------------------------

@@ -21,7 +21,7 @@ def run_block(test: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dic
     (block,) = [b for b in blocks(GUIDE) if b.options.get("tested-by", "").endswith(f"::{test}")]
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__docs__"}
-    exec(compile(block.text, block.where, "exec"), namespace)
+    exec(compile(block.text, block.where, "exec", dont_inherit=True), namespace)
     return namespace
 
 

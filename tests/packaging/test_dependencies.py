@@ -52,6 +52,8 @@ NEEDS: dict[str, set[str]] = {
     "idemctl.faststream": {"faststream"},
     "idemctl.fence.dynamodb": {"dynamodb"},  # imported where the write is made
     "idemctl.fence.redis": {"redis"},
+    "idemctl.fence.sqlalchemy": {"sqlalchemy"},
+    "idemctl.fence.alembic": {"sqlalchemy"},
     "idemctl.harness": {"kafka"},
     "idemctl.http.django": {"django"},
     "idemctl.http.fastapi": {"fastapi"},
@@ -80,6 +82,7 @@ INSTALLS = [
     "console",
     "django",
     "fastapi",
+    "sqlalchemy",
 ]
 """The installs the slow test makes a venv of: the base alone, then each extra whose
 packages idemctl imports (demo adds a broker binary; all, bench, test and dev add no import
