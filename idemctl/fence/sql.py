@@ -133,7 +133,7 @@ def _insert(
     )
 
 
-def _refusal(table: str, fence: Fence, row: Sequence[Any] | None) -> Exception | None:
+def refusal(table: str, fence: Fence, row: Sequence[Any] | None) -> Exception | None:
     """Why a write that changed no row was refused (None: no row was there)."""
     if row is None:
         return None
@@ -159,7 +159,7 @@ def fenced_update(
     changed = connection.execute(s.sql, s.params).rowcount
     if changed:
         return int(changed)
-    refused = _refusal(table, fence, connection.execute(s.check, s.check_params).fetchone())
+    refused = refusal(table, fence, connection.execute(s.check, s.check_params).fetchone())
     if refused is not None:
         raise refused
     return 0
@@ -179,7 +179,7 @@ def fenced_insert(
     s = _insert(_mark(connection), table, values, fence, unique)
     if connection.execute(s.sql, s.params).rowcount:
         return
-    refused = _refusal(table, fence, connection.execute(s.check, s.check_params).fetchone())
+    refused = refusal(table, fence, connection.execute(s.check, s.check_params).fetchone())
     raise refused or AssertionError(f"fenced insert into {table} wrote nothing")
 
 
@@ -196,7 +196,7 @@ async def afenced_update(
     if changed:
         return int(changed)
     row = await (await connection.execute(s.check, s.check_params)).fetchone()
-    refused = _refusal(table, fence, row)
+    refused = refusal(table, fence, row)
     if refused is not None:
         raise refused
     return 0
@@ -215,7 +215,7 @@ async def afenced_insert(
     if (await connection.execute(s.sql, s.params)).rowcount:
         return
     row = await (await connection.execute(s.check, s.check_params)).fetchone()
-    raise _refusal(table, fence, row) or AssertionError(f"fenced insert into {table} wrote nothing")
+    raise refusal(table, fence, row) or AssertionError(f"fenced insert into {table} wrote nothing")
 
 
 def add_fence_columns(connection: Any, table: str) -> None:

@@ -30,9 +30,8 @@ from typing import Any
 from sqlalchemy import BigInteger, Column, Table, Text, and_, or_, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
-from idemctl.errors import StaleFence
-from idemctl.fence import Fence, FenceConflict
-from idemctl.fence.sql import KEY_COLUMN, TOKEN_COLUMN
+from idemctl.fence import Fence
+from idemctl.fence.sql import KEY_COLUMN, TOKEN_COLUMN, refusal
 
 __all__ = [
     "FencedMixin",
@@ -109,17 +108,6 @@ def _insert(
     return statement, check
 
 
-def _refusal(table: Table, fence: Fence, row: Sequence[Any] | None) -> Exception | None:
-    if row is None:
-        return None
-    if row[0] != fence.key:
-        return FenceConflict(
-            f"fenced write to {table.name} refused for key {fence.key!r}: the row was written "
-            f"under key {row[0]!r}"
-        )
-    return StaleFence(table.name, fence.key, fence.token, int(row[1]))
-
-
 def fenced_update(
     executor: Any, target: Any, values: Mapping[str, Any], where: Mapping[str, Any], fence: Fence
 ) -> int:
@@ -130,7 +118,7 @@ def fenced_update(
     changed = executor.execute(statement).rowcount
     if changed:
         return int(changed)
-    refused = _refusal(table, fence, executor.execute(check).first())
+    refused = refusal(table.name, fence, executor.execute(check).first())
     if refused is not None:
         raise refused
     return 0
@@ -145,7 +133,7 @@ def fenced_insert(
     statement, check = _insert(table, _dialect(executor), values, fence, unique)
     if executor.execute(statement).first() is not None:
         return
-    refused = _refusal(table, fence, executor.execute(check).first())
+    refused = refusal(table.name, fence, executor.execute(check).first())
     raise refused or AssertionError(f"fenced insert into {table.name} wrote nothing")
 
 
@@ -158,7 +146,7 @@ async def afenced_update(
     changed = (await executor.execute(statement)).rowcount
     if changed:
         return int(changed)
-    refused = _refusal(table, fence, (await executor.execute(check)).first())
+    refused = refusal(table.name, fence, (await executor.execute(check)).first())
     if refused is not None:
         raise refused
     return 0
@@ -172,5 +160,5 @@ async def afenced_insert(
     statement, check = _insert(table, _dialect(executor), values, fence, unique)
     if (await executor.execute(statement)).first() is not None:
         return
-    refused = _refusal(table, fence, (await executor.execute(check)).first())
+    refused = refusal(table.name, fence, (await executor.execute(check)).first())
     raise refused or AssertionError(f"fenced insert into {table.name} wrote nothing")
