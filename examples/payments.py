@@ -8,6 +8,11 @@ refused with StaleFence. Each try is also a line of the log named by IDEMCTL_DEM
 (one write per line, so lines of concurrent workers never mix). With IDEMCTL_DEMO_UNFENCED
 set, the log's lines are the charges: what an unfenced effect does.
 
+IDEMCTL_DEMO_STALL_KEY and IDEMCTL_DEMO_STALL_DIR make the demo's zombie: the first attempt
+of that payment writes "<pid> <token>" to the folder's ``inside`` and waits for its ``go``
+before it charges (the demo SIGSTOPs it meanwhile, past its lease, and a takeover charges
+the payment), so its charge comes late, under an older token.
+
     idemctl consume --topic payments --group billing --handler payments:charge
 """
 
@@ -16,6 +21,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from idemctl.consume import Event
@@ -48,8 +55,21 @@ def _ledger() -> sqlite3.Connection:
     return db
 
 
+def _stall(ctx: Context) -> None:
+    """The demo's zombie: the first attempt of IDEMCTL_DEMO_STALL_KEY says it is in, then
+    waits to be let go (a takeover is never held up)."""
+    if ctx.takeover or ctx.key != os.environ.get("IDEMCTL_DEMO_STALL_KEY"):
+        return
+    folder = Path(os.environ["IDEMCTL_DEMO_STALL_DIR"])
+    (folder / "inside.tmp").write_text(f"{os.getpid()} {ctx.fencing_token}")
+    (folder / "inside.tmp").replace(folder / "inside")  # whole, or not there
+    while not (folder / "go").exists():
+        time.sleep(0.01)
+
+
 def charge(event: Event, ctx: Context) -> dict[str, Any]:
     payment = event.json()
+    _stall(ctx)
     _log(f"{ctx.key} {payment['cents']} token={ctx.fencing_token}\n")
     if os.environ.get("IDEMCTL_DEMO_UNFENCED"):
         return {"charged": payment["cents"]}

@@ -212,10 +212,12 @@ def demo(
     """See effectively-once happen: duplicates, two consumers, one killed mid-run.
 
     Sends payments with 30% duplicates (some to other partitions), runs two `consume`
-    processes with examples/payments.py, SIGKILLs one and restarts it, then shows how often
+    processes with examples/payments.py, SIGKILLs one and restarts it, SIGSTOPs the other
+    mid-charge past its lease until a takeover charged that payment, then shows how often
     each payment was charged. The charges go to a ledger through the fence
-    (idemctl.fence), so a kill between a charge and its completion charges nothing twice;
-    --unfenced shows what it repeats otherwise. Without --store it uses a fresh SQLite
+    (idemctl.fence): a takeover's charge replaces a killed one's, and the stopped
+    consumer's late charge is refused by its token; --unfenced shows what repeats
+    otherwise. Without --store it uses a fresh SQLite
     file; without --brokers a local broker (pip install 'idemctl[demo]').
     """
     current = settings(ctx)
@@ -240,18 +242,22 @@ def demo(
             )
         if report.refused:
             err.print(
-                f"{report.refused} late charge(s) of an attempt whose key was taken over, "
-                "refused by its fencing token"
+                f"{report.refused} late charge(s) of the stopped consumer, whose payment a "
+                "takeover had charged, refused by its fencing token"
             )
         if report.twice:
             err.print(
-                f"charged twice: {', '.join(report.twice)}: the killed consumer had charged "
-                "them and died before recording it; their leases ran out and they ran again"
+                f"charged twice: {', '.join(report.twice)}: a consumer charged them and was "
+                "killed, or stopped past its lease, before recording it; a takeover charged "
+                "them again (and the stopped one, resumed, charged late)"
             )
         if not report.ok:
             err.print("[bold red]FAILED:[/] a payment was lost, or charged twice too often")
         elif report.twice:
-            err.print("[green]ok:[/] no payment lost; a charge repeats only where a kill cut in")
+            err.print(
+                "[green]ok:[/] no payment lost; a charge repeats only where a kill or the stop "
+                "cut in"
+            )
         else:
             err.print("[green]ok:[/] every payment charged exactly once")
     if not report.ok:

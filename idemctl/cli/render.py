@@ -277,6 +277,7 @@ def demo_table(report: DemoReport) -> Table:
     table.add_column("payments", justify="right")
     table.add_column("messages delivered", justify="right")
     table.add_column("consumers killed", justify="right")
+    table.add_column("stopped", justify="right")
     table.add_column("charged once", justify="right", style="green")
     table.add_column("charged twice", justify="right")
     table.add_column("never charged", justify="right")
@@ -284,6 +285,7 @@ def demo_table(report: DemoReport) -> Table:
         str(report.payments),
         str(report.messages),
         str(report.kills),
+        str(report.stopped),
         str(report.once),
         str(len(report.twice)),
         str(len(report.never)),

@@ -1,5 +1,6 @@
 """``idemctl demo``: payments delivered with duplicates to two consumers, one of them
-killed and restarted, and a table that shows each payment was charged once.
+killed and restarted, the other stopped mid-charge past its lease and resumed after a
+takeover, and a table that shows each payment was charged once.
 
 On the embedded defaults it starts a local Kafka-protocol broker (``harness.broker``:
 ``pip install 'idemctl[demo]'``) and uses a fresh SQLite store; ``--brokers`` and
@@ -55,6 +56,9 @@ class DemoReport:
     attempt's row in the fenced ledger; unfenced, each is a charge)."""
     refused: int = 0
     """Late charges of an attempt whose key was taken over, refused by its token."""
+    stopped: int = 0
+    """Consumers SIGSTOPped mid-charge past their lease and resumed after a takeover (the
+    zombie): its late charge is refused fenced, a second charge unfenced."""
 
     @property
     def retaken(self) -> list[str]:
@@ -77,8 +81,9 @@ class DemoReport:
     @property
     def ok(self) -> bool:
         # Unfenced, a consumer killed between its charges and their completion may charge
-        # those keys again: at most repeats_per_kill() a kill. Fenced, never. None is lost.
-        allowed = 0 if self.fenced else self.kills * repeats_per_kill()
+        # those keys again: at most repeats_per_kill() a kill; and the stopped one charges
+        # again late. Fenced, never. None is lost.
+        allowed = 0 if self.fenced else (self.kills + self.stopped) * repeats_per_kill()
         return not self.never and len(self.twice) <= allowed
 
 
@@ -121,12 +126,21 @@ def run_demo(
             env = {"IDEMCTL_DEMO_LEDGER": str(ledger), "IDEMCTL_DEMO_LEDGER_DB": str(book)}
             if not fenced:
                 env["IDEMCTL_DEMO_UNFENCED"] = "1"
-            kills = _consume(bootstrap, topic, group, store, ledger, env, set(keys), on_step)
+            folder = Path(tmp) / "zombie"
+            folder.mkdir()
+            zombie = _Zombie(keys[len(keys) * 3 // 4], folder)  # charged after the kill
+            kills, stopped = _consume(
+                bootstrap, topic, group, store, ledger, env, set(keys), on_step, zombie
+            )
         lines = [line.split() for line in ledger.read_text().splitlines() if line]
-        tries = Counter(line[0] for line in lines if line[1] != "refused")
-        refused = sum(1 for line in lines if line[1] == "refused")
+        refusals = Counter(line[0] for line in lines if line[1] == "refused")
+        # a refused try logged its line too, then its refusal: what landed is the rest
+        tries = Counter(line[0] for line in lines if line[1] != "refused") - refusals
+        refused = refusals.total()
         charges = _charges(book) if fenced else tries
-    return DemoReport(topic, payments, messages, kills, charges, keys, fenced, tries, refused)
+    return DemoReport(
+        topic, payments, messages, kills, charges, keys, fenced, tries, refused, stopped
+    )
 
 
 def _book(path: Path) -> None:
@@ -178,6 +192,54 @@ def _charged(ledger: Path) -> set[str]:
     return {line.split()[0] for line in ledger.read_text().splitlines() if line}
 
 
+def _lines_of(ledger: Path, key: str) -> list[list[str]]:
+    return [line.split() for line in ledger.read_text().splitlines() if line.startswith(key + " ")]
+
+
+@dataclass
+class _Zombie:
+    """The consumer stopped mid-charge: its payment, the folder it signals in
+    (examples/payments.py), and where it stands."""
+
+    key: str
+    folder: Path
+    pid: int | None = None
+    token: str = ""
+    stopped: bool = False
+    resumed: bool = False
+
+    def step(
+        self, consumers: list[subprocess.Popen[bytes]], ledger: Path, on_step: Callable[[str], None]
+    ) -> None:
+        """One look: SIGSTOP the consumer that began the charge; once a takeover charged the
+        payment, let it go (SIGCONT) to charge late."""
+        inside = self.folder / "inside"
+        if self.pid is None and inside.exists():
+            pid, self.token = inside.read_text().split()
+            self.pid = int(pid)
+            if any(c.pid == self.pid and c.poll() is None for c in consumers):
+                os.kill(self.pid, signal.SIGSTOP)
+                self.stopped = True
+                on_step(f"stopped the consumer charging {self.key} (SIGSTOP) past its lease")
+            else:  # the one killed: no zombie this run
+                self._go()
+        if self.stopped and not self.resumed and _lines_of(ledger, self.key):
+            self._go()  # the taker charged it (the zombie writes its line after the stop)
+            os.kill(self.pid or 0, signal.SIGCONT)
+            on_step(f"a takeover charged {self.key}; resumed the stopped consumer")
+
+    def _go(self) -> None:
+        (self.folder / "go").touch()
+        self.resumed = True
+
+    def settled(self, ledger: Path) -> bool:
+        """Nothing of it pending: it never began, or its late charge came."""
+        if not self.stopped:
+            return self.pid is None or self.resumed
+        mine = f"token={self.token}"
+        return self.resumed and any(line[-1] == mine for line in _lines_of(ledger, self.key))
+
+
 def _consume(
     bootstrap: str,
     topic: str,
@@ -187,7 +249,11 @@ def _consume(
     ledger_env: dict[str, str],
     keys: set[str],
     on_step: Callable[[str], None],
-) -> int:
+    zombie: _Zombie,
+) -> tuple[int, int]:
+    """Two consumers; one SIGKILLed once a third is charged and started again; the one that
+    starts to charge ``zombie.key`` SIGSTOPped past its lease until a takeover charged
+    it, then let go. Returns (kills, consumers stopped)."""
     command = [sys.executable, "-m", "idemctl", "--store", store, "consume"]
     command += ["--brokers", bootstrap, "--topic", topic, "--group", group]
     command += ["--handler", HANDLER, "--batch-size", str(BATCH), "--lease", "5s"]
@@ -196,6 +262,8 @@ def _consume(
     env = {
         **os.environ,
         **ledger_env,
+        "IDEMCTL_DEMO_STALL_KEY": zombie.key,
+        "IDEMCTL_DEMO_STALL_DIR": str(zombie.folder),
         "PYTHONPATH": os.pathsep.join([str(examples_dir()), *sys.path]),
     }
 
@@ -207,22 +275,26 @@ def _consume(
     kills = 0
     try:
         on_step("two consumers started in one group")
-        deadline = time.monotonic() + 120
-        while len(_charged(ledger)) < len(keys) // 3:
-            if time.monotonic() > deadline or all(c.poll() is not None for c in consumers):
+        # Until every payment is charged and the zombie's charge came (or long past what
+        # the kill, the stop and their rebalances take: what is missing is reported).
+        started = time.monotonic()
+        while time.monotonic() < started + 180:
+            charged = _charged(ledger)
+            exited = all(c.poll() is not None for c in consumers)
+            if exited or (not charged and time.monotonic() > started + 120):
                 raise ConfigError("the consumers made no progress: is the broker reachable?")
+            if not kills and len(charged) >= len(keys) // 3:
+                consumers[0].send_signal(signal.SIGKILL)
+                consumers[0].wait()
+                kills += 1
+                on_step("killed one consumer mid-run (SIGKILL) and started it again")
+                consumers[0] = start()
+            zombie.step(consumers, ledger, on_step)
+            if charged == keys and zombie.settled(ledger):
+                break
             time.sleep(0.05)
-        consumers[0].send_signal(signal.SIGKILL)
-        consumers[0].wait()
-        kills += 1
-        on_step("killed one consumer mid-run (SIGKILL) and started it again")
-        consumers[0] = start()
-        # Until every payment is charged, or long past what a rebalance takes: a payment
-        # never charged by then is reported, not waited for forever.
-        deadline = time.monotonic() + 120
-        while _charged(ledger) != keys and time.monotonic() < deadline:
-            time.sleep(0.1)
         for c in consumers:
+            c.send_signal(signal.SIGCONT)  # none left stopped
             c.send_signal(signal.SIGTERM)  # drain, commit, exit 0
         for c in consumers:
             c.wait(60)
@@ -232,4 +304,4 @@ def _consume(
             if c.poll() is None:
                 c.kill()
                 c.wait()
-    return kills
+    return kills, int(zombie.stopped)

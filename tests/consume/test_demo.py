@@ -1,5 +1,7 @@
 """`idemctl demo` as a newcomer runs it: a real subprocess, its own local broker (or the
-one given), a consumer killed mid-run, and a verdict that every payment was charged."""
+one given), a consumer killed mid-run, the other stopped mid-charge past its lease, and a
+verdict that every payment was charged once: the stopped one's late charge refused by its
+token (fenced), or a second charge (--unfenced)."""
 
 from __future__ import annotations
 
@@ -35,10 +37,12 @@ def check(report: dict[str, Any], payments: int) -> None:
     assert report["ok"] is True
     assert report["fenced"] is True
     assert report["never_charged"] == []  # no payment lost
-    assert report["charged_twice"] == []  # a killed consumer's late charge is refused
+    assert report["charged_twice"] == []  # the stopped consumer's late charge is refused
     assert report["charged_once"] == payments
     assert report["messages"] == int(payments * 1.3)
     assert report["kills"] == 1
+    # the zombie (its payment three quarters in, charged after the kill) was stopped
+    assert report["stopped"] == 1 and report["late_charges_refused"] == 1
 
 
 def test_demo_on_the_embedded_defaults(tmp_path: Path) -> None:
@@ -50,7 +54,9 @@ def test_demo_on_the_embedded_defaults(tmp_path: Path) -> None:
     row = next(ln for ln in human.stdout.splitlines() if ln.strip().startswith("│"))
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     assert cells[:3] == ["200", "260", "1"]
-    assert cells[3:6] == ["200", "0", "0"]  # once, twice (fenced), never
+    assert cells[3:7] == ["1", "200", "0", "0"]  # stopped, once, twice (fenced), never
+    assert "(SIGSTOP) past its lease" in human.stderr  # then resumed after a takeover
+    assert "1 late charge(s) of the stopped consumer" in human.stderr  # and refused
 
 
 def test_demo_on_a_given_broker_and_store(kafka_broker: KafkaBroker, redis_server: Any) -> None:

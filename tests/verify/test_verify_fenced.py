@@ -21,7 +21,7 @@ def test_verify_fenced_with_kills_every_2s_finds_no_duplicate_effect(
     t = target(name, request, tmp_path)
     run = uuid.uuid4().hex[:8]
     rc, doc, err = verify(
-        kafka_broker, t.url, "--messages", "1000", "--kill-every", "2s", "--fenced",
+        kafka_broker, t.url, "--messages", "600", "--kill-every", "2s", "--fenced",
         "--run-id", run,
     )  # fmt: skip
     shown = {k: doc.get(k) for k in ("problems", "lost", "duplicate_effects", "kills",

@@ -14,6 +14,7 @@ def document(report: DemoReport) -> dict[str, Any]:
         "payments": report.payments,
         "messages": report.messages,
         "kills": report.kills,
+        "stopped": report.stopped,
         "charged_once": report.once,
         "charged_twice": report.twice,
         "never_charged": report.never,
