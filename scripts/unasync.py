@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 FILES = {
     "idemctl/aio/attempt.py": "idemctl/runner/attempt.py",
+    "idemctl/aio/holding.py": "idemctl/runner/holding.py",
     "idemctl/stores/postgres/unit_async.py": "idemctl/stores/postgres/unit.py",
     "idemctl/aio/outbox.py": "idemctl/outbox/writer.py",
     "idemctl/stores/postgres/steps_async.py": "idemctl/stores/postgres/steps.py",
@@ -63,6 +64,7 @@ MODULES = {
     "idemctl.aio": "idemctl.stores",
     "idemctl.aio.opening": "idemctl.stores",
     "idemctl.aio.attempt": "idemctl.runner.attempt",
+    "idemctl.aio.holding": "idemctl.runner.holding",
     "idemctl.aio.context": "idemctl.runner.context",
     "idemctl.aio.beat": "idemctl.runner.beat",
     "idemctl.stores.front_async": "idemctl.stores.front",

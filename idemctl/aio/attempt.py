@@ -10,42 +10,32 @@ This module is the original of ``idemctl.runner.attempt`` (scripts/unasync.py).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from idemctl._unasync import is_async
 from idemctl.aio.context import Handler, call_handler
-from idemctl.aio.heartbeat import Heartbeat
+from idemctl.aio.holding import held, let_go
 from idemctl.aio.outbox import AsyncOutbox
 from idemctl.errors import (
     ConfigError,
     IdemctlError,
     InvalidPayload,
-    KeyNotFound,
     LeaseLost,
-    NotProvisioned,
-    Refused,
     StaleFence,
-    StoreError,
 )
 from idemctl.model import (
     Acquired,
     Busy,
     GuardReply,
     Order,
-    Record,
     Stale,
-    Status,
     Verdict,
     validate_key,
 )
 from idemctl.runner.context import Context
-from idemctl.runner.limits import Abandoned
 from idemctl.runner.ordering import (
     busy,
     guard_of,
@@ -74,16 +64,10 @@ from idemctl.stores.base_async import AsyncTransactionalStore
 from idemctl.stores.waiting import MAX_WAIT, STATS
 
 if TYPE_CHECKING:
-    from idemctl.model import JSON
     from idemctl.stores.base_async import AsyncStore
 
 log = logging.getLogger("idemctl.runner")
 T = TypeVar("T")
-FIRST_BACKOFF = 0.05
-MAX_BACKOFF = 1.0
-"""Seconds between two tries at storing a result while the store does not answer."""
-DEFINITE = (LeaseLost, Refused, NotProvisioned, KeyNotFound)
-"""Store errors that are answers, not silence: asking again would get the same."""
 
 
 async def run(
@@ -433,156 +417,6 @@ async def record_failure(
     return Invocation(error=error, retriable=retriable, record=record)
 
 
-@dataclass(frozen=True)
-class Held(Generic[T]):
-    """What work run for a held key returned, and since when its lease is known to hold."""
-
-    value: T
-    kept_since: float
-    """``time.monotonic()`` when the last heartbeat the store answered in full began (0.0
-    when none did): the lease holds at least ``lease`` seconds from then."""
-
-
-async def held(
-    store: AsyncStore,
-    a: Acquired,
-    work: Callable[[], Awaitable[T]],
-    *,
-    lease: float,
-    heartbeat: bool = True,
-    order: Order | None = None,
-    hold_if_interrupted: bool = False,
-    logger: logging.Logger = log,
-) -> Held[T]:
-    """Run ``work`` for the key ``a`` holds, a heartbeat extending its lease every
-    ``lease/3`` seconds meanwhile (and, with ``order``, its entity's hold). An exception
-    propagates, the heartbeat stopped: what it means is the caller's policy (the runner
-    records a failure, the HTTP middleware gives the key back). An interrupt (Ctrl-C,
-    SystemExit, a cancelled task) frees the key for the next delivery at once, even if the
-    task is cancelled again meanwhile; ``hold_if_interrupted`` holds it until its lease ends
-    instead, for work that may still run when its caller is gone (a thread a cancelled
-    request started). A thread abandoned past its hard time limit touches nothing: its key
-    was settled for it."""
-    beat = (
-        Heartbeat(
-            store,
-            lease,
-            [a],
-            [] if order is None else [guard_of(a, order)],
-            name=f"idemctl-heartbeat-{a.key}",
-        )
-        if heartbeat
-        else None
-    )
-    try:
-        try:
-            value = await work()
-        finally:
-            if beat is not None:
-                await beat.stop()
-    except Exception:
-        raise
-    except BaseException as exc:
-        if isinstance(exc, Abandoned):
-            raise
-        if hold_if_interrupted:
-            logger.warning("%s: interrupted; its key is held until its lease ends", a.key)
-        elif is_async():
-            await asyncio.shield(give_back(store, a, order, logger))
-        else:
-            give_back(store, a, order, logger)
-        raise
-    return Held(value, 0.0 if beat is None else beat.kept_since)
-
-
-async def give_back(
-    store: AsyncStore, a: Acquired, order: Order | None, logger: logging.Logger
-) -> None:
-    """The key ``a`` holds (and its entity) freed for the next delivery at once. Taken over
-    already: nothing of ours to give back; a store that does not answer: the lease ends by
-    itself, and a retry takes the key over then."""
-    if order is not None:
-        await let_go(store, a, order, logger)
-    try:
-        await store.release(a.key, a.owner, a.fencing_token)
-    except LeaseLost:
-        pass
-    except StoreError as exc:
-        logger.warning(
-            "could not release %r (its lease will end): %s",
-            a.key,
-            exc,
-            extra={"idemctl": {"key": a.key}},
-        )
-
-
-async def forget(store: AsyncStore, a: Acquired, logger: logging.Logger = log) -> None:
-    """The key ``a`` holds given back and forgotten with its fingerprint, so different
-    work runs under the same key (a release keeps the fingerprint: it would mismatch).
-    Extended first, a fenced write: still ours, so nobody else's claim is forgotten, and
-    held, so nobody claims it between the two."""
-    try:
-        await store.extend(a.key, a.owner, a.fencing_token, 5.0)
-        await store.forget(a.key, force=True)
-    except (LeaseLost, Refused, KeyNotFound):
-        pass
-    except StoreError as exc:
-        logger.warning("%s: could not give the key back (its lease will end): %s", a.key, exc)
-
-
-async def complete_while_held(
-    store: AsyncStore,
-    a: Acquired,
-    value: JSON,
-    retention: float | None,
-    until: float,
-    logger: logging.Logger = log,
-) -> StoreError | None:
-    """Store ``value`` as ``a``'s result, asking again with back-off while the store does
-    not answer and ``a``'s lease holds (``until``, on the monotonic clock, less a margin
-    for the store's clock): None once stored, the store's last error once it may no longer
-    ask. LeaseLost when taken over (an earlier try that landed, whose answer was what got
-    lost, counts as stored)."""
-    margin = min(1.0, (until - time.monotonic()) / 10)
-    backoff = FIRST_BACKOFF
-    while True:
-        try:
-            await store.complete(a.key, a.owner, a.fencing_token, value, retention)
-            return None
-        except LeaseLost as lost:
-            if completed_by(lost.record, a):
-                return None
-            raise
-        except DEFINITE:
-            raise
-        except StoreError as exc:
-            left = until - margin - time.monotonic()
-            if left <= 0:
-                logger.error(
-                    "%s: the result could not be stored before the key's lease ends; a "
-                    "retry after that runs it again: %s",
-                    a.key,
-                    exc,
-                )
-                return exc
-            logger.warning("%s: storing the result, asked again: %s", a.key, exc)
-            if is_async():
-                await asyncio.sleep(min(backoff, left))
-            else:
-                time.sleep(min(backoff, left))
-            backoff = min(backoff * 2, MAX_BACKOFF)
-
-
-def completed_by(record: Record | None, a: Acquired) -> bool:
-    """Whether ``record`` was completed by the attempt ``a`` (the token is ``a``'s alone: a
-    takeover would have raised it)."""
-    return (
-        record is not None
-        and record.status is Status.COMPLETED
-        and record.fencing_token == a.fencing_token
-    )
-
-
 async def not_run(
     store: AsyncStore,
     held: Sequence[tuple[Acquired, GuardReply]],
@@ -599,11 +433,3 @@ async def not_run(
         except IdemctlError as exc:  # its lease runs out by itself
             logger.debug("release %s: %s", a.key, exc)
     return not_run_results(held, done, logger)
-
-
-async def let_go(store: AsyncStore, a: Acquired, order: Order, logger: logging.Logger) -> None:
-    """The handler will not finish: free the entity for its next event at once."""
-    try:
-        await store.settle_many([settle_of(a, order, applied=False)])
-    except IdemctlError as exc:  # its hold runs out by itself
-        logger.debug("let go of entity %s: %s", order.entity, exc)

@@ -37,7 +37,8 @@ from idemctl.http.policy import (
     stored_form,
 )
 from idemctl.model import Acquired, Busy, ClaimOutcome, Completed, Status
-from idemctl.runner.attempt import DEFINITE, complete_while_held, forget, give_back, held, waited
+from idemctl.runner.attempt import waited
+from idemctl.runner.holding import DEFINITE, complete_while_held, forget, give_back, held
 from idemctl.runner.outcome import Rollback, fence_refused
 from idemctl.stores.base import Store, TransactionalStore
 

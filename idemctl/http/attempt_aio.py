@@ -25,14 +25,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, cast
 
 from idemctl._unasync import is_async
-from idemctl.aio.attempt import (
-    DEFINITE,
-    complete_while_held,
-    forget,
-    give_back,
-    held,
-    waited,
-)
+from idemctl.aio.attempt import waited
+from idemctl.aio.holding import DEFINITE, complete_while_held, forget, give_back, held
 from idemctl.errors import ConfigError, LeaseLost, StaleFence, StoreError
 from idemctl.http.policy import (
     Attempt,

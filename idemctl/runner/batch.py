@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from idemctl.errors import ConfigError, IdemctlError, StoreUnavailable
 from idemctl.model import Acquired, ClaimRequest, Completion, Guard, Order, Settle, Verdict
-from idemctl.runner.attempt import invoke, let_go, not_run, record_failure, run
+from idemctl.runner.attempt import invoke, not_run, record_failure, run
 from idemctl.runner.context import Context
 from idemctl.runner.heartbeat import Heartbeat
+from idemctl.runner.holding import let_go
 from idemctl.runner.ordering import guard_of, settle_of
 from idemctl.runner.outcome import (
     Outcome,
