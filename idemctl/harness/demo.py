@@ -128,7 +128,8 @@ def run_demo(
                 env["IDEMCTL_DEMO_UNFENCED"] = "1"
             folder = Path(tmp) / "zombie"
             folder.mkdir()
-            zombie = _Zombie(keys[len(keys) * 3 // 4], folder)  # charged after the kill
+            # charged after the kill
+            zombie = _Zombie(keys[len(keys) * 3 // 4], folder, book if fenced else None)
             kills, stopped = _consume(
                 bootstrap, topic, group, store, ledger, env, set(keys), on_step, zombie
             )
@@ -203,6 +204,8 @@ class _Zombie:
 
     key: str
     folder: Path
+    book: Path | None
+    """The fenced ledger (None: unfenced, the log's lines are the charges)."""
     pid: int | None = None
     token: str = ""
     stopped: bool = False
@@ -223,10 +226,23 @@ class _Zombie:
                 on_step(f"stopped the consumer charging {self.key} (SIGSTOP) past its lease")
             else:  # the one killed: no zombie this run
                 self._go()
-        if self.stopped and not self.resumed and _lines_of(ledger, self.key):
-            self._go()  # the taker charged it (the zombie writes its line after the stop)
+        if self.stopped and not self.resumed and self._charged_by_taker(ledger):
+            self._go()
             os.kill(self.pid or 0, signal.SIGCONT)
             on_step(f"a takeover charged {self.key}; resumed the stopped consumer")
+
+    def _charged_by_taker(self, ledger: Path) -> bool:
+        """Whether the takeover's charge landed (the zombie, stopped before its own, wrote
+        nothing yet). Fenced, its row in the ledger: its line in the log comes before its
+        insert, and a zombie let go in between would insert first, its row then replaced by
+        the taker's, and nothing refused."""
+        if self.book is None:
+            return bool(_lines_of(ledger, self.key))
+        import sqlite3
+
+        with closing(sqlite3.connect(self.book, timeout=30)) as db:
+            found = db.execute("SELECT 1 FROM charges WHERE payment = ?", (self.key,))
+            return found.fetchone() is not None
 
     def _go(self) -> None:
         (self.folder / "go").touch()

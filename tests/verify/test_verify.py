@@ -62,6 +62,8 @@ class Target:
     options: list[str] = field(default_factory=list)
     neighbour: Neighbour | None = None
     messages: int = MESSAGES
+    timeout: float = 400
+    """Seconds the verify subprocess may run (verify's own --timeout is a minute less)."""
 
 
 def target(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Target:
@@ -70,11 +72,16 @@ def target(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     if name in ("redis", "redis-rebalance"):
         port = request.getfixturevalue("redis_server").port
         base = f"redis://127.0.0.1:{port}/0"
-        # paced, so that the run lasts past a join and a leave (5 s apart)
-        extra = ["--rebalance", "--rate", "300"] if name == "redis-rebalance" else []
+        theirs = Neighbour(f"{base}?prefix={unique_prefix()}")
+        if name == "redis":
+            return Target(f"{base}?prefix={unique_prefix()}", neighbour=theirs)
+        # Paced, so that the run lasts past two joins and leaves (5 s apart): 10 s of
+        # messages. A third of the others', so that a run the broker stalls and its one
+        # retry (below) both fit the test's bound.
         return Target(
-            f"{base}?prefix={unique_prefix()}", extra, Neighbour(f"{base}?prefix={unique_prefix()}")
-        )
+            f"{base}?prefix={unique_prefix()}", ["--rebalance", "--rate", "100"], theirs,
+            messages=1000, timeout=200,
+        )  # fmt: skip
     if name == "redis-cluster":
         port = request.getfixturevalue("redis_cluster").port
         return Target(f"redis+cluster://127.0.0.1:{port}?prefix={unique_prefix()}")
@@ -137,7 +144,7 @@ def test_verify_passes_with_kills_every_2s_and_leaves_nothing(
         run = uuid.uuid4().hex[:8]
         rc, doc, err = verify(
             kafka_broker, t.url, "--messages", str(t.messages), "--kill-every", "2s",
-            "--run-id", run, *t.options,
+            "--run-id", run, *t.options, timeout=t.timeout,
         )  # fmt: skip
         judged = {k: doc.get(k) for k in shown}
         if rc == 0 or not (tries_left and stalled(doc)):
