@@ -19,9 +19,6 @@ from tests.fixtures_kafka import kafka_broker
 from tests.fixtures_postgres import postgres_server
 from tests.fixtures_redis import redis_cluster, redis_server, redis_with_password
 
-# The long tests dealt out first, a share to each worker (tests/scheduling.py).
-from tests.scheduling import pytest_collection_modifyitems
-
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 # The tests' idemctl processes inherit this environment: their log lines take the default
@@ -35,7 +32,6 @@ __all__ = [
     "moto_server",
     "need",
     "postgres_server",
-    "pytest_collection_modifyitems",
     "pytest_runtest_protocol",
     "redis_cluster",
     "redis_server",
