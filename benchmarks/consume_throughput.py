@@ -6,7 +6,14 @@ and, as ceilings, idemctl's store alone (and on Redis its scripts alone) with no
 server's own time per message, and on Redis the server time per key of each store call.
 
     .venv/bin/python benchmarks/consume_throughput.py [--messages 20000] [--batch 500]
-        [--single-messages 2000] [--stores redis,sqlite,postgres,dynamodb] [--json]
+        [--single-messages 2000] [--rounds 3] [--stores redis,sqlite,postgres,dynamodb]
+        [--targets-only] [--json]
+
+Consume batched and the ceilings it is held to run ``--rounds`` times, one after the other
+(consume, its ceilings, consume, ...), each time on new keys: the machine's speed drifts by
+half within minutes on a shared host, so each target's figure is the median of the rounds'
+ratios, each ratio of two rates measured a minute apart at most, and the rates shown are
+the rounds' medians.
 
 It starts tansu, redis-server, a throwaway PostgreSQL cluster and a moto server on free
 loopback ports, as the stores chosen need them, and stops each by its PID. A store whose
@@ -20,6 +27,7 @@ import contextlib
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -300,6 +308,8 @@ class Row:
     batch: int
     rate: float
     server_us_per_msg: float | None = None
+    rates: list[float] | None = None
+    """Each round's rate, where the run was repeated (``rate`` is their median)."""
 
 
 def main() -> int:
@@ -308,7 +318,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=500, help="messages per poll batch")
     parser.add_argument("--single-messages", type=int, default=2000,
                         help="messages each one-at-a-time run consumes")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times consume batched and its ceilings run, alternated")  # fmt: skip
     parser.add_argument("--stores", default=",".join(STORES), help="a subset of these")
+    parser.add_argument("--targets-only", action="store_true",
+                        help="only the runs the targets are measured on")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="the rates as JSON after the table")
     args = parser.parse_args()
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
@@ -333,8 +347,10 @@ def main() -> int:
                 notes.append(f"{store} left out: {exc}")
                 continue
             single = min(args.single_messages, args.messages)
+            rows += _rounds(store, server, bootstrap, topic, tmp, args)
+            if args.targets_only:
+                continue
             runs: tuple[tuple[str, int, int, dict[str, Any]], ...] = (
-                ("batched", args.messages, args.batch, {}),
                 # As before the completer: one complete_many after all the batch's handlers.
                 ("batched, completed at the batch's end", args.messages, args.batch,
                  {"complete_batch": args.batch, "complete_wait": 3600.0}),
@@ -346,15 +362,39 @@ def main() -> int:
                 url = _store_url(store, server.base, tmp)
                 rate, us = idemctl_loop(bootstrap, topic, n, batch, url, server.meter, **more)
                 rows.append(Row(store, label, f"idemctl, {store}, {label}", n, batch, rate, us))
-            for run in CEILINGS.get(store, ()):
-                url = _store_url(store, server.base, tmp)
-                rate, us = ceiling(run, server, url, args.messages, args.batch)
-                rows.append(Row(store, run, f"ceiling: {NAMES[store]} {run}, no Kafka",
-                                args.messages, args.batch, rate, us))  # fmt: skip
             if store == "redis":
                 key_costs = redis_key_costs(server, args.messages, args.batch)
     _print(rows, key_costs, notes, args.json)
     return 0
+
+
+def _rounds(
+    store: str, server: Server, bootstrap: str, topic: str, tmp: str, args: Any
+) -> list[Row]:
+    """Consume batched and the ceilings of ``store``, alternated ``args.rounds`` times, each
+    on a store of its own: one row each, its rate the rounds' median."""
+    n, batch = args.messages, args.batch
+    runs = ("batched", *CEILINGS.get(store, ()))
+    measured: dict[str, list[tuple[float, float | None]]] = {run: [] for run in runs}
+    for _ in range(max(args.rounds, 1)):
+        for run in runs:
+            url = _store_url(store, server.base, tmp)
+            if run == "batched":
+                measured[run].append(idemctl_loop(bootstrap, topic, n, batch, url, server.meter))
+            else:
+                measured[run].append(ceiling(run, server, url, n, batch))
+    rows = []
+    for run, found in measured.items():
+        rates = [rate for rate, _ in found]
+        us = [u for _, u in found if u is not None]
+        contender = (
+            f"idemctl, {store}, batched"
+            if run == "batched"
+            else f"ceiling: {NAMES[store]} {run}, no Kafka"
+        )
+        rows.append(Row(store, run, contender, n, batch, statistics.median(rates),
+                        statistics.median(us) if us else None, rates))  # fmt: skip
+    return rows
 
 
 @contextlib.contextmanager
@@ -396,16 +436,18 @@ def _store_url(store: str, base: str, tmp: str) -> str:
 
 
 def _targets(rows: list[Row]) -> list[dict[str, Any]]:
-    """Consume batched over each ceiling of its store that ran, with its target if any."""
-    rates = {(row.store, row.run): row.rate for row in rows}
+    """Consume batched over each ceiling of its store that ran, with its target if any: the
+    median of the rounds' ratios (each round's consume over the same round's ceiling)."""
+    rates = {(row.store, row.run): row.rates or [row.rate] for row in rows}
     found = []
     for store, run, target in TARGETS:
         now, top = rates.get((store, "batched")), rates.get((store, run))
         if now and top:
-            value = now / top
+            each = [a / b for a, b in zip(now, top, strict=True)]
+            value = statistics.median(each)
             met = None if target is None else value >= target
             found.append({"store": store, "ratio": f"consume batched / {run}", "value": value,
-                          "target": target, "met": met})  # fmt: skip
+                          "rounds": each, "target": target, "met": met})  # fmt: skip
     return found
 
 
@@ -448,7 +490,12 @@ def _print(
     for t in targets:
         verdict = "met" if t["met"] else "NOT met"
         goal = "" if t["target"] is None else f" (target >= {t['target']:g}x: {verdict})"
-        console.print(f"{t['store']}: {t['ratio']}: {t['value']:.2f}x{goal}", markup=False)
+        each = ", ".join(f"{r:.2f}" for r in t["rounds"])
+        console.print(
+            f"{t['store']}: {t['ratio']}: {t['value']:.2f}x{goal}, the median of the rounds' "
+            f"{each}",
+            markup=False,
+        )
     if key_costs:
         costs = Table(title="Redis server time per key (INFO commandstats)")
         for column in ("operation", "keys", "keys/call", "server µs/key",

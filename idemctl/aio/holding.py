@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from idemctl._unasync import is_async
@@ -24,6 +23,7 @@ from idemctl.errors import (
     Refused,
     StoreError,
 )
+from idemctl.frozen import frozen
 from idemctl.model import Acquired, Order, Record, Status
 from idemctl.runner.limits import Abandoned
 from idemctl.runner.ordering import guard_of, settle_of
@@ -42,7 +42,7 @@ DEFINITE = (LeaseLost, Refused, NotProvisioned, KeyNotFound)
 """Store errors that are answers, not silence: asking again would get the same."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Held(Generic[T]):
     """What work run for a held key returned, and since when its lease is known to hold."""
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from idemctl.consume.acting import Acting
+from idemctl.consume.hooks import Hooks
 from idemctl.consume.item import LETTER, Item, Pause, Stop, about, chunks, fields
 from idemctl.consume.lanes import Lane, Round, Running
 from idemctl.consume.watch import log
@@ -28,7 +29,6 @@ from idemctl.runner.ordering import missing_predecessor
 
 if TYPE_CHECKING:
     from idemctl.consume.event import Handler
-    from idemctl.consume.hooks import Hooks
     from idemctl.consume.options import ConsumeOptions
     from idemctl.kafka.acts import Acts
     from idemctl.kafka.policy import Keying
@@ -59,6 +59,18 @@ class Rounds(Acting):
         self._gap_since: dict[tuple[str, int, int], float] = {}
         """--contiguous: when the partition was first paused at each message whose
         predecessor is missing."""
+
+    @property
+    def hooks(self) -> Hooks:
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: Hooks) -> None:
+        self._hooks = hooks
+        self._around = type(hooks).run is not Hooks.run
+        """A hook wraps the handler's run (tracing's span): else it is called bare."""
+        self._timed = type(hooks).handler_ran is not Hooks.handler_ran
+        """A hook is told each handler's seconds (metrics)."""
 
     def work(self, lane: Lane, rnd: Round) -> None:
         """Run ``rnd`` in passes of distinct keys and entities; a partition that stopped
@@ -230,7 +242,7 @@ class Rounds(Acting):
             if wait is not None:
                 return wait
         event = self._event(item)
-        hooks = self.hooks
+        hooks, timed = self.hooks, self._timed
         rnd.started.add(claimed.key)
 
         def call(ctx: Context) -> Any:
@@ -249,13 +261,17 @@ class Rounds(Acting):
                     ) from None
                 raise
             finally:
-                hooks.handler_ran(time.monotonic() - running.started)
+                if timed:
+                    hooks.handler_ran(time.monotonic() - running.started)
             if lane.returned(running):
                 self._late(batch, ctx, running, value, None)
                 raise Abandoned
             return value
 
-        ran = hooks.run(item, lambda: batch.run(claimed.key, call))
+        if self._around:
+            ran = hooks.run(item, lambda: batch.run(claimed.key, call))
+        else:
+            ran = batch.run(claimed.key, call)
         return None if ran.outcome is RAN else self.act(item, ran)  # RAN: completion on its way
 
     def _late(

@@ -489,12 +489,8 @@ class _Completer:
                 self._failure = exc
             return []
         self._completed([c.key for c, ok in zip(sending, done, strict=True) if ok])
-        return [
-            RunResult(
-                Outcome.EXECUTED if ok else Outcome.LEASE_LOST,
-                c.key,
-                c.result,
-                fencing_token=c.fencing_token,
-            )
+        executed, lost = Outcome.EXECUTED, Outcome.LEASE_LOST
+        return [  # positional: a named tuple's keywords cost a fifth more, a key each
+            RunResult(executed if ok else lost, c.key, c.result, None, None, None, c.fencing_token)
             for c, ok in zip(sending, done, strict=True)
         ]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from idemctl.errors import IdemctlError, KeyNotFound, LeaseLost, NotProvisioned, Refused, StoreError
+from idemctl.frozen import frozen
 from idemctl.model import Acquired, Order, Record, Status
 from idemctl.runner.heartbeat import Heartbeat
 from idemctl.runner.limits import Abandoned
@@ -33,7 +33,7 @@ DEFINITE = (LeaseLost, Refused, NotProvisioned, KeyNotFound)
 """Store errors that are answers, not silence: asking again would get the same."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Held(Generic[T]):
     """What work run for a held key returned, and since when its lease is known to hold."""
 
