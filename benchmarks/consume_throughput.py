@@ -347,7 +347,8 @@ def main() -> int:
                 notes.append(f"{store} left out: {exc}")
                 continue
             single = min(args.single_messages, args.messages)
-            rows += _rounds(store, server, bootstrap, topic, tmp, args)
+            rows += _rounds(store, server, bootstrap, topic, tmp, args.messages, args.batch,
+                            args.rounds)  # fmt: skip
             if args.targets_only:
                 continue
             runs: tuple[tuple[str, int, int, dict[str, Any]], ...] = (
@@ -369,14 +370,14 @@ def main() -> int:
 
 
 def _rounds(
-    store: str, server: Server, bootstrap: str, topic: str, tmp: str, args: Any
-) -> list[Row]:
-    """Consume batched and the ceilings of ``store``, alternated ``args.rounds`` times, each
-    on a store of its own: one row each, its rate the rounds' median."""
-    n, batch = args.messages, args.batch
+    store: str, server: Server, bootstrap: str, topic: str, tmp: str, n: int, batch: int,
+    rounds: int,
+) -> list[Row]:  # fmt: skip
+    """Consume batched and the ceilings of ``store``, alternated ``rounds`` times, each on a
+    store of its own: one row each, its rate the rounds' median."""
     runs = ("batched", *CEILINGS.get(store, ()))
     measured: dict[str, list[tuple[float, float | None]]] = {run: [] for run in runs}
-    for _ in range(max(args.rounds, 1)):
+    for _ in range(max(rounds, 1)):
         for run in runs:
             url = _store_url(store, server.base, tmp)
             if run == "batched":
