@@ -256,6 +256,13 @@ class _Zombie:
         return self.resumed and any(line[-1] == mine for line in _lines_of(ledger, self.key))
 
 
+def _victim(consumers: list[subprocess.Popen[bytes]], zombie: _Zombie) -> int:
+    """Which consumer the kill hits: not the zombie's, when its stop came first (its
+    payment's partition ran ahead), which must live to charge late (a SIGCONT to it killed
+    raised ProcessLookupError and ended the demo)."""
+    return next(i for i, c in enumerate(consumers) if c.pid != zombie.pid)
+
+
 def _consume(
     bootstrap: str,
     topic: str,
@@ -300,11 +307,12 @@ def _consume(
             if exited or (not charged and time.monotonic() > started + 120):
                 raise ConfigError("the consumers made no progress: is the broker reachable?")
             if not kills and len(charged) >= len(keys) // 3:
-                consumers[0].send_signal(signal.SIGKILL)
-                consumers[0].wait()
+                victim = _victim(consumers, zombie)
+                consumers[victim].send_signal(signal.SIGKILL)
+                consumers[victim].wait()
                 kills += 1
                 on_step("killed one consumer mid-run (SIGKILL) and started it again")
-                consumers[0] = start()
+                consumers[victim] = start()
             zombie.step(consumers, ledger, on_step)
             if charged == keys and zombie.settled(ledger):
                 break

@@ -90,3 +90,20 @@ def test_the_demo_report_allows_repeats_only_unfenced() -> None:
     assert not fenced.ok  # fenced, one repeat fails the run
     retaken = DemoReport("t", 2, 2, 1, Counter(a=1, b=1), keys, True, Counter(a=2, b=1), 1)
     assert retaken.ok and retaken.retaken == ["a"] and retaken.refused == 1
+
+
+def test_the_kill_spares_the_stopped_consumer(tmp_path: Path) -> None:
+    """The stop can come before the kill (the zombie's payment on a partition that ran
+    ahead): the kill then hits the other consumer, or the stopped one, killed, never
+    charges late and its SIGCONT raised ProcessLookupError (seen in a full run)."""
+    from types import SimpleNamespace
+
+    from idemctl.harness.demo import _victim, _Zombie
+
+    consumers: Any = [SimpleNamespace(pid=101), SimpleNamespace(pid=102)]
+    zombie = _Zombie("k", tmp_path, None)
+    assert _victim(consumers, zombie) == 0  # no stop yet: the first
+    zombie.pid, zombie.stopped = 101, True
+    assert _victim(consumers, zombie) == 1
+    zombie.pid = 102
+    assert _victim(consumers, zombie) == 0
