@@ -66,6 +66,7 @@ NEEDS: dict[str, set[str]] = {
     "idemctl.stores.dynamodb": {"dynamodb"},
     "idemctl.stores.postgres": {"postgres"},
     "idemctl.stores.redis": {"redis"},
+    "idemctl.tasks.celery": {"celery"},
     "idemctl.tracing": {"otel"},
 }
 """Module (or package) -> the extras whose packages it may import; the longest matching
@@ -83,6 +84,7 @@ INSTALLS = [
     "django",
     "fastapi",
     "sqlalchemy",
+    "celery",
 ]
 """The installs the slow test makes a venv of: the base alone, then each extra whose
 packages idemctl imports (demo adds a broker binary; all, bench, test and dev add no import

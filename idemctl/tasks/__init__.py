@@ -1,0 +1,21 @@
+"""Background tasks run effectively once: each queue's door, in its own idiom, on the
+runner's one engine (claim with a lease and a fencing token, a heartbeat while the task
+runs, the result stored and handed to every redelivery).
+
+- ``idemctl.tasks.celery``: ``IdempotentTask``, a Celery task base class, and ``guard``
+  for tasks whose base you keep.
+
+A task's key is its name and a fingerprint of its arguments, or a ``key`` template over
+them (``"charge:{order}"``); the arguments are fingerprinted either way, so a key reused
+with other arguments is refused (FingerprintMismatch) instead of replaying another call's
+result. Inside the task, ``idemctl.current_context()`` is the attempt: its
+``fencing_token`` for writes the fence checks (``idemctl.fence``).
+
+Importing this package loads no queue and no store driver.
+"""
+
+from __future__ import annotations
+
+from idemctl.tasks.guard import TaskGuard, TaskOptions
+
+__all__ = ["TaskGuard", "TaskOptions"]

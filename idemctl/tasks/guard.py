@@ -1,0 +1,124 @@
+"""What every queue's door shares: a task call's key and fingerprint, its store, and the
+run on the runner's engine, whose answer the door maps to its queue's own ways (a retry,
+a failure, the stored result)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from idemctl.errors import ConfigError
+from idemctl.model import fingerprint as fingerprint_of
+from idemctl.runner.attempt import run
+from idemctl.runner.calls import Calls
+from idemctl.runner.outcome import RunResult
+
+if TYPE_CHECKING:
+    from idemctl.stores.base import Store
+
+BUSY = ("wait", "requeue")
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How a task is guarded (each queue's door takes them as keyword arguments)."""
+
+    store: str | Store | None = None
+    """A store, or its URL (None: ``$IDEMCTL_STORE``, else the embedded SQLite default),
+    opened on the first call in each worker process."""
+    key: str | Callable[..., str] | None = None
+    """A template over the task's arguments (``"charge:{order}"``) or a function of them;
+    None: ``<task name>:<fingerprint of the arguments>``."""
+    lease: float | None = None
+    """Seconds a claim holds without a heartbeat (a killed worker's task runs again past
+    it); None: the store's default. The heartbeat extends it while the task runs."""
+    busy: str = "wait"
+    """A copy that finds its key held by a live attempt (a redelivery while the first copy
+    runs): ``wait`` for the holder's result (then return it, or run if the holder failed
+    or was killed), up to ``wait`` seconds, then re-queue; ``requeue`` at once, to run
+    again in ``countdown`` seconds."""
+    wait: float = 3600.0
+    countdown: float = 5.0
+    retention: float | None = None
+    """Seconds a completed key's result is kept (None: the store's default)."""
+    max_attempts: int | None = None
+    """Runs of the task's key before its failure is final, counted in the store across
+    workers and redeliveries (None: the queue's own retries decide)."""
+    permanent: tuple[type[BaseException], ...] = ()
+    """Exceptions that fail the key for good: a redelivery raises PreviouslyFailed."""
+
+    def __post_init__(self) -> None:
+        if self.busy not in BUSY:
+            raise ConfigError(f"busy={self.busy!r}: use one of {', '.join(BUSY)}")
+        if self.wait < 0 or self.countdown < 0:
+            raise ConfigError("wait and countdown are seconds, 0 or more")
+
+
+class TaskGuard:
+    """One task's guard: ``result(fn, args, kwargs)`` runs ``fn`` at most once to completion
+    for the call's key and answers the runner's RunResult (the door maps it)."""
+
+    def __init__(self, name: str, fn: Callable[..., Any], options: TaskOptions) -> None:
+        self.name, self.options = name, options
+        self._calls = Calls(fn, options.key or _unused, True, None, None)
+        self._store: Store | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str | None]:
+        """The call's key and the fingerprint of its arguments."""
+        fp: str | None
+        if self.options.key is None:
+            bound = self._calls.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            fp = fingerprint_of(bound.arguments)
+            return f"{self.name}:{fp}", fp
+        key, fp, _ = self._calls.of(args, kwargs)
+        return key, fp
+
+    def store(self) -> Store:
+        """The store, opened once per process (a forked worker child opens its own: a
+        connection is not shared across fork)."""
+        given = self.options.store
+        if given is not None and not isinstance(given, str):
+            return given
+        with self._lock:
+            if self._store is None or self._pid != os.getpid():
+                from idemctl.stores import DEFAULT_URL, open_store
+
+                self._store = open_store(given or os.environ.get("IDEMCTL_STORE") or DEFAULT_URL)
+                self._pid = os.getpid()
+            return self._store
+
+    def result(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> RunResult:
+        """Run ``fn(*args, **kwargs)`` for the call's key. ``wait``: a held key is waited
+        for (``options.wait`` seconds) instead of answered BUSY at once."""
+        key, fp = self.key_of(args, kwargs)
+        o = self.options
+        return run(
+            self.store(),
+            key,
+            lambda _ctx: fn(*args, **kwargs),
+            fingerprint=fp,
+            lease=o.lease,
+            retention=o.retention,
+            permanent=o.permanent,
+            max_attempts=o.max_attempts,
+            timeout=timeout,
+            wait=o.wait if wait and o.busy == "wait" and o.wait > 0 else None,
+        )
+
+
+def _unused(*args: Any, **kwargs: Any) -> str:  # the default key is TaskGuard.key_of's
+    raise AssertionError("unreachable")
