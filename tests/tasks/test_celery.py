@@ -21,6 +21,7 @@ pytest.importorskip("celery")
 from idemctl import FingerprintMismatch, current_context, open_store
 from tests.polling import wait_until
 from tests.servers import RedisServer
+from tests.tasks.rabbit import RabbitServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,14 +29,17 @@ REPO = Path(__file__).resolve().parents[2]
 class Shop:
     """The example's broker, store, ledger and workers."""
 
-    def __init__(self, folder: Path, redis: RedisServer, **env: str) -> None:
-        self.folder, self.redis = folder, redis
+    def __init__(
+        self, folder: Path, redis: RedisServer, rabbit: RabbitServer | None = None, **env: str
+    ) -> None:
+        """The store on ``redis``; the broker too, or ``rabbit``."""
+        self.folder, self.redis, self.rabbit = folder, redis, rabbit
         self.ledger = folder / "ledger.txt"
         self.ledger.touch()
         base = f"redis://127.0.0.1:{redis.port}"
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("IDEMCTL_")},
-            "BROKER_URL": f"{base}/0",
+            "BROKER_URL": f"{base}/0" if rabbit is None else rabbit.url,
             "IDEMCTL_STORE": f"{base}/1",
             "LEDGER": str(self.ledger),
             "PYTHONPATH": str(REPO),
@@ -85,6 +89,8 @@ class Shop:
 
     def drained(self) -> bool:
         """Nothing queued, nothing delivered and not acknowledged."""
+        if self.rabbit is not None:
+            return self.rabbit.pending() == 0
         import redis
 
         client = redis.Redis(port=self.redis.port, db=0)
@@ -109,14 +115,26 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
+@pytest.fixture
+def rabbit(tmp_path: Path) -> Iterator[RabbitServer]:
+    server = RabbitServer(tmp_path / "rabbit").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_orders_sent_again_and_a_killed_worker_charge_each_once(
-    tmp_path: Path, redis: RedisServer
+    tmp_path: Path, redis: RedisServer, broker: str, request: pytest.FixtureRequest
 ) -> None:
     """300 orders sent twice, a worker SIGKILLed mid-run and started again, 50 sent a third
     time: every order charged, a repeat only where the kill cut in (at most the worker's 4
-    threads)."""
-    shop = Shop(tmp_path, redis, VISIBILITY_TIMEOUT="3", IDEMCTL_LEASE="3")
+    threads). On RabbitMQ the killed worker's unacknowledged messages come back when its
+    connection drops; on Redis past the visibility timeout."""
+    rabbit = request.getfixturevalue("rabbit") if broker == "rabbitmq" else None
+    shop = Shop(tmp_path, redis, rabbit, VISIBILITY_TIMEOUT="3", IDEMCTL_LEASE="3")
     orders = [f"order-{i}" for i in range(300)]
     try:
         shop.send(orders + orders)
