@@ -72,9 +72,13 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery ships no types
         if guard is None:
             options = TaskOptions(**{name: getattr(self, f"idemctl_{name}") for name in OPTIONS})
             guard = self._idemctl = TaskGuard(self.name, self.run, options)
-        if self.request.called_directly:  # task(...), not a worker's: Celery pushes its request
-            return super().__call__(*args, **kwargs)
-        return _guarded(self, guard, self.run, args, kwargs)
+        if not self.request.called_directly:  # a worker's (or apply's): its request pushed
+            return _guarded(self, guard, self.run, args, kwargs)
+        self.push_request(args=args, kwargs=kwargs)  # task(...) in this process, as Celery's
+        try:
+            return _guarded(self, guard, self.run, args, kwargs)
+        finally:
+            self.pop_request()
 
 
 def guard(task: T, **options: Any) -> T:

@@ -210,6 +210,8 @@ def test_a_repeat_returns_the_stored_result_and_another_amount_is_refused(app: A
     first = charge.apply(("o-1", 100)).get()
     again = charge.apply(("o-1", 100)).get()
     assert first == again and first["charged"] == 100 and runs == [("o-1", 100)]
+    assert charge("o-1", 100) == first  # called in this process: guarded too
+    assert runs == [("o-1", 100)]
     with pytest.raises(FingerprintMismatch):
         charge.apply(("o-1", 200)).get()
     assert runs == [("o-1", 100)]
