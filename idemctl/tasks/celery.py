@@ -72,13 +72,16 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery ships no types
         if guard is None:
             options = TaskOptions(**{name: getattr(self, f"idemctl_{name}") for name in OPTIONS})
             guard = self._idemctl = TaskGuard(self.name, self.run, options)
-        if not self.request.called_directly:  # a worker's (or apply's): its request pushed
-            return _guarded(self, guard, self.run, args, kwargs)
-        self.push_request(args=args, kwargs=kwargs)  # task(...) in this process, as Celery's
+        # A worker (or apply) pushed the task's request; task(...) in this process did not:
+        # it is pushed here, as Celery's own __call__ does.
+        direct = self.request.called_directly
+        if direct:
+            self.push_request(args=args, kwargs=kwargs)
         try:
             return _guarded(self, guard, self.run, args, kwargs)
         finally:
-            self.pop_request()
+            if direct:
+                self.pop_request()
 
 
 def guard(task: T, **options: Any) -> T:
