@@ -17,7 +17,8 @@ Environment: ``$BROKER_URL`` (default redis://127.0.0.1:6379/0), ``$IDEMCTL_STOR
 store; default the embedded SQLite file), ``$LEDGER`` (the file each charge appends its
 order to, a line each; default ./ledger.txt), ``$CHARGE_SECONDS`` (how long a charge
 takes, default 0), ``$IDEMCTL_LEASE`` (seconds, default 30: a killed worker's charge runs
-again past it).
+again past it), ``$IDEMCTL_BUSY`` (what a copy that finds its charge running does: ``wait``
+for its result, the default, or ``requeue`` itself to come again in 2 s).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def _charge(order: str) -> None:
     base=IdempotentTask,
     idemctl_key="charge:{order}",
     idemctl_lease=float(os.environ.get("IDEMCTL_LEASE", "30")),
+    idemctl_busy=os.environ.get("IDEMCTL_BUSY", "wait"),
+    idemctl_countdown=2,
 )
 def charge(order: str, amount: int) -> dict[str, object]:
     _charge(order)

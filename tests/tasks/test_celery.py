@@ -99,10 +99,10 @@ class Shop:
         finally:
             client.close()
 
-    def logs(self) -> str:
-        return "\n".join(
-            p.read_text(errors="replace")[-1500:] for p in sorted(self.folder.glob("worker-*.log"))
-        )
+    def logs(self, tail: int | None = 1500) -> str:
+        """The workers' logs (each one's last ``tail`` characters)."""
+        texts = (p.read_text(errors="replace") for p in sorted(self.folder.glob("worker-*.log")))
+        return "\n".join(text[-tail:] if tail else text for text in texts)
 
 
 @pytest.fixture
@@ -182,6 +182,28 @@ def test_a_redelivery_while_the_task_runs_waits_for_it(tmp_path: Path, redis: Re
         shop.stop()
     assert guarded == Counter({order: 1 for order in orders})
     assert all(shop.charges()[order] >= 2 for order in bare)  # the case is real
+
+
+@pytest.mark.slow
+def test_a_redelivery_while_the_task_runs_is_requeued_when_asked(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """The same redelivery with ``busy="requeue"``: each copy goes back to the queue (2 s)
+    instead of waiting in a worker's slot, and once the first is done replays it."""
+    shop = Shop(tmp_path, redis, VISIBILITY_TIMEOUT="3", CHARGE_SECONDS="8", IDEMCTL_BUSY="requeue")
+    orders = [f"order-{i}" for i in range(3)]
+    try:
+        workers = [shop.start(), shop.start()]
+        shop.send(orders)
+        wait_until(
+            lambda: set(shop.charges()) == set(orders) and shop.drained(),
+            "the three orders charged and the queue drained", 120, procs=workers,
+            detail=shop.logs,
+        )  # fmt: skip
+    finally:
+        shop.stop()
+    assert shop.charges() == Counter({order: 1 for order in orders})
+    assert "is held by another attempt" in shop.logs(tail=None)  # copies came, re-queued
 
 
 # The door's own rules, in one process (Celery's eager apply runs the worker's tracer) ----
