@@ -3,7 +3,8 @@ runner's one engine (claim with a lease and a fencing token, a heartbeat while t
 runs, the result stored and handed to every redelivery).
 
 - ``idemctl.tasks.celery``: ``IdempotentTask``, a Celery task base class, and ``guard``
-  for tasks whose base you keep.
+  for tasks whose base you keep;
+- ``idemctl.tasks.dramatiq``: ``Idempotency``, a dramatiq middleware.
 
 A task's key is its name and a fingerprint of its arguments, or a ``key`` template over
 them (``"charge:{order}"``); the arguments are fingerprinted either way, so a key reused

@@ -67,6 +67,7 @@ NEEDS: dict[str, set[str]] = {
     "idemctl.stores.postgres": {"postgres"},
     "idemctl.stores.redis": {"redis"},
     "idemctl.tasks.celery": {"celery"},
+    "idemctl.tasks.dramatiq": {"dramatiq"},
     "idemctl.tracing": {"otel"},
 }
 """Module (or package) -> the extras whose packages it may import; the longest matching
@@ -85,6 +86,7 @@ INSTALLS = [
     "fastapi",
     "sqlalchemy",
     "celery",
+    "dramatiq",
 ]
 """The installs the slow test makes a venv of: the base alone, then each extra whose
 packages idemctl imports (demo adds a broker binary; all, bench, test and dev add no import

@@ -62,7 +62,9 @@ class RabbitServer:
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@{HOST}:{self.port}//"
+        return (
+            f"amqp://guest:guest@{HOST}:{self.port}/%2F"  # the vhost "/", as kombu and pika read it
+        )
 
     def start(self) -> RabbitServer:
         with self.log.open("ab") as log:

@@ -1,7 +1,7 @@
-"""``examples/tasks/celery_app.py`` as a black box: real Celery workers on a real Redis
-broker (a redis-server of the test's own, on a free loopback port, stopped by its PID), the
-store on the same server, workers SIGKILLed for real. And the door's own rules, in one
-process, on the memory store."""
+"""``examples/tasks/<queue>_app.py`` as black boxes: real Celery and dramatiq workers on a
+real Redis broker and on RabbitMQ (servers of the test's own, on free loopback ports,
+stopped by their PIDs), the store on the Redis server, workers SIGKILLed for real. And
+each door's own rules, in one process, on the memory store."""
 
 from __future__ import annotations
 
@@ -24,16 +24,27 @@ from tests.servers import RedisServer
 from tests.tasks.rabbit import RabbitServer
 
 REPO = Path(__file__).resolve().parents[2]
+QUEUE_KEYS = {
+    "celery": ("celery", "unacked"),
+    "dramatiq": ("dramatiq:default", "dramatiq:default.msgs"),
+}
+"""Each queue's Redis keys: the list of messages waiting, the messages not yet acknowledged."""
 
 
 class Shop:
     """The example's broker, store, ledger and workers."""
 
     def __init__(
-        self, folder: Path, redis: RedisServer, rabbit: RabbitServer | None = None, **env: str
+        self,
+        folder: Path,
+        redis: RedisServer,
+        rabbit: RabbitServer | None = None,
+        queue: str = "celery",
+        **env: str,
     ) -> None:
-        """The store on ``redis``; the broker too, or ``rabbit``."""
-        self.folder, self.redis, self.rabbit = folder, redis, rabbit
+        """``examples/tasks/<queue>_app.py``, its store on ``redis``; its broker too, or
+        ``rabbit``."""
+        self.folder, self.redis, self.rabbit, self.queue = folder, redis, rabbit, queue
         self.ledger = folder / "ledger.txt"
         self.ledger.touch()
         base = f"redis://127.0.0.1:{redis.port}"
@@ -49,16 +60,16 @@ class Shop:
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def _example(self) -> Any:
-        from examples.tasks import celery_app
+        import importlib
 
-        return celery_app
+        return importlib.import_module(f"examples.tasks.{self.queue}_app")
 
     def send(self, orders: list[str], bare: bool = False) -> None:
         """Each order sent through the example's ``send`` (``send_bare``), in a process
         with the example's environment."""
         call = "send_bare" if bare else "send"
         code = (
-            "import sys\nfrom examples.tasks.celery_app import send, send_bare\n"
+            f"import sys\nfrom examples.tasks.{self.queue}_app import {call}\n"
             f"for order in sys.argv[1:]:\n    {call}(order, 100)\n"
         )
         subprocess.run(
@@ -94,8 +105,9 @@ class Shop:
         import redis
 
         client = redis.Redis(port=self.redis.port, db=0)
+        queued, held = QUEUE_KEYS[self.queue]
         try:
-            return client.llen("celery") == 0 and client.hlen("unacked") == 0
+            return client.llen(queued) == 0 and client.hlen(held) == 0
         finally:
             client.close()
 
@@ -126,15 +138,20 @@ def rabbit(tmp_path: Path) -> Iterator[RabbitServer]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("queue", ["celery", "dramatiq"])
 def test_orders_sent_again_and_a_killed_worker_charge_each_once(
-    tmp_path: Path, redis: RedisServer, broker: str, request: pytest.FixtureRequest
+    tmp_path: Path, redis: RedisServer, broker: str, queue: str, request: pytest.FixtureRequest
 ) -> None:
     """300 orders sent twice, a worker SIGKILLed mid-run and started again, 50 sent a third
     time: every order charged, a repeat only where the kill cut in (at most the worker's 4
     threads). On RabbitMQ the killed worker's unacknowledged messages come back when its
-    connection drops; on Redis past the visibility timeout."""
+    connection drops; on Redis past Celery's visibility timeout, or once dramatiq's worker
+    missed its heartbeats."""
     rabbit = request.getfixturevalue("rabbit") if broker == "rabbitmq" else None
-    shop = Shop(tmp_path, redis, rabbit, VISIBILITY_TIMEOUT="3", IDEMCTL_LEASE="3")
+    shop = Shop(
+        tmp_path, redis, rabbit, queue,
+        VISIBILITY_TIMEOUT="3", HEARTBEAT_TIMEOUT="3", IDEMCTL_LEASE="3",
+    )  # fmt: skip
     orders = [f"order-{i}" for i in range(300)]
     try:
         shop.send(orders + orders)
@@ -406,3 +423,47 @@ def test_a_killed_workers_task_runs_again_past_its_lease_as_a_takeover(app: Any)
     assert charge.apply(("o-1",)).get() == "o-1"
     assert len(seen) == 1 and seen[0][1] is True  # a takeover
     assert seen[0][0] > killed.fencing_token  # with a newer token than the killed attempt's
+
+
+# dramatiq's middleware, in one process (its StubBroker and an in-process worker) --------
+
+
+def test_dramatiq_runs_a_guarded_actor_once_and_fails_a_reused_key_at_once() -> None:
+    dramatiq = pytest.importorskip("dramatiq")
+    from dramatiq.brokers.stub import StubBroker
+
+    from idemctl.tasks.dramatiq import Idempotency
+
+    store = open_store("memory://")
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    broker.add_middleware(Idempotency(store=store))
+    runs: list[tuple[str, int]] = []
+
+    @dramatiq.actor(broker=broker, idemctl_key="charge:{order}", max_retries=3, min_backoff=1)
+    def charge(order: str, amount: int) -> None:
+        runs.append((order, amount))
+
+    @dramatiq.actor(broker=broker)
+    def unguarded(order: str) -> None:
+        runs.append((order, 0))
+
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        for _ in range(3):
+            charge.send("o-1", 100)
+        unguarded.send("u-1")
+        unguarded.send("u-1")
+        broker.join(charge.queue_name)
+        worker.join()
+        assert sorted(runs) == [("o-1", 100), ("u-1", 0), ("u-1", 0)]
+        charge.send("o-1", 200)  # the same key, another amount: not run, not retried
+        broker.join(charge.queue_name, fail_fast=False)
+        worker.join()
+    finally:
+        worker.stop()
+    assert runs.count(("o-1", 200)) == 0
+    assert len(broker.dead_letters) == 1
+    record = store.get("charge:o-1")
+    assert record is not None and record.attempts == 1
