@@ -94,16 +94,10 @@ class TaskGuard:
             return self._store
 
     def result(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        wait: bool = True,
-        timeout: float | None = None,
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> RunResult:
-        """Run ``fn(*args, **kwargs)`` for the call's key. ``wait``: a held key is waited
-        for (``options.wait`` seconds) instead of answered BUSY at once."""
+        """Run ``fn(*args, **kwargs)`` for the call's key; a key held by a live attempt is
+        waited for (``options.wait`` seconds) unless ``options.busy`` is ``requeue``."""
         key, fp = self.key_of(args, kwargs)
         o = self.options
         return run(
@@ -115,8 +109,7 @@ class TaskGuard:
             retention=o.retention,
             permanent=o.permanent,
             max_attempts=o.max_attempts,
-            timeout=timeout,
-            wait=o.wait if wait and o.busy == "wait" and o.wait > 0 else None,
+            wait=o.wait if o.busy == "wait" and o.wait > 0 else None,
         )
 
 
