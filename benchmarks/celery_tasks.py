@@ -8,7 +8,7 @@ Bare and guarded run one after the other, ``--rounds`` times, each on new tasks;
 rate is its tasks over the time from its first task's end to its last one's (the worker's
 start left out). The figure is the median of the rounds' ratios of bare to guarded time
 per task (target: at most 1.3x). It starts its own redis-server on a free loopback port
-and stops it by its PID.
+(redis_claims.own_redis_server) and stops it by its PID.
 """
 
 from __future__ import annotations
@@ -18,38 +18,18 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import HOST, BenchError, free_port, stop_on_sigterm, stop_process
+from _common import HOST, BenchError, stop_on_sigterm, stop_process
+from redis_claims import own_redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 1.3
-
-
-def redis_server(folder: str) -> tuple[subprocess.Popen[bytes], int]:
-    import redis
-
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
-         "--dir", folder],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            redis.Redis(host=HOST, port=port).ping()
-            return proc, port
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                stop_process(proc)
-                raise BenchError("redis-server did not start") from None
-            time.sleep(0.05)
 
 
 def one_run(port: int, kind: str, tasks: int, concurrency: int) -> float:
@@ -95,25 +75,22 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
     stop_on_sigterm()
-    with tempfile.TemporaryDirectory() as folder:
-        proc, port = redis_server(folder)
-        try:
-            from idemctl import open_store
+    with own_redis_server() as url:
+        from idemctl import open_store
 
-            open_store(f"redis://{HOST}:{port}/1").provision()
-            ratios = []
-            for r in range(args.rounds):
-                bare = one_run(port, "bare", args.tasks, args.concurrency)
-                guarded = one_run(port, "guarded", args.tasks, args.concurrency)
-                ratios.append(guarded / bare)
-                print(
-                    f"round {r + 1}: bare {bare * 1e3:.2f} ms/task ({1 / bare:,.0f}/s), "
-                    f"guarded {guarded * 1e3:.2f} ms/task ({1 / guarded:,.0f}/s): "
-                    f"{guarded / bare:.2f}x",
-                    flush=True,
-                )
-        finally:
-            stop_process(proc)
+        port = urlsplit(url).port or 6379
+        open_store(f"redis://{HOST}:{port}/1").provision()
+        ratios = []
+        for r in range(args.rounds):
+            bare = one_run(port, "bare", args.tasks, args.concurrency)
+            guarded = one_run(port, "guarded", args.tasks, args.concurrency)
+            ratios.append(guarded / bare)
+            print(
+                f"round {r + 1}: bare {bare * 1e3:.2f} ms/task ({1 / bare:,.0f}/s), "
+                f"guarded {guarded * 1e3:.2f} ms/task ({1 / guarded:,.0f}/s): "
+                f"{guarded / bare:.2f}x",
+                flush=True,
+            )
     median = statistics.median(ratios)
     verdict = "met" if median <= TARGET else "NOT met"
     print(f"guarded / bare, time per task: {median:.2f}x (median of {args.rounds}); "

@@ -111,6 +111,16 @@ class Shop:
         finally:
             client.close()
 
+    def settle(self, orders: list[str], timeout: float = 120) -> None:
+        """Wait until every one of ``orders`` is charged and nothing is left in the broker
+        (so no charge can come after), failing early if a worker exits."""
+        live = [proc for proc in self.workers if proc.poll() is None]
+        wait_until(
+            lambda: set(self.charges()) == set(orders) and self.drained(),
+            f"the {len(orders)} orders charged and the queue drained", timeout, procs=live,
+            detail=self.logs,
+        )  # fmt: skip
+
     def logs(self, tail: int | None = 1500) -> str:
         """The workers' logs (each one's last ``tail`` characters)."""
         texts = (p.read_text(errors="replace") for p in sorted(self.folder.glob("worker-*.log")))
@@ -161,10 +171,7 @@ def test_orders_sent_again_and_a_killed_worker_charge_each_once(
         shop.kill(first)
         shop.start()
         shop.send(orders[:50])
-        wait_until(
-            lambda: set(shop.charges()) == set(orders) and shop.drained(),
-            "every order charged and the queue drained", 180, detail=shop.logs,
-        )  # fmt: skip
+        shop.settle(orders, 180)
     finally:
         shop.stop()
     charges = shop.charges()
@@ -184,11 +191,7 @@ def test_a_redelivery_while_the_task_runs_waits_for_it(tmp_path: Path, redis: Re
     try:
         workers = [shop.start(), shop.start()]
         shop.send(orders)
-        wait_until(
-            lambda: set(shop.charges()) == set(orders) and shop.drained(),
-            "the five orders charged and the queue drained", 120, procs=workers,
-            detail=shop.logs,
-        )  # fmt: skip
+        shop.settle(orders)
         guarded = shop.charges()
         shop.send(bare, bare=True)
         wait_until(
@@ -210,13 +213,10 @@ def test_a_redelivery_while_the_task_runs_is_requeued_when_asked(
     shop = Shop(tmp_path, redis, VISIBILITY_TIMEOUT="3", CHARGE_SECONDS="8", IDEMCTL_BUSY="requeue")
     orders = [f"order-{i}" for i in range(3)]
     try:
-        workers = [shop.start(), shop.start()]
+        shop.start()
+        shop.start()
         shop.send(orders)
-        wait_until(
-            lambda: set(shop.charges()) == set(orders) and shop.drained(),
-            "the three orders charged and the queue drained", 120, procs=workers,
-            detail=shop.logs,
-        )  # fmt: skip
+        shop.settle(orders)
     finally:
         shop.stop()
     assert shop.charges() == Counter({order: 1 for order in orders})
