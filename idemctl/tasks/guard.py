@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from idemctl.runner.outcome import RunResult
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
+    from idemctl.stores.base_async import AsyncStore
 
 BUSY = ("wait", "requeue")
 
@@ -26,9 +27,10 @@ BUSY = ("wait", "requeue")
 class TaskOptions:
     """How a task is guarded (each queue's door takes them as keyword arguments)."""
 
-    store: str | Store | None = None
+    store: str | Store | AsyncStore | None = None
     """A store, or its URL (None: ``$IDEMCTL_STORE``, else the embedded SQLite default),
-    opened on the first call in each worker process."""
+    opened on the first call in each worker process (an async store for an async task's
+    door, taskiq's, which wraps a sync one given)."""
     key: str | Callable[..., str] | None = None
     """A template over the task's arguments (``"charge:{order}"``) or a function of them;
     None: ``<task name>:<fingerprint of the arguments>``."""
@@ -65,7 +67,8 @@ class TaskGuard:
         self.name, self.options = name, options
         self._calls = Calls(fn, options.key or _unused, True, None, None)
         self._store: Store | None = None
-        self._pid = 0
+        self._astore: AsyncStore | None = None
+        self._pid = self._apid = 0
         self._lock = threading.Lock()
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str | None]:
@@ -84,14 +87,43 @@ class TaskGuard:
         connection is not shared across fork)."""
         given = self.options.store
         if given is not None and not isinstance(given, str):
-            return given
+            return given  # type: ignore[return-value]  # an AsyncStore is the async door's
         with self._lock:
             if self._store is None or self._pid != os.getpid():
-                from idemctl.stores import DEFAULT_URL, open_store
+                from idemctl.stores import open_store
 
-                self._store = open_store(given or os.environ.get("IDEMCTL_STORE") or DEFAULT_URL)
+                self._store = open_store(self._url())
                 self._pid = os.getpid()
             return self._store
+
+    def astore(self) -> AsyncStore:
+        """The async store, opened once per process as ``store()`` is (a sync store given is
+        wrapped: worker threads, or the backend's asyncio half)."""
+        from idemctl.aio.opening import open_store, wrap
+        from idemctl.stores.base_async import AsyncStore
+
+        given = self.options.store
+        if isinstance(given, AsyncStore):
+            return given
+        with self._lock:
+            if self._astore is None or self._apid != os.getpid():
+                self._astore = (
+                    open_store(self._url())
+                    if given is None or isinstance(given, str)
+                    else wrap(given)
+                )
+                self._apid = os.getpid()
+            return self._astore
+
+    def _url(self) -> str:
+        from idemctl.stores import DEFAULT_URL
+
+        given = self.options.store
+        return (
+            (given if isinstance(given, str) else None)
+            or os.environ.get("IDEMCTL_STORE")
+            or DEFAULT_URL
+        )
 
     def result(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -99,18 +131,30 @@ class TaskGuard:
         """Run ``fn(*args, **kwargs)`` for the call's key; a key held by a live attempt is
         waited for (``options.wait`` seconds) unless ``options.busy`` is ``requeue``."""
         key, fp = self.key_of(args, kwargs)
-        o = self.options
         return run(
-            self.store(),
-            key,
-            lambda _ctx: fn(*args, **kwargs),
-            fingerprint=fp,
-            lease=o.lease,
-            retention=o.retention,
-            permanent=o.permanent,
-            max_attempts=o.max_attempts,
-            wait=o.wait if o.busy == "wait" and o.wait > 0 else None,
+            self.store(), key, lambda _ctx: fn(*args, **kwargs), fingerprint=fp, **self._run()
         )
+
+    async def aresult(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> RunResult:
+        """``result`` for a coroutine function, on the async store and engine."""
+        from idemctl.aio.attempt import run as arun
+
+        key, fp = self.key_of(args, kwargs)
+        return await arun(
+            self.astore(), key, lambda _ctx: fn(*args, **kwargs), fingerprint=fp, **self._run()
+        )
+
+    def _run(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "lease": o.lease,
+            "retention": o.retention,
+            "permanent": o.permanent,
+            "max_attempts": o.max_attempts,
+            "wait": o.wait if o.busy == "wait" and o.wait > 0 else None,
+        }
 
 
 def _unused(*args: Any, **kwargs: Any) -> str:  # the default key is TaskGuard.key_of's

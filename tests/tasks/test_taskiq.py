@@ -1,0 +1,99 @@
+"""idemctl.tasks.taskiq's own rules, in one process: taskiq's InMemoryBroker runs each task
+through its receiver and middlewares, as a worker does, with the memory store. The real
+worker on Redis, SIGKILLed, is test_queues.py's."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("taskiq")
+
+from taskiq import InMemoryBroker, SimpleRetryMiddleware
+
+from idemctl import FingerprintMismatch, KeyBusy, current_context, open_store
+from idemctl.tasks.taskiq import Idempotency
+from tests.polling import wait_until_async
+
+
+def test_async_and_sync_tasks_run_once_and_replay_their_result() -> None:
+    store = open_store("memory://")
+    broker = InMemoryBroker().with_middlewares(Idempotency(store=store))
+    runs: list[tuple[str, int]] = []
+
+    @broker.task(idemctl_key="charge:{order}")
+    async def charge(order: str, amount: int) -> dict[str, Any]:
+        runs.append((order, amount))
+        return {"charged": amount, "token": current_context().fencing_token}
+
+    @broker.task(idempotent=True, task_name="shop.add")
+    def add(a: int, b: int = 0) -> int:
+        runs.append(("add", a))
+        return a + b
+
+    @broker.task
+    async def unguarded(order: str) -> None:
+        runs.append((order, 0))
+
+    async def main() -> list[Any]:
+        await broker.startup()
+        try:
+            results = []
+            for call in (
+                charge.kiq("o-1", 100), charge.kiq("o-1", 100), charge.kiq("o-1", 200),
+                add.kiq(1, 2), add.kiq(1, b=2), unguarded.kiq("u-1"), unguarded.kiq("u-1"),
+            ):  # fmt: skip
+                results.append(await (await call).wait_result(timeout=10))
+            return results
+        finally:
+            await broker.shutdown()
+
+    first, again, other, added, added_again, *_ = asyncio.run(main())
+    assert not first.is_err and first.return_value == again.return_value
+    assert first.return_value["charged"] == 100
+    assert other.is_err and isinstance(other.error, FingerprintMismatch)
+    assert added.return_value == added_again.return_value == 3
+    assert sorted(runs) == [("add", 1), ("o-1", 100), ("u-1", 0), ("u-1", 0)]
+    assert store.get("charge:o-1") is not None
+    assert [r.key for r in store.scan().records if r.key.startswith("shop.add:")]
+
+
+def test_a_failure_is_retried_by_taskiqs_retry_middleware_and_a_held_key_is_busy() -> None:
+    store = open_store("memory://")
+    store.claim("held:1", None, 60)  # another worker's attempt, alive
+    broker = InMemoryBroker().with_middlewares(
+        Idempotency(store=store), SimpleRetryMiddleware(default_retry_count=3)
+    )
+    runs: list[int] = []
+
+    @broker.task(idemctl_key="flaky:{n}", retry_on_error=True)
+    async def flaky(n: int) -> int:
+        runs.append(n)
+        if len(runs) < 3:
+            raise ValueError("declined")
+        return n
+
+    @broker.task(idemctl_key="held:{n}", idemctl_busy="requeue")
+    async def held(n: int) -> int:
+        raise AssertionError("ran beside the holder")
+
+    async def main() -> Any:
+        await broker.startup()
+        try:
+            await flaky.kiq(7)
+            busy = await (await held.kiq(1)).wait_result(timeout=10)
+            await wait_until_async(  # the retries are sent again through the broker
+                lambda: len(runs) == 3 and getattr(store.get("flaky:7"), "result", None) == 7,
+                "the third run's result stored", 30,
+            )  # fmt: skip
+            return busy
+        finally:
+            await broker.shutdown()
+
+    busy = asyncio.run(main())
+    assert isinstance(busy.error, KeyBusy)
+    assert runs == [7, 7, 7]
+    record = store.get("flaky:7")
+    assert record is not None and record.attempts == 3 and record.result == 7
