@@ -40,9 +40,18 @@ class ClientTarget:
     options: dict[str, Any]
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+
 def target(url: str, options: UrlOptions) -> ClientTarget:
     """The client ``url`` asks for. Reads the client's options from ``options`` and finishes
     them: the store's own must have been read before."""
+    if _version(redis.__version__) < (7, 3):  # arq, for one, requires redis-py below 6
+        raise ConfigError(
+            f"the Redis store needs redis-py 7.3 or later (pip install 'idemctl[redis]'); "
+            f"redis-py {redis.__version__} is installed"
+        )
     parts = options.parts
     cluster = parts.scheme == "redis+cluster"
     client_options: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
