@@ -148,6 +148,42 @@ def register_http(registry: CollectorRegistry) -> None:
     registry.register(Scraped(http_families))
 
 
+def task_families() -> list[Any]:
+    """The background-task doors' figures in this process (``idemctl.tasks.stats.STATS``),
+    by queue and task: guarded calls by outcome (new, replayed, error, busy, mismatch,
+    failed, lease_lost), and the seconds they took (the task's run and the store's round
+    trips, a count and a sum a call)."""
+    from prometheus_client.core import CounterMetricFamily, SummaryMetricFamily
+
+    from idemctl.tasks.stats import STATS
+
+    runs, seconds = STATS.snapshot()
+    calls = CounterMetricFamily(
+        "idemctl_task_calls",
+        "Guarded background-task calls, by queue, task and outcome.",
+        labels=["queue", "task", "outcome"],
+    )
+    for labels, n in sorted(runs.items()):
+        calls.add_metric(list(labels), n)
+    counted: dict[tuple[str, str], int] = {}
+    for (queue, task, _), n in runs.items():
+        counted[queue, task] = counted.get((queue, task), 0) + n
+    took = SummaryMetricFamily(
+        "idemctl_task_seconds",
+        "Seconds a guarded background-task call took (its run and the store's round trips).",
+        labels=["queue", "task"],
+    )
+    for (queue, task), total in sorted(seconds.items()):
+        took.add_metric([queue, task], count_value=counted[queue, task], sum_value=total)
+    return [calls, took]
+
+
+def register_tasks(registry: CollectorRegistry) -> None:
+    """``task_families`` in a worker's registry, read at each scrape:
+    ``idemctl.metrics.register_tasks(prometheus_client.REGISTRY)``."""
+    registry.register(Scraped(task_families))
+
+
 def merged(texts: Iterable[str], ended: Iterable[str] = ()) -> list[Any]:
     """The metric families of several processes' expositions as one: samples with the same
     name and labels summed (counters, histograms, and gauges of partitions, leases and lag,

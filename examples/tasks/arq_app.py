@@ -33,7 +33,7 @@ from idemctl.tasks.arq import idempotent
 REDIS = RedisSettings.from_dsn(os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0"))
 
 
-@idempotent(key="charge:{order}", lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
+@idempotent(key="{order}", lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
 async def charge(ctx: dict[str, Any], order: str, amount: int) -> None:
     await asyncio.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
     with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:

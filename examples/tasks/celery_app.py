@@ -54,7 +54,7 @@ def _charge(order: str) -> None:
 
 @app.task(
     base=IdempotentTask,
-    idemctl_key="charge:{order}",
+    idemctl_key="{order}",
     idemctl_lease=float(os.environ.get("IDEMCTL_LEASE", "30")),
     idemctl_busy=os.environ.get("IDEMCTL_BUSY", "wait"),
     idemctl_countdown=2,

@@ -44,9 +44,7 @@ broker.add_middleware(Idempotency())  # before the actors are declared: it adds 
 dramatiq.set_broker(broker)
 
 
-@dramatiq.actor(
-    idemctl_key="charge:{order}", idemctl_lease=float(os.environ.get("IDEMCTL_LEASE", "30"))
-)
+@dramatiq.actor(idemctl_key="{order}", idemctl_lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
 def charge(order: str, amount: int) -> None:
     time.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
     with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:

@@ -32,7 +32,7 @@ REDIS_URL = os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0")
 queue = Queue("default", connection=Redis.from_url(REDIS_URL))
 
 
-@idempotent(key="charge:{order}", lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
+@idempotent(key="{order}", lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
 def charge(order: str, amount: int) -> None:
     time.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
     with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:

@@ -37,9 +37,7 @@ broker = RedisStreamBroker(
 ).with_middlewares(Idempotency())
 
 
-@broker.task(
-    idemctl_key="charge:{order}", idemctl_lease=float(os.environ.get("IDEMCTL_LEASE", "30"))
-)
+@broker.task(idemctl_key="{order}", idemctl_lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
 async def charge(order: str, amount: int) -> None:
     await asyncio.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
     with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:

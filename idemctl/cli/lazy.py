@@ -44,6 +44,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Count records by status, stale and released leases, the oldest in-progress key's "
         "age, and the sequence guard's entities.",
     ),
+    "tasks": (
+        "idemctl.cli.tasks",
+        "Count the background tasks' keys by queue and task name: in progress, stale, done, "
+        "failed.",
+    ),
     "doctor": ("idemctl.cli.look", "Check the store and say how to fix what is wrong."),
     "unlock": (
         "idemctl.cli.repair",

@@ -223,6 +223,10 @@ def _entities(console: Console, request: Request) -> dict[str, Any]:
     return views.entities(console.where, request.query_params)
 
 
+def _tasks(console: Console, request: Request) -> dict[str, Any]:
+    return views.tasks(console.where, request.query_params)
+
+
 def _overview(console: Console, request: Request) -> dict[str, Any]:
     """``stats`` and ``doctor``, and the last hour as this console sampled it."""
     history = getattr(request.app.state, "history", None)
@@ -315,6 +319,7 @@ def make_app(console: Console) -> Starlette:
             "entity.html",
             lambda c, r: views.entity(c.where, r.path_params["entity"]),
         ),
+        *page("/tasks", "tasks.html", _tasks, keeps_form=True),
         *page("/outbox", "outbox.html", _outbox, more=_outbox_rows, keeps_form=True),
         Route("/api/outbox/rows", _api_outbox_rows),
         *page("/audit", "audit.html", _audit, more=_known, keeps_form=True),

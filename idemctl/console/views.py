@@ -141,6 +141,15 @@ def entities(where: Where, params: Mapping[str, str]) -> dict[str, Any]:
     return {"items": [item_document.document(e, at) for e in page.items], "cursor": page.cursor}
 
 
+def tasks(where: Where, params: Mapping[str, str]) -> dict[str, Any]:
+    """``tasks --json``'s lines, of one queue (``?queue=``) or all."""
+    from idemctl.operate.documents import task as task_document
+
+    found = operate.tasks(where.target, params.get("queue") or None)
+    at = datetime.now(UTC)
+    return {"items": [task_document.document(counts, at) for counts in found]}
+
+
 def entity(where: Where, name: str) -> dict[str, Any]:
     """``inspect --entity --json``."""
     return item_document.document(operate.inspect_entity(where.target, name), datetime.now(UTC))

@@ -1,6 +1,6 @@
 """The operator's actions as library calls returning data: what ``idemctl init``,
-``inspect``, ``list``, ``stats``, ``doctor``, ``unlock``, ``forget``, ``purge``, ``audit``
-and ``outbox status``, ``replay`` and ``purge`` do, for every front end (the CLI renders
+``inspect``, ``list``, ``stats``, ``tasks``, ``doctor``, ``unlock``, ``forget``, ``purge``,
+``audit`` and ``outbox status``, ``replay`` and ``purge`` do, for every front end (the CLI renders
 these results; the console and a user's own tooling call the same functions)::
 
     from idemctl import operate
@@ -24,6 +24,7 @@ from idemctl.operate.outbox import outbox_purge, outbox_replay, outbox_status
 from idemctl.operate.repair import forget, forget_entity, purge, unlock, unlock_stale
 from idemctl.operate.results import Action, Counts, Page, Words
 from idemctl.operate.targets import PowertoolsTarget, Query, StoreTarget, Target, open_target
+from idemctl.operate.tasks import TaskCounts, tasks
 
 __all__ = [
     "Action",
@@ -34,6 +35,7 @@ __all__ = [
     "Query",
     "StoreTarget",
     "Target",
+    "TaskCounts",
     "Words",
     "audit",
     "diagnose",
@@ -50,6 +52,7 @@ __all__ = [
     "purge",
     "records",
     "stats",
+    "tasks",
     "unlock",
     "unlock_stale",
 ]

@@ -65,7 +65,7 @@ def idempotent(**options: Any) -> Callable[[F], F]:
         arguments.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=list(signature.parameters.values())[1:]
         )
-        keeper = TaskGuard(fn.__qualname__, arguments, settings)
+        keeper = TaskGuard("arq", fn.__qualname__, arguments, settings)
 
         @functools.wraps(fn)
         async def guarded(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:

@@ -71,7 +71,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery ships no types
         guard = self._idemctl
         if guard is None:
             options = TaskOptions(**{name: getattr(self, f"idemctl_{name}") for name in OPTIONS})
-            guard = self._idemctl = TaskGuard(self.name, self.run, options)
+            guard = self._idemctl = TaskGuard("celery", self.name, self.run, options)
         # A worker (or apply) pushed the task's request; task(...) in this process did not:
         # it is pushed here, as Celery's own __call__ does.
         direct = self.request.called_directly
@@ -89,7 +89,7 @@ def guard(task: T, **options: Any) -> T:
     ``TaskOptions`` given as keywords (``key="charge:{order}"``). Call it where the task is
     defined, before the worker starts."""
     run = task.run
-    keeper = TaskGuard(task.name, run, TaskOptions(**options))
+    keeper = TaskGuard("celery", task.name, run, TaskOptions(**options))
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         return _guarded(task, keeper, run, args, kwargs)

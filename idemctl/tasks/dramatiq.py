@@ -60,7 +60,7 @@ class Idempotency(Middleware):
             **{n: given[f"idemctl_{n}"] for n in OPTIONS if f"idemctl_{n}" in given},
         )
         fn: Callable[..., Any] = actor.fn
-        keeper = TaskGuard(actor.actor_name, fn, options)
+        keeper = TaskGuard("dramatiq", actor.actor_name, fn, options)
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             result = keeper.result(fn, args, kwargs)

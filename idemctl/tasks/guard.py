@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -14,13 +15,24 @@ from idemctl.errors import ConfigError
 from idemctl.model import fingerprint as fingerprint_of
 from idemctl.runner.attempt import run
 from idemctl.runner.calls import Calls
-from idemctl.runner.outcome import RunResult
+from idemctl.runner.outcome import Outcome, RunResult
+from idemctl.tasks.stats import STATS
 
 if TYPE_CHECKING:
     from idemctl.stores.base import Store
     from idemctl.stores.base_async import AsyncStore
 
 BUSY = ("wait", "requeue")
+OUTCOME: dict[str, str] = {
+    Outcome.EXECUTED: "new",
+    Outcome.REPLAYED: "replayed",
+    Outcome.ERROR: "error",
+    Outcome.BUSY: "busy",
+    Outcome.MISMATCH: "mismatch",
+    Outcome.LEASE_LOST: "lease_lost",
+}
+"""The runner's outcomes as ``idemctl.tasks.stats`` counts them; the rest (a key failed for
+good, its attempts exhausted) are ``failed``."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +45,7 @@ class TaskOptions:
     door, taskiq's, which wraps a sync one given)."""
     key: str | Callable[..., str] | None = None
     """A template over the task's arguments (``"charge:{order}"``) or a function of them;
-    None: ``<task name>:<fingerprint of the arguments>``."""
+    None: the fingerprint of the arguments (after ``task:<queue>:<task name>#``)."""
     lease: float | None = None
     """Seconds a claim holds without a heartbeat (a killed worker's task runs again past
     it); None: the store's default. The heartbeat extends it while the task runs."""
@@ -61,10 +73,16 @@ class TaskOptions:
 
 class TaskGuard:
     """One task's guard: ``result(fn, args, kwargs)`` runs ``fn`` at most once to completion
-    for the call's key and answers the runner's RunResult (the door maps it)."""
+    for the call's key and answers the runner's RunResult (the door maps it).
 
-    def __init__(self, name: str, fn: Callable[..., Any], options: TaskOptions) -> None:
-        self.name, self.options = name, options
+    Its keys are ``task:<queue>:<task name>#<key>``, so that operators see a queue's and a
+    task's keys together (``idemctl tasks``, ``idemctl list --prefix task:celery:``) and
+    two tasks' keys never meet; ``<key>`` is the ``key`` template's, else the fingerprint
+    of the arguments."""
+
+    def __init__(self, queue: str, name: str, fn: Callable[..., Any], options: TaskOptions) -> None:
+        self.queue, self.name, self.options = queue, name, options
+        self.prefix = f"task:{queue}:{name}#"
         self._calls = Calls(fn, options.key or _unused, True, None, None)
         self._store: Store | None = None
         self._astore: AsyncStore | None = None
@@ -78,9 +96,9 @@ class TaskGuard:
             bound = self._calls.signature.bind(*args, **kwargs)
             bound.apply_defaults()
             fp = fingerprint_of(bound.arguments)
-            return f"{self.name}:{fp}", fp
+            return self.prefix + fp, fp
         key, fp, _ = self._calls.of(args, kwargs)
-        return key, fp
+        return self.prefix + key, fp
 
     def store(self) -> Store:
         """The store, opened once per process (a forked worker child opens its own: a
@@ -142,9 +160,16 @@ class TaskGuard:
         from idemctl.aio.attempt import run as arun
 
         key, fp = self.key_of(args, kwargs)
-        return await arun(
+        started = time.monotonic()
+        result = await arun(
             self.astore(), key, lambda _ctx: fn(*args, **kwargs), fingerprint=fp, **self._run()
         )
+        self._count(result, started)
+        return result
+
+    def _count(self, result: RunResult, started: float) -> None:
+        outcome = OUTCOME.get(result.outcome, "failed")
+        STATS.count(self.queue, self.name, outcome, time.monotonic() - started)
 
     def _run(self) -> dict[str, Any]:
         o = self.options

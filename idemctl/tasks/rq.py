@@ -60,7 +60,7 @@ def idempotent(**options: Any) -> Callable[[F], F]:
             except JobTimeoutException as exc:
                 raise HandlerTimeout(f"job {name} ran past its job timeout") from exc
 
-        keeper = TaskGuard(name, fn, settings)
+        keeper = TaskGuard("rq", name, fn, settings)
 
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:

@@ -70,7 +70,7 @@ def _guarded(
     options = TaskOptions(
         store=store, **{n: labels[f"idemctl_{n}"] for n in OPTIONS if f"idemctl_{n}" in labels}
     )
-    keeper = TaskGuard(name, fn, options)
+    keeper = TaskGuard("taskiq", name, fn, options)
 
     def answered(result: RunResult) -> Any:
         if result.outcome is Outcome.BUSY:

@@ -198,3 +198,35 @@ def test_a_wrong_password_is_refused(console: ConsoleProcess, browser: Any) -> N
     log_in(browser, console.base, "ana", "wrong horse")
     assert browser.find_element(By.ID, "login-error").text == "wrong name or password"
     assert browser.get_cookie("idemctl_session") is None
+
+
+def test_an_operator_finds_a_tasks_stale_keys_from_the_tasks_page(
+    tmp_path: Path, browser: Any
+) -> None:
+    """The tasks page, by queue and task name; a task's stale count leads to its keys
+    whose lease ran out (the docs' screenshot ``tasks``)."""
+    from selenium.webdriver.common.by import By
+
+    url = f"sqlite:///{tmp_path}/tasks.db"
+    with open_store(url) as store:
+        store.provision()
+        for order in range(3):
+            done = store.claim(f"task:celery:shop.charge#o-{order}", lease=3600)
+            store.complete(done.key, done.owner, done.fencing_token, {"charged": 100})
+        store.claim_many([ClaimRequest("task:celery:shop.charge#o-7"),
+                          ClaimRequest("task:dramatiq:send_receipt#o-1")], lease=3600)  # fmt: skip
+        expire_lease(store, "task:celery:shop.charge#o-7", ago=600)  # its worker killed
+    console = ConsoleProcess(url, tmp_path)
+    console.shots = True
+    try:
+        log_in(browser, console.base, "ana", PASSWORDS["ana"])
+        click(browser, By.ID, "nav-tasks")
+        rows = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#tasks tr")][1:]
+        assert len(rows) == 2 and rows[0].startswith("celery shop.charge 1 1 3 0 0")
+        assert rows[1].startswith("dramatiq send_receipt 1 0 0 0 0")
+        shot(console, browser, "tasks")
+        click(browser, By.CSS_SELECTOR, "#tasks a.stale")
+        found = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#keys a.key")]
+        assert found == ["task:celery:shop.charge#o-7"]
+    finally:
+        console.stop()

@@ -97,6 +97,44 @@ def test_every_page_renders_and_its_api_document_is_the_json_one(console: Consol
     assert ana.get("/api/entities/acct:<b>7</b>").json() == entity
 
 
+def test_the_tasks_page_counts_task_keys_by_queue_and_task(tmp_path: Path) -> None:
+    """``/tasks`` and ``/api/tasks``: ``tasks --json``'s lines, each task linked to its keys
+    (a name that is markup shown as text)."""
+    url = f"sqlite:///{tmp_path}/tasks.db"
+    with open_store(url) as store:
+        store.provision()
+        done = store.claim("task:celery:shop.charge#o-1", lease=3600)
+        store.complete(done.key, done.owner, done.fencing_token, 1)
+        store.claim("task:celery:shop.charge#o-2", lease=3600)
+        expire_lease(store, "task:celery:shop.charge#o-2")
+        store.claim("task:rq:<b>x</b>#o-1", lease=3600)
+        store.claim("pay-1", lease=3600)  # no task's
+    process = ConsoleProcess(url, tmp_path)
+    try:
+        ana = log_in(process.base, "ana", PASSWORDS["ana"])
+        rows = ana.get("/api/tasks").json()["items"]
+        for row in rows:
+            valid("task", row)
+        assert [(r["queue"], r["task"]) for r in rows] == [
+            ("celery", "shop.charge"),
+            ("rq", "<b>x</b>"),
+        ]
+        assert (rows[0]["completed"], rows[0]["in_progress"], rows[0]["stale"]) == (1, 1, 1)
+        assert [
+            r["task"] for r in ana.get("/api/tasks", params={"queue": "rq"}).json()["items"]
+        ] == ["<b>x</b>"]
+        page = ana.get("/tasks").text
+        assert f'href="/keys?prefix={quote("task:celery:shop.charge#", safe="")}"' in page
+        assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+        listed = ana.get("/api/keys", params={"prefix": rows[0]["prefix"]}).json()["items"]
+        assert sorted(r["key"] for r in listed) == [
+            "task:celery:shop.charge#o-1",
+            "task:celery:shop.charge#o-2",
+        ]
+    finally:
+        process.stop()
+
+
 def test_paging_goes_on_by_the_cursor_until_the_last_page(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/many.db"
     with open_store(url) as store:

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from idemctl import open_store
+from idemctl import open_store, operate
 from tests.polling import wait_until
 from tests.servers import RedisServer
 from tests.tasks.rabbit import RabbitServer
@@ -164,10 +164,15 @@ def charge_through_a_kill(shop: Shop) -> None:
         wait_until(shop.reclaimable, "the killed worker's messages reclaimable", 120,
                    detail=shop.logs)  # fmt: skip
         shop.send(orders[:50])
-        shop.settle(orders, 180)
+        shop.settle(orders, 300)  # rq: a killed job is found abandoned 60 s after its last beat
     finally:
         shop.stop()
     charges = shop.charges()
     assert set(charges) == set(orders)
     repeated = {order: n for order, n in charges.items() if n > 1}
     assert len(repeated) <= 4 and all(n == 2 for n in repeated.values()), repeated
+    # What an operator sees (idemctl tasks): the queue's charge task, every key done.
+    with operate.open_target(shop.env["IDEMCTL_STORE"]) as target:
+        (counts,) = operate.tasks(target, shop.queue)
+    assert counts.task.endswith("charge") and counts.completed == 300, counts
+    assert counts.in_progress == counts.failed == 0, counts

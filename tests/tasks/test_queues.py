@@ -21,6 +21,7 @@ from tests.tasks.shop import Shop, charge_through_a_kill
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a bound on a loaded machine, not a speed
 @pytest.mark.parametrize(
     ("queue", "broker"),
     [(q, b) for q in ("celery", "dramatiq") for b in ("redis", "rabbitmq")]
@@ -103,7 +104,7 @@ def test_a_repeat_returns_the_stored_result_and_another_amount_is_refused(app: A
     store = open_store("memory://")
     runs: list[tuple[str, int]] = []
 
-    @app.task(base=IdempotentTask, idemctl_store=store, idemctl_key="charge:{order}")
+    @app.task(base=IdempotentTask, idemctl_store=store, idemctl_key="{order}", name="shop.charge")
     def charge(order: str, amount: int) -> dict[str, Any]:
         runs.append((order, amount))
         return {"charged": amount, "token": current_context().fencing_token}
@@ -116,7 +117,7 @@ def test_a_repeat_returns_the_stored_result_and_another_amount_is_refused(app: A
     with pytest.raises(FingerprintMismatch):
         charge.apply(("o-1", 200)).get()
     assert runs == [("o-1", 100)]
-    assert store.get("charge:o-1") is not None
+    assert store.get("task:celery:shop.charge#o-1") is not None  # the queue's, the task's
 
 
 def test_the_default_key_is_the_name_and_the_arguments(app: Any) -> None:
@@ -135,7 +136,7 @@ def test_the_default_key_is_the_name_and_the_arguments(app: Any) -> None:
     assert add.apply((2, 2)).get() == 4
     assert runs == [1, 2]
     keys = [r.key for r in store.scan().records]
-    assert len(keys) == 2 and all(k.startswith("shop.add:") for k in keys)
+    assert len(keys) == 2 and all(k.startswith("task:celery:shop.add#") for k in keys)
 
 
 def test_a_failure_is_retried_by_celery_and_runs_again(app: Any) -> None:
@@ -145,7 +146,7 @@ def test_a_failure_is_retried_by_celery_and_runs_again(app: Any) -> None:
     runs: list[int] = []
 
     @app.task(
-        base=IdempotentTask, idemctl_store=store, idemctl_key="flaky:{n}", bind=True,
+        base=IdempotentTask, idemctl_store=store, idemctl_key="{n}", bind=True,
         max_retries=3,
     )  # fmt: skip
     def flaky(self: Any, n: int) -> int:
@@ -167,10 +168,10 @@ def test_a_held_key_is_requeued_with_a_countdown_not_counted_as_a_retry(
     from idemctl.tasks.celery import IdempotentTask
 
     store = open_store("memory://")
-    store.claim("slow:1", None, 60)  # another worker's attempt, alive
+    store.claim("task:celery:shop.slow#1", None, 60)  # another worker's attempt, alive
 
     @app.task(
-        base=IdempotentTask, idemctl_store=store, idemctl_key="slow:{n}",
+        base=IdempotentTask, idemctl_store=store, idemctl_key="{n}", name="shop.slow",
         idemctl_busy="requeue", idemctl_countdown=7,
     )  # fmt: skip
     def slow(n: int) -> int:
@@ -214,7 +215,7 @@ def test_guard_keeps_the_tasks_base(app: Any) -> None:
         runs.append(order)
         return f"shipped {order}"
 
-    guard(ship, store=store, key="ship:{order}")
+    guard(ship, store=store, key="{order}")
     assert ship.apply(("o-1",)).get() == ship.apply(("o-1",)).get() == "shipped o-1"
     assert runs == ["o-1"]
     assert not isinstance(app.tasks[ship.name], IdempotentTask)  # its base is its own
@@ -228,13 +229,13 @@ def test_a_soft_time_limit_is_a_retriable_handler_timeout(app: Any) -> None:
 
     store = open_store("memory://")
 
-    @app.task(base=IdempotentTask, idemctl_store=store, idemctl_key="long:{n}")
+    @app.task(base=IdempotentTask, idemctl_store=store, idemctl_key="{n}", name="shop.long")
     def long(n: int) -> int:
         raise SoftTimeLimitExceeded()
 
     result = long.apply((1,), throw=False)
     assert isinstance(result.result, HandlerTimeout)
-    record = store.get("long:1")
+    record = store.get("task:celery:shop.long#1")
     assert record is not None and record.status is Status.FAILED and record.retriable
 
 
@@ -245,7 +246,7 @@ def test_a_task_that_always_fails_ends_failed_after_celerys_retries(app: Any) ->
     runs: list[int] = []
 
     @app.task(
-        base=IdempotentTask, idemctl_store=store, idemctl_key="bad:{n}",
+        base=IdempotentTask, idemctl_store=store, idemctl_key="{n}", name="shop.bad",
         autoretry_for=(ValueError,), max_retries=2, retry_backoff=False, default_retry_delay=0,
     )  # fmt: skip
     def bad(n: int) -> int:
@@ -255,7 +256,7 @@ def test_a_task_that_always_fails_ends_failed_after_celerys_retries(app: Any) ->
     result = bad.apply((1,), throw=False)
     assert result.state == "FAILURE" and isinstance(result.result, ValueError)
     assert runs == [1, 1, 1]  # the first run and Celery's two retries, each claimed again
-    record = store.get("bad:1")
+    record = store.get("task:celery:shop.bad#1")
     assert record is not None and record.attempts == 3 and record.retriable  # Celery decides
 
 
@@ -268,11 +269,13 @@ def test_a_killed_workers_task_runs_again_past_its_lease_as_a_takeover(app: Any)
     from tests.backends import expire_lease
 
     store = open_store("memory://")
-    killed = store.claim("charge:o-1", None, 600)  # the SIGKILLed worker's attempt
+    key = "task:celery:shop.charge#o-1"
+    killed = store.claim(key, None, 600)  # the SIGKILLed worker's attempt
     seen: list[tuple[int, bool]] = []
 
     @app.task(
-        base=IdempotentTask, idemctl_store=store, idemctl_key="charge:{order}", idemctl_wait=0,
+        base=IdempotentTask, idemctl_store=store, idemctl_key="{order}", idemctl_wait=0,
+        name="shop.charge",
     )  # fmt: skip
     def charge(order: str) -> str:
         ctx = current_context()
@@ -281,7 +284,7 @@ def test_a_killed_workers_task_runs_again_past_its_lease_as_a_takeover(app: Any)
 
     assert isinstance(charge.apply(("o-1",), throw=False).result, KeyBusy)  # lease live
     assert seen == []
-    expire_lease(store, "charge:o-1")
+    expire_lease(store, key)
     assert charge.apply(("o-1",)).get() == "o-1"
     assert len(seen) == 1 and seen[0][1] is True  # a takeover
     assert seen[0][0] > killed.fencing_token  # with a newer token than the killed attempt's
@@ -302,7 +305,7 @@ def test_dramatiq_runs_a_guarded_actor_once_and_fails_a_reused_key_at_once() -> 
     broker.add_middleware(Idempotency(store=store))
     runs: list[tuple[str, int]] = []
 
-    @dramatiq.actor(broker=broker, idemctl_key="charge:{order}", max_retries=3, min_backoff=1)
+    @dramatiq.actor(broker=broker, idemctl_key="{order}", max_retries=3, min_backoff=1)
     def charge(order: str, amount: int) -> None:
         runs.append((order, amount))
 
@@ -327,5 +330,5 @@ def test_dramatiq_runs_a_guarded_actor_once_and_fails_a_reused_key_at_once() -> 
         worker.stop()
     assert runs.count(("o-1", 200)) == 0
     assert len(broker.dead_letters) == 1
-    record = store.get("charge:o-1")
+    record = store.get("task:dramatiq:charge#o-1")
     assert record is not None and record.attempts == 1

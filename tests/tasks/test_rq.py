@@ -28,7 +28,7 @@ STORE = open_store("memory://")
 RUNS: list[tuple[str, int]] = []
 
 
-@idempotent(store=STORE, key="charge:{order}")
+@idempotent(store=STORE, key="{order}")
 def charge(order: str, amount: int) -> dict[str, Any]:
     RUNS.append((order, amount))
     return {"charged": amount, "token": current_context().fencing_token}
@@ -40,12 +40,12 @@ def add(a: int, b: int = 0) -> int:
     return a + b
 
 
-@idempotent(store=STORE, key="slow:{n}")
+@idempotent(store=STORE, key="{n}")
 def slow(n: int) -> int:
     raise JobTimeoutException("Task exceeded maximum timeout value (1 seconds)")
 
 
-@idempotent(store=STORE, key="held:{n}", busy="requeue")
+@idempotent(store=STORE, key="{n}", busy="requeue")
 def held(n: int) -> int:
     raise AssertionError("ran beside the holder")
 
@@ -74,20 +74,20 @@ def test_the_default_key_is_the_functions_dotted_name_and_its_arguments(queue: Q
     assert queue.enqueue(add, 1, 2).return_value() == 3
     assert queue.enqueue(add, 1, b=2).return_value() == 3  # the same call, by keyword
     assert RUNS == [("add", 1)]
-    keys = [r.key for r in STORE.scan().records if r.key.startswith("tests.")]
-    assert keys and all(k.startswith("tests.tasks.test_rq.add:") for k in keys)
+    keys = [r.key for r in STORE.scan().records if ".add#" in r.key]
+    assert len(keys) == 1 and keys[0].startswith("task:rq:tests.tasks.test_rq.add#")
 
 
 def test_rqs_job_timeout_is_a_retriable_handler_timeout(queue: Queue) -> None:
     job = queue.enqueue(slow, 1)
     assert job.get_status() == JobStatus.FAILED
     assert HandlerTimeout.__name__ in (job.latest_result().exc_string or "")
-    record = STORE.get("slow:1")
+    record = STORE.get("task:rq:tests.tasks.test_rq.slow#1")
     assert record is not None and record.status is Status.FAILED and record.retriable
 
 
 def test_a_held_key_fails_the_job_with_key_busy_for_rqs_retry(queue: Queue) -> None:
-    STORE.claim("held:1", None, 60)  # another worker's attempt, alive
+    STORE.claim("task:rq:tests.tasks.test_rq.held#1", None, 60)  # another worker's attempt, alive
     job = queue.enqueue(held, 1)
     assert job.get_status() == JobStatus.FAILED
     assert KeyBusy.__name__ in (job.latest_result().exc_string or "")

@@ -23,7 +23,7 @@ def test_async_and_sync_tasks_run_once_and_replay_their_result() -> None:
     broker = InMemoryBroker().with_middlewares(Idempotency(store=store))
     runs: list[tuple[str, int]] = []
 
-    @broker.task(idemctl_key="charge:{order}")
+    @broker.task(idemctl_key="{order}", task_name="shop.charge")
     async def charge(order: str, amount: int) -> dict[str, Any]:
         runs.append((order, amount))
         return {"charged": amount, "token": current_context().fencing_token}
@@ -56,28 +56,30 @@ def test_async_and_sync_tasks_run_once_and_replay_their_result() -> None:
     assert other.is_err and isinstance(other.error, FingerprintMismatch)
     assert added.return_value == added_again.return_value == 3
     assert sorted(runs) == [("add", 1), ("o-1", 100), ("u-1", 0), ("u-1", 0)]
-    assert store.get("charge:o-1") is not None
-    assert [r.key for r in store.scan().records if r.key.startswith("shop.add:")]
+    assert store.get("task:taskiq:shop.charge#o-1") is not None
+    assert [r.key for r in store.scan().records if r.key.startswith("task:taskiq:shop.add#")]
 
 
 def test_a_failure_is_retried_by_taskiqs_retry_middleware_and_a_held_key_is_busy() -> None:
     store = open_store("memory://")
-    store.claim("held:1", None, 60)  # another worker's attempt, alive
+    store.claim("task:taskiq:shop.held#1", None, 60)  # another worker's attempt, alive
     broker = InMemoryBroker().with_middlewares(
         Idempotency(store=store), SimpleRetryMiddleware(default_retry_count=3)
     )
     runs: list[int] = []
 
-    @broker.task(idemctl_key="flaky:{n}", retry_on_error=True)
+    @broker.task(idemctl_key="{n}", task_name="shop.flaky", retry_on_error=True)
     async def flaky(n: int) -> int:
         runs.append(n)
         if len(runs) < 3:
             raise ValueError("declined")
         return n
 
-    @broker.task(idemctl_key="held:{n}", idemctl_busy="requeue")
+    @broker.task(idemctl_key="{n}", task_name="shop.held", idemctl_busy="requeue")
     async def held(n: int) -> int:
         raise AssertionError("ran beside the holder")
+
+    key = "task:taskiq:shop.flaky#7"
 
     async def main() -> Any:
         await broker.startup()
@@ -85,7 +87,7 @@ def test_a_failure_is_retried_by_taskiqs_retry_middleware_and_a_held_key_is_busy
             await flaky.kiq(7)
             busy = await (await held.kiq(1)).wait_result(timeout=10)
             await wait_until_async(  # the retries are sent again through the broker
-                lambda: len(runs) == 3 and getattr(store.get("flaky:7"), "result", None) == 7,
+                lambda: len(runs) == 3 and getattr(store.get(key), "result", None) == 7,
                 "the third run's result stored", 30,
             )  # fmt: skip
             return busy
@@ -95,5 +97,37 @@ def test_a_failure_is_retried_by_taskiqs_retry_middleware_and_a_held_key_is_busy
     busy = asyncio.run(main())
     assert isinstance(busy.error, KeyBusy)
     assert runs == [7, 7, 7]
-    record = store.get("flaky:7")
+    record = store.get(key)
     assert record is not None and record.attempts == 3 and record.result == 7
+
+
+def test_the_calls_are_counted_by_queue_task_and_outcome_for_prometheus() -> None:
+    """idemctl.metrics.register_tasks: the doors' calls in this process, as a worker's
+    Prometheus registry serves them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from idemctl.metrics import register_tasks
+
+    store = open_store("memory://")
+    broker = InMemoryBroker().with_middlewares(Idempotency(store=store))
+
+    @broker.task(idemctl_key="{order}", task_name="shop.counted")
+    async def counted(order: str, amount: int) -> int:
+        return amount
+
+    async def main() -> None:
+        await broker.startup()
+        try:
+            for amount in (100, 100, 200):
+                await (await counted.kiq("o-1", amount)).wait_result(timeout=10)
+        finally:
+            await broker.shutdown()
+
+    asyncio.run(main())
+    registry = CollectorRegistry()
+    register_tasks(registry)
+    text = generate_latest(registry).decode()
+    labels = 'outcome="{}",queue="taskiq",task="shop.counted"'
+    for outcome in ("new", "replayed", "mismatch"):
+        assert f"idemctl_task_calls_total{{{labels.format(outcome)}}} 1.0" in text, text
+    assert 'idemctl_task_seconds_count{queue="taskiq",task="shop.counted"} 3.0' in text
