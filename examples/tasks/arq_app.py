@@ -14,7 +14,8 @@ The store: arq 0.28 requires redis-py below 6, idemctl's Redis store 7.3 or late
 it is SQLite (or PostgreSQL, DynamoDB) beside the Redis broker.
 
 Environment: ``$BROKER_URL`` (default redis://127.0.0.1:6379/0), ``$IDEMCTL_STORE``,
-``$LEDGER`` (default ./ledger.txt), ``$CHARGE_SECONDS`` (default 0), ``$IDEMCTL_LEASE``
+``$LEDGER`` (default ./ledger.txt; a ``*.db`` file: a fenced ledger,
+``examples/tasks/ledger.py``), ``$CHARGE_SECONDS`` (default 0), ``$IDEMCTL_LEASE``
 (seconds, default 30), ``$JOB_TIMEOUT``.
 """
 
@@ -28,6 +29,7 @@ from typing import Any, ClassVar
 from arq import create_pool
 from arq.connections import RedisSettings
 
+from examples.tasks.ledger import record
 from idemctl.tasks.arq import idempotent
 
 REDIS = RedisSettings.from_dsn(os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0"))
@@ -36,8 +38,7 @@ REDIS = RedisSettings.from_dsn(os.environ.get("BROKER_URL", "redis://127.0.0.1:6
 @idempotent(key="{order}", lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
 async def charge(ctx: dict[str, Any], order: str, amount: int) -> None:
     await asyncio.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
-    with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:
-        ledger.write(f"{order}\n")
+    record(order, amount)
 
 
 def send(order: str, amount: int) -> None:

@@ -15,7 +15,8 @@ copy waits here for the first's result instead.
 
 Environment: ``$BROKER_URL`` (default redis://127.0.0.1:6379/0), ``$IDEMCTL_STORE`` (the
 store; default the embedded SQLite file), ``$LEDGER`` (the file each charge appends its
-order to, a line each; default ./ledger.txt), ``$CHARGE_SECONDS`` (how long a charge
+order to, a line each; default ./ledger.txt; a ``*.db`` file: a fenced ledger,
+``examples/tasks/ledger.py``), ``$CHARGE_SECONDS`` (how long a charge
 takes, default 0), ``$IDEMCTL_LEASE`` (seconds, default 30: a killed worker's charge runs
 again past it), ``$IDEMCTL_BUSY`` (what a copy that finds its charge running does: ``wait``
 for its result, the default, or ``requeue`` itself to come again in 2 s).
@@ -29,6 +30,7 @@ import time
 
 from celery import Celery
 
+from examples.tasks.ledger import record
 from idemctl.tasks.celery import IdempotentTask
 
 app = Celery("shop", broker=os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0"))
@@ -46,10 +48,9 @@ app.conf.update(
 )
 
 
-def _charge(order: str) -> None:
+def _charge(order: str, amount: int) -> None:
     time.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
-    with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:
-        ledger.write(f"{order}\n")
+    record(order, amount)
 
 
 @app.task(
@@ -60,14 +61,14 @@ def _charge(order: str) -> None:
     idemctl_countdown=2,
 )
 def charge(order: str, amount: int) -> dict[str, object]:
-    _charge(order)
+    _charge(order, amount)
     return {"order": order, "amount": amount}
 
 
 @app.task
 def charge_bare(order: str, amount: int) -> dict[str, object]:
     """The same charge without idemctl: what a redelivery does to it."""
-    _charge(order)
+    _charge(order, amount)
     return {"order": order, "amount": amount}
 
 

@@ -13,8 +13,9 @@ connection drops (RabbitMQ) or, on Redis, once the worker has missed its heartbe
 here, where dramatiq's default looks on one in a thousand).
 
 Environment: ``$BROKER_URL`` (redis://... or amqp://...; default
-redis://127.0.0.1:6379/0), ``$IDEMCTL_STORE``, ``$LEDGER`` (default ./ledger.txt),
-``$CHARGE_SECONDS`` (default 0), ``$IDEMCTL_LEASE`` (seconds, default 30).
+redis://127.0.0.1:6379/0), ``$IDEMCTL_STORE``, ``$LEDGER`` (default ./ledger.txt; a ``*.db``
+file: a fenced ledger, ``examples/tasks/ledger.py``), ``$CHARGE_SECONDS`` (default 0),
+``$IDEMCTL_LEASE`` (seconds, default 30).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 
 import dramatiq
 
+from examples.tasks.ledger import record
 from idemctl.tasks.dramatiq import Idempotency
 
 url = os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0")
@@ -47,8 +49,7 @@ dramatiq.set_broker(broker)
 @dramatiq.actor(idemctl_key="{order}", idemctl_lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
 def charge(order: str, amount: int) -> None:
     time.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
-    with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:
-        ledger.write(f"{order}\n")
+    record(order, amount)
 
 
 def send(order: str, amount: int) -> None:

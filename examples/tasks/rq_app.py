@@ -12,7 +12,8 @@ rq's default is every 10 minutes) finds it abandoned: rq's heartbeat for a job l
 seconds after its last beat.
 
 Environment: ``$BROKER_URL`` (default redis://127.0.0.1:6379/0), ``$IDEMCTL_STORE``,
-``$LEDGER`` (default ./ledger.txt), ``$CHARGE_SECONDS`` (default 0), ``$IDEMCTL_LEASE``
+``$LEDGER`` (default ./ledger.txt; a ``*.db`` file: a fenced ledger,
+``examples/tasks/ledger.py``), ``$CHARGE_SECONDS`` (default 0), ``$IDEMCTL_LEASE``
 (seconds, default 30).
 """
 
@@ -25,6 +26,7 @@ import time
 from redis import Redis
 from rq import Queue, Retry
 
+from examples.tasks.ledger import record
 from idemctl.tasks.rq import idempotent
 
 REDIS_URL = os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0")
@@ -35,8 +37,7 @@ queue = Queue("default", connection=Redis.from_url(REDIS_URL))
 @idempotent(key="{order}", lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
 def charge(order: str, amount: int) -> None:
     time.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
-    with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:
-        ledger.write(f"{order}\n")
+    record(order, amount)
 
 
 def send(order: str, amount: int) -> None:

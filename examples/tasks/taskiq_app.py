@@ -15,7 +15,8 @@ on that search expires after 5 s here, where the broker's default never does (a 
 killed holding it would stop every search: taskiq-redis #131).
 
 Environment: ``$BROKER_URL`` (default redis://127.0.0.1:6379/0), ``$IDEMCTL_STORE``,
-``$LEDGER`` (default ./ledger.txt), ``$CHARGE_SECONDS`` (default 0), ``$IDEMCTL_LEASE``
+``$LEDGER`` (default ./ledger.txt; a ``*.db`` file: a fenced ledger,
+``examples/tasks/ledger.py``), ``$CHARGE_SECONDS`` (default 0), ``$IDEMCTL_LEASE``
 (seconds, default 30), ``$IDLE_TIMEOUT``.
 """
 
@@ -27,6 +28,7 @@ import sys
 
 from taskiq_redis import RedisStreamBroker
 
+from examples.tasks.ledger import record
 from idemctl.tasks.taskiq import Idempotency
 
 broker = RedisStreamBroker(
@@ -40,8 +42,7 @@ broker = RedisStreamBroker(
 @broker.task(idemctl_key="{order}", idemctl_lease=float(os.environ.get("IDEMCTL_LEASE", "30")))
 async def charge(order: str, amount: int) -> None:
     await asyncio.sleep(float(os.environ.get("CHARGE_SECONDS", "0")))
-    with open(os.environ.get("LEDGER", "ledger.txt"), "a") as ledger:
-        ledger.write(f"{order}\n")
+    record(order, amount)
 
 
 def send(order: str, amount: int) -> None:

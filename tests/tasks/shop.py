@@ -38,13 +38,20 @@ class Shop:
         redis: RedisServer,
         rabbit: RabbitServer | None = None,
         queue: str = "celery",
+        fenced: bool = False,
         **env: str,
     ) -> None:
         """``examples/tasks/<queue>_app.py``, its store on ``redis``; its broker too, or
-        ``rabbit``."""
+        ``rabbit``. ``fenced``: its charges written to a fenced ledger (a SQLite file,
+        ``examples/tasks/ledger.py``) instead of appended to a text file."""
         self.folder, self.redis, self.rabbit, self.queue = folder, redis, rabbit, queue
-        self.ledger = folder / "ledger.txt"
-        self.ledger.touch()
+        self.ledger = folder / ("ledger.db" if fenced else "ledger.txt")
+        if fenced:
+            from examples.tasks.ledger import create
+
+            create(str(self.ledger))
+        else:
+            self.ledger.touch()
         base = f"redis://127.0.0.1:{redis.port}"
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("IDEMCTL_")},
@@ -95,7 +102,14 @@ class Shop:
                 proc.wait()
 
     def charges(self) -> Counter[str]:
-        return Counter(self.ledger.read_text().split())
+        """How many times each order was charged (the fenced ledger: its rows)."""
+        if self.ledger.suffix != ".db":
+            return Counter(self.ledger.read_text().split())
+        import sqlite3
+        from contextlib import closing
+
+        with closing(sqlite3.connect(self.ledger, timeout=60)) as connection:
+            return Counter(order for (order,) in connection.execute("SELECT order_id FROM charges"))
 
     def drained(self) -> bool:
         """Nothing queued, nothing delivered and not acknowledged."""
@@ -152,7 +166,8 @@ class Shop:
 def charge_through_a_kill(shop: Shop) -> None:
     """300 orders sent twice, the worker SIGKILLed once a third are charged and started
     again, 50 sent a third time: every order charged, a repeat only where the kill cut in
-    (at most the worker's 4 tasks at a time)."""
+    (at most the worker's 4 tasks at a time; none with a fenced ledger, where a takeover's
+    charge replaces the row its killed predecessor wrote)."""
     orders = [f"order-{i}" for i in range(300)]
     try:
         shop.send(orders + orders)
@@ -171,6 +186,8 @@ def charge_through_a_kill(shop: Shop) -> None:
     assert set(charges) == set(orders)
     repeated = {order: n for order, n in charges.items() if n > 1}
     assert len(repeated) <= 4 and all(n == 2 for n in repeated.values()), repeated
+    if shop.ledger.suffix == ".db":  # and not one charge refused (FenceConflict, StaleFence)
+        assert "Fence" not in shop.logs(tail=None), shop.logs()
     # What an operator sees (idemctl tasks): the queue's charge task, every key done.
     with operate.open_target(shop.env["IDEMCTL_STORE"]) as target:
         (counts,) = operate.tasks(target, shop.queue)
