@@ -2,7 +2,7 @@
 
     from idemctl.tasks.arq import idempotent
 
-    @idempotent(key="charge:{order}", lease=30)  # store: $IDEMCTL_STORE, or store=URL
+    @idempotent(key="{order}", lease=30)  # store: $IDEMCTL_STORE, or store=URL
     async def charge(ctx: dict, order: str, amount: int) -> dict: ...
 
     class WorkerSettings:

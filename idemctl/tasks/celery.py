@@ -7,10 +7,10 @@
     app.conf.task_acks_late = True  # at least once: a killed worker's task comes again
     app.conf.task_reject_on_worker_lost = True
 
-    @app.task(base=IdempotentTask, idemctl_key="charge:{order}")
+    @app.task(base=IdempotentTask, idemctl_key="{order}")
     def charge(order: str, amount: int) -> dict: ...
 
-or, keeping a task's own base, ``guard(task, key="charge:{order}")`` after defining it.
+or, keeping a task's own base, ``guard(task, key="{order}")`` after defining it.
 
 Each run claims the task's key (``idemctl.tasks``: its name and a fingerprint of its
 arguments by default) in the store of ``idemctl_store`` (None: ``$IDEMCTL_STORE``), with a
@@ -86,7 +86,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery ships no types
 
 def guard(task: T, **options: Any) -> T:
     """Guard a task defined with its own base: its runs become effectively once, with the
-    ``TaskOptions`` given as keywords (``key="charge:{order}"``). Call it where the task is
+    ``TaskOptions`` given as keywords (``key="{order}"``). Call it where the task is
     defined, before the worker starts."""
     run = task.run
     keeper = TaskGuard("celery", task.name, run, TaskOptions(**options))

@@ -5,7 +5,7 @@
 
     broker.add_middleware(Idempotency())  # store: $IDEMCTL_STORE, or store=URL or a store
 
-    @dramatiq.actor(idemctl_key="charge:{order}", idemctl_lease=30)
+    @dramatiq.actor(idemctl_key="{order}", idemctl_lease=30)
     def charge(order: str, amount: int) -> None: ...
 
 The middleware guards each actor declared with an ``idemctl_key`` (or ``idempotent=True``,

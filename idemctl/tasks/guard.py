@@ -44,8 +44,8 @@ class TaskOptions:
     opened on the first call in each worker process (an async store for an async task's
     door, taskiq's, which wraps a sync one given)."""
     key: str | Callable[..., str] | None = None
-    """A template over the task's arguments (``"charge:{order}"``) or a function of them;
-    None: the fingerprint of the arguments (after ``task:<queue>:<task name>#``)."""
+    """A template over the task's arguments (``"{order}"``) or a function of them, or None
+    for the fingerprint of the arguments: the key after ``task:<queue>:<task name>#``."""
     lease: float | None = None
     """Seconds a claim holds without a heartbeat (a killed worker's task runs again past
     it); None: the store's default. The heartbeat extends it while the task runs."""

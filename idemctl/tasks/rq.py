@@ -3,7 +3,7 @@
     from rq import Queue, Retry
     from idemctl.tasks.rq import idempotent
 
-    @idempotent(key="charge:{order}", lease=30)  # store: $IDEMCTL_STORE, or store=URL
+    @idempotent(key="{order}", lease=30)  # store: $IDEMCTL_STORE, or store=URL
     def charge(order: str, amount: int) -> dict: ...
 
     queue.enqueue(charge, "order-1", 500, retry=Retry(max=3))

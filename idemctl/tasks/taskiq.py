@@ -5,7 +5,7 @@
 
     broker = RedisStreamBroker(url).with_middlewares(Idempotency())  # store: $IDEMCTL_STORE
 
-    @broker.task(idemctl_key="charge:{order}", idemctl_lease=30)
+    @broker.task(idemctl_key="{order}", idemctl_lease=30)
     async def charge(order: str, amount: int) -> dict: ...
 
 The middleware guards each task declared with an ``idemctl_key`` label (or
