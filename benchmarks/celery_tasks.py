@@ -3,6 +3,7 @@ idemctl (``IdempotentTask`` on a Redis store), on one Redis server that is both 
 and the store, one worker (threads pool), the same tasks queued before it starts.
 
     .venv/bin/python benchmarks/celery_tasks.py [--tasks 3000] [--rounds 3] [--concurrency 4]
+        [--pool threads|prefork]
 
 Bare and guarded run one after the other, ``--rounds`` times, each on new tasks; a run's
 rate is its tasks over the time from its first task's end to its last one's (the worker's
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = 1.3
 
 
-def one_run(port: int, kind: str, tasks: int, concurrency: int) -> float:
+def one_run(port: int, kind: str, tasks: int, concurrency: int, pool: str = "threads") -> float:
     """Seconds per task of ``tasks`` no-op tasks of ``kind`` (bare, guarded)."""
     import redis
 
@@ -49,7 +50,7 @@ def one_run(port: int, kind: str, tasks: int, concurrency: int) -> float:
     )
     subprocess.run([sys.executable, "-c", send, run, str(tasks)], env=env, check=True)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "_celery_noop", "worker", "--pool", "threads",
+        [sys.executable, "-m", "celery", "-A", "_celery_noop", "worker", "--pool", pool,
          "--concurrency", str(concurrency), "--loglevel", "WARNING", "--without-gossip",
          "--without-mingle", "--without-heartbeat"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -73,6 +74,10 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--pool", choices=("threads", "prefork"), default="threads",
+        help="the worker's pool: threads (the examples'), or prefork (Celery's default)",
+    )  # fmt: skip
     args = parser.parse_args()
     stop_on_sigterm()
     with own_redis_server() as url:
@@ -82,8 +87,8 @@ def main() -> int:
         open_store(f"redis://{HOST}:{port}/1").provision()
         ratios = []
         for r in range(args.rounds):
-            bare = one_run(port, "bare", args.tasks, args.concurrency)
-            guarded = one_run(port, "guarded", args.tasks, args.concurrency)
+            bare = one_run(port, "bare", args.tasks, args.concurrency, args.pool)
+            guarded = one_run(port, "guarded", args.tasks, args.concurrency, args.pool)
             ratios.append(guarded / bare)
             print(
                 f"round {r + 1}: bare {bare * 1e3:.2f} ms/task ({1 / bare:,.0f}/s), "
