@@ -4,6 +4,7 @@ a failure, the stored result)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -86,7 +87,8 @@ class TaskGuard:
         self._calls = Calls(fn, options.key or _unused, True, None, None)
         self._store: Store | None = None
         self._astore: AsyncStore | None = None
-        self._pid = self._apid = 0
+        self._pid = 0
+        self._apid: tuple[int, int] | None = None
         self._lock = threading.Lock()
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str | None]:
@@ -115,22 +117,24 @@ class TaskGuard:
             return self._store
 
     def astore(self) -> AsyncStore:
-        """The async store, opened once per process as ``store()`` is (a sync store given is
-        wrapped: worker threads, or the backend's asyncio half)."""
+        """The async store, opened once per process and event loop (an asyncio client's
+        connections belong to the loop that made them); a sync store given is wrapped
+        (worker threads, or the backend's asyncio half)."""
         from idemctl.aio.opening import open_store, wrap
         from idemctl.stores.base_async import AsyncStore
 
         given = self.options.store
         if isinstance(given, AsyncStore):
             return given
+        here = (os.getpid(), id(asyncio.get_running_loop()))
         with self._lock:
-            if self._astore is None or self._apid != os.getpid():
+            if self._astore is None or self._apid != here:
                 self._astore = (
                     open_store(self._url())
                     if given is None or isinstance(given, str)
                     else wrap(given)
                 )
-                self._apid = os.getpid()
+                self._apid = here
             return self._astore
 
     def _url(self) -> str:

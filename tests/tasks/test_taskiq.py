@@ -16,6 +16,7 @@ from taskiq import InMemoryBroker, SimpleRetryMiddleware
 from idemctl import FingerprintMismatch, KeyBusy, current_context, open_store
 from idemctl.tasks.taskiq import Idempotency
 from tests.polling import wait_until_async
+from tests.servers import RedisServer
 
 
 def test_async_and_sync_tasks_run_once_and_replay_their_result() -> None:
@@ -131,3 +132,34 @@ def test_the_calls_are_counted_by_queue_task_and_outcome_for_prometheus() -> Non
     for outcome in ("new", "replayed", "mismatch"):
         assert f"idemctl_task_calls_total{{{labels.format(outcome)}}} 1.0" in text, text
     assert 'idemctl_task_seconds_count{queue="taskiq",task="shop.counted"} 3.0' in text
+
+
+def test_an_async_task_guarded_in_two_event_loops_opens_its_store_in_each(
+    redis: RedisServer,
+) -> None:
+    """A coroutine task on the Redis store's asyncio client, run under one event loop and
+    then another (a worker restarted in-process, a test's second ``asyncio.run``): the
+    second loop gets a client of its own, not the first loop's closed connections."""
+    url = f"redis://127.0.0.1:{redis.port}/0"
+    open_store(url).provision()
+    broker = InMemoryBroker().with_middlewares(Idempotency(store=url))
+    runs: list[str] = []
+
+    @broker.task(idemctl_key="{order}", task_name="shop.looped")
+    async def looped(order: str) -> str:
+        runs.append(order)
+        return order
+
+    async def main(order: str) -> Any:
+        await broker.startup()
+        try:
+            return await (await looped.kiq(order)).wait_result(timeout=10)
+        finally:
+            await broker.shutdown()
+
+    first = asyncio.run(main("o-1"))
+    second = asyncio.run(main("o-2"))
+    again = asyncio.run(main("o-1"))
+    assert not first.is_err and not second.is_err and not again.is_err, (second.error, again.error)
+    assert (first.return_value, second.return_value, again.return_value) == ("o-1", "o-2", "o-1")
+    assert runs == ["o-1", "o-2"]  # the third, a repeat, replayed from the store
