@@ -53,7 +53,8 @@ def one_run(url: str, guard: str, orders: int, folder: Path) -> dict[str, int]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("IDEMCTL_")},
         "BROKER_URL": f"{url}/0", "LOCKS_URL": f"{url}/2", "IDEMCTL_STORE": f"{url}/1",
-        "LEDGER": str(ledger), "PYTHONPATH": f"{ROOT / 'benchmarks'}{os.pathsep}{ROOT}",
+        "LEDGER": str(ledger), "VISIBILITY_TIMEOUT": "3",
+        "PYTHONPATH": f"{ROOT / 'benchmarks'}{os.pathsep}{ROOT}",
     }  # fmt: skip
     open_store(env["IDEMCTL_STORE"]).provision()
     names = [f"order-{i}" for i in range(orders)]

@@ -74,7 +74,6 @@ def idempotent(**options: Any) -> Callable[[F], F]:
                 raise Retry(defer=settings.countdown)
             return answer(result, None)
 
-        guarded.idemctl = keeper  # type: ignore[attr-defined]
         return guarded  # type: ignore[return-value]
 
     return decorate

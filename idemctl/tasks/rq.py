@@ -69,7 +69,6 @@ def idempotent(**options: Any) -> Callable[[F], F]:
                 raise KeyBusy(f"job {name}: key {result.key!r} is held by another attempt")
             return answer(result, None)
 
-        guarded.idemctl = keeper  # type: ignore[attr-defined]
         return guarded  # type: ignore[return-value]
 
     return decorate
