@@ -130,7 +130,16 @@ STORES = ["sqlite", "redis", "redis-rebalance", "redis-cluster", "postgres",
           "postgres-transactional", "dynamodb"]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", STORES)
+STALL_TRIES = 3
+"""Runs of the rebalance case, whose broker now and then stalls the group (below): twice
+in one session here both of two runs stalled, so a third; its bound grows to fit them."""
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.timeout(240 * STALL_TRIES)) if n == "redis-rebalance"
+     else n for n in STORES],
+)  # fmt: skip
 def test_verify_passes_with_kills_every_2s_and_leaves_nothing(
     kafka_broker: KafkaBroker, request: pytest.FixtureRequest, tmp_path: Path, name: str
 ) -> None:
@@ -140,7 +149,7 @@ def test_verify_passes_with_kills_every_2s_and_leaves_nothing(
     # What verify judged, for a failure to be read: its problems and counts, then its log.
     shown = ("problems", "lost", "duplicate_effects", "duplicates_allowed", "kills",
              "kills_mid_handler", "poison_missing", "lag_left")  # fmt: skip
-    for tries_left in (1, 0) if name == "redis-rebalance" else (0,):
+    for tries_left in reversed(range(STALL_TRIES)) if name == "redis-rebalance" else (0,):
         run = uuid.uuid4().hex[:8]
         rc, doc, err = verify(
             kafka_broker, t.url, "--messages", str(t.messages), "--kill-every", "2s",
