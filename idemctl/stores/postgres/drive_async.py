@@ -9,12 +9,25 @@ catch leaves the driver as it came, for the connection's translation into idemct
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import psycopg
 from psycopg import pq
 
 from idemctl.stores.postgres.flows import Flow, Reply, T
+
+REPLAN_EVERY = 500
+"""Executions of prepared statements (the single-key path) on one connection before the
+connection drops them (DEALLOCATE ALL), so that PostgreSQL plans them again for the table as
+it is now. A plan it keeps is made for the table's size then, and is only made again when
+the table is analyzed: made while the table was tiny (where a sequential scan is cheapest),
+it gets slower with every key until autovacuum's next ANALYZE, up to a minute later or
+never. Made again this often, such a plan lasts 500 calls, whatever the table's statistics
+say (a plan is made for the table's pages now), at the cost of a round trip and five planned
+executions per 500."""
+_executed: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+"""Prepared executions on each connection since it last dropped its statements."""
 
 
 async def drive_async(conn: psycopg.AsyncConnection[Any], flow: Flow[T]) -> T:
@@ -23,7 +36,9 @@ async def drive_async(conn: psycopg.AsyncConnection[Any], flow: Flow[T]) -> T:
         step = next(flow)
         while True:
             try:
-                cur = await conn.execute(step.sql, step.params)
+                if step.prepare:
+                    await _replan_due(conn)
+                cur = await conn.execute(step.sql, step.params, prepare=step.prepare)
                 rows = await cur.fetchall() if _has_rows(cur) else []
                 reply = Reply(rows, cur.rowcount)
             except psycopg.Error as exc:
@@ -33,6 +48,16 @@ async def drive_async(conn: psycopg.AsyncConnection[Any], flow: Flow[T]) -> T:
     except StopIteration as stop:
         answer: T = stop.value
         return answer
+
+
+async def _replan_due(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Count a prepared execution on ``conn``; past REPLAN_EVERY, drop its prepared
+    statements first (psycopg forgets them too on seeing DEALLOCATE ALL)."""
+    n = _executed.get(conn, 0) + 1
+    if n > REPLAN_EVERY:
+        await conn.execute("DEALLOCATE ALL")
+        n = 1
+    _executed[conn] = n
 
 
 def _has_rows(cur: psycopg.AsyncCursor[Any]) -> bool:

@@ -27,7 +27,7 @@ from idemctl.model import (
     Verdict,
     canonical_json,
 )
-from idemctl.stores.base import new_owners
+from idemctl.stores.base import new_owner, new_owners
 from idemctl.stores.machine import decide_claim, decide_guard, lease_lost
 from idemctl.stores.postgres.sql import entity_of, record_of, utc
 
@@ -43,6 +43,10 @@ class Statement(NamedTuple):
 
     sql: str
     params: Any = None
+    prepare: bool | None = None
+    """True: the library's single-key path, prepared on its connection, whose plan
+    PostgreSQL may keep (see ``pool_base.PoolSettings.connect_kwargs``); None: planned at
+    each execution for its parameters."""
 
 
 class Reply(NamedTuple):
@@ -78,6 +82,8 @@ def claim(
     sql: Mapping[str, str], requests: Sequence[ClaimRequest], lease: float
 ) -> Flow[list[ClaimOutcome]]:
     """Claim each key (already validated), in order, for ``lease`` seconds."""
+    if len(requests) == 1:
+        return [(yield from claim_one(sql, requests[0], lease))]
     outcomes: list[ClaimOutcome | None] = [None] * len(requests)
     for indexes in rounds_of([r.key for r in requests]):
         batch = [requests[i] for i in indexes]
@@ -85,6 +91,14 @@ def claim(
         for i, outcome in zip(indexes, answers, strict=True):
             outcomes[i] = outcome
     return [o for o in outcomes if o is not None]
+
+
+def claim_one(sql: Mapping[str, str], r: ClaimRequest, lease: float) -> Flow[ClaimOutcome]:
+    """One key: the statement of its own, whose plan the connection keeps."""
+    owner = new_owner()
+    params = {"key": r.key, "fp": r.fingerprint, "owner": owner, "lease": lease}
+    reply = yield Statement(sql["claim_one"], params, prepare=True)
+    return (yield from claimed(sql, [r], [owner], reply))[0]
 
 
 def claim_params(
@@ -104,6 +118,13 @@ def claim_statement(
     """One claim statement over keys that are all different."""
     owners = new_owners(len(requests))
     reply = yield Statement(sql["claim"], claim_params(requests, owners, lease))
+    return (yield from claimed(sql, requests, owners, reply))
+
+
+def claimed(
+    sql: Mapping[str, str], requests: Sequence[ClaimRequest], owners: Sequence[str], reply: Reply
+) -> Flow[list[ClaimOutcome]]:
+    """The outcomes of a claim statement's rows."""
     rows = {row[0]: row for row in reply.rows}
     outcomes: list[ClaimOutcome] = []
     for r, owner in zip(requests, owners, strict=True):
@@ -144,19 +165,18 @@ def completion_params(completions: Sequence[Completion], retention: float) -> di
     }
 
 
-def complete(
-    sql: Mapping[str, str], completions: Sequence[Completion], retention: float
-) -> Flow[list[Record]]:
-    """Complete the keys still held as named; their records (none for the others)."""
-    reply = yield Statement(sql["complete"], completion_params(completions, retention))
-    return [record_of(row) for row in reply.rows]
-
-
 def complete_one(sql: Mapping[str, str], c: Completion, retention: float) -> Flow[Record]:
     """``complete``: the record, or LeaseLost."""
-    records = yield from complete(sql, [c], retention)
-    if records:
-        return records[0]
+    params = {
+        "key": c.key,
+        "owner": c.owner,
+        "token": c.fencing_token,
+        "result": canonical_json(c.result).decode(),
+        "retention": retention,
+    }
+    reply = yield Statement(sql["complete_one"], params, prepare=True)
+    if reply.rows:
+        return record_of(reply.rows[0])
     raise (yield from lost(sql, c.key, c.owner, c.fencing_token))
 
 

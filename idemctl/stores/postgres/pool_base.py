@@ -8,6 +8,7 @@ from one ``PoolSettings`` and translate errors with ``PoolBase.error_for``."""
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,18 +55,21 @@ class PoolSettings:
 
     def connect_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of every connection: autocommit, timeouts, UTC."""
-        # plan_cache_mode: psycopg prepares what it runs often, and PostgreSQL may then keep
-        # one generic plan made while the table was tiny, where a sequential scan is cheapest;
-        # as the table grows that plan gets slower with every key until autovacuum's ANALYZE
-        # happens to replace it. Planning each execution for its values costs a fraction of
-        # a millisecond and never degrades.
+        # prepare_threshold never reached: psycopg prepares only the statements that ask, the
+        # library's single-key path (``flows.Statement.prepare``), whose plans PostgreSQL
+        # keeps after five executions. Any other statement, a batch's or an operator's (or
+        # a transactional handler's own SQL on this connection), is planned at each
+        # execution for its values: a plan kept from while the table was tiny (a sequential
+        # scan, cheapest then) would get slower with every key until autovacuum's next
+        # ANALYZE replaced it; a key's lookup by its primary key is exposed to that only
+        # until the table outgrows a few pages (docs/guides/postgres.md).
         options = (
             f"-c lock_timeout={round(self.lock_timeout * 1000)} "
-            f"-c statement_timeout={round(self.statement_timeout * 1000)} -c TimeZone=UTC "
-            "-c plan_cache_mode=force_custom_plan"
+            f"-c statement_timeout={round(self.statement_timeout * 1000)} -c TimeZone=UTC"
         )
         return {
             "autocommit": True,
+            "prepare_threshold": sys.maxsize,  # None would refuse prepare=True too
             "options": options,
             "connect_timeout": max(1, round(self.connect_timeout)),
         }

@@ -216,23 +216,12 @@ UPDATE {t} k SET status = 'completed', owner = NULL, lease_expires_at = NULL,
 FROM req
 WHERE k.key = req.key AND k.owner = req.owner
   AND k.fencing_token = req.token"""
-    return {
-        "claim": f"""
-WITH req AS (
-    SELECT * FROM unnest(%(keys)s::text[], %(fps)s::text[], %(owners)s::text[])
-        AS r(key, fingerprint, owner)
-), old AS (
-    SELECT k.* FROM {t} k JOIN req USING (key)
-), claimed AS (
-    -- A key with no row starts its fencing counter at the clock in microseconds (not now():
-    -- the transaction's start), above every token of a deleted earlier life of the key.
-    INSERT INTO {t} AS k (key, status, fingerprint, owner, fencing_token, attempts,
-                          lease_expires_at, created_at, updated_at)
-    SELECT key, 'in_progress', fingerprint, owner,
-           (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 1,
-           now() + %(lease)s * interval '1 second', now(), now()
-    FROM req ORDER BY key
-    ON CONFLICT (key) DO UPDATE SET
+    # A key with no row starts its fencing counter at the clock in microseconds (not now():
+    # the transaction's start), above every token of a deleted earlier life of the key.
+    first_fence = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+    insert = f"""INSERT INTO {t} AS k (key, status, fingerprint, owner, fencing_token, attempts,
+                          lease_expires_at, created_at, updated_at)"""
+    upsert = """ON CONFLICT (key) DO UPDATE SET
         status = 'in_progress',
         owner = excluded.owner,
         fencing_token = k.fencing_token + 1,
@@ -251,7 +240,18 @@ WITH req AS (
        OR ((excluded.fingerprint IS NULL OR k.fingerprint IS NULL
             OR k.fingerprint = excluded.fingerprint)
            AND ((k.status = 'in_progress' AND (k.owner IS NULL OR k.lease_expires_at <= now()))
-                OR (k.status = 'failed' AND k.retriable)))
+                OR (k.status = 'failed' AND k.retriable)))"""
+
+    def claim(req: str, old: str) -> str:
+        """The claim of the keys ``req`` selects (key, fingerprint, owner), whose rows ``old``
+        selects: a row per key, its claim's columns or NULLs, then its row as it was."""
+        return f"""
+WITH req AS ({req}), old AS ({old}), claimed AS (
+    {insert}
+    SELECT key, 'in_progress', fingerprint, owner, {first_fence}, 1,
+           now() + %(lease)s * interval '1 second', now(), now()
+    FROM req ORDER BY key
+    {upsert}
     RETURNING k.key, k.fencing_token, k.attempts, k.lease_expires_at
 )
 SELECT req.key, c.fencing_token, c.attempts, c.lease_expires_at,
@@ -260,8 +260,29 @@ SELECT req.key, c.fencing_token, c.attempts, c.lease_expires_at,
        o.key, o.status::text, o.fingerprint, o.owner, o.fencing_token, o.attempts,
        o.lease_expires_at, o.created_at, o.updated_at, o.completed_at, o.expires_at,
        o.result, o.error, o.retriable, now()
-FROM req LEFT JOIN claimed c USING (key) LEFT JOIN old o USING (key)""",
-        "complete": f"{complete}\nRETURNING {prefixed(COLUMNS, 'k.')}, {wake}",
+FROM req LEFT JOIN claimed c USING (key) LEFT JOIN old o USING (key)"""
+
+    complete_one = f"""
+UPDATE {t} k SET status = 'completed', owner = NULL, lease_expires_at = NULL,
+    updated_at = now(), completed_at = now(),
+    expires_at = now() + %(retention)s * interval '1 second',
+    result = %(result)s::jsonb, error = NULL, retriable = false
+WHERE k.key = %(key)s AND k.owner = %(owner)s AND k.fencing_token = %(token)s
+RETURNING {prefixed(COLUMNS, "k.")}, {wake}"""
+    return {
+        # One key (the library's path): the same answer as "claim" gives, from scalar
+        # parameters, so that its plan can be kept (``flows.Statement.prepare``).
+        "claim_one": claim(
+            req="SELECT %(key)s::text AS key, %(fp)s::text AS fingerprint, "
+            "%(owner)s::text AS owner",
+            old=f"SELECT k.* FROM {t} k WHERE k.key = %(key)s",
+        ),
+        "complete_one": complete_one,
+        "claim": claim(
+            req="SELECT * FROM unnest(%(keys)s::text[], %(fps)s::text[], %(owners)s::text[]) "
+            "AS r(key, fingerprint, owner)",
+            old=f"SELECT k.* FROM {t} k JOIN req USING (key)",
+        ),
         "complete_keys": f"{complete}\nRETURNING k.key, {wake}",
         "fail": f"""
 UPDATE {t} k SET status = 'failed', owner = NULL, lease_expires_at = NULL, updated_at = now(),

@@ -73,7 +73,7 @@ def open_unit(
     if (yield from try_lock(sql, f"{names.keys_table}/{key}")):
         yield Statement("SAVEPOINT claim")
         try:
-            outcome = (yield from flows.claim(sql, [ClaimRequest(key, fingerprint)], lease))[0]
+            outcome = yield from flows.claim_one(sql, ClaimRequest(key, fingerprint), lease)
         except pg_errors.LockNotAvailable:
             yield Statement("ROLLBACK TO SAVEPOINT claim")
     if isinstance(outcome, Acquired) and order is not None:
@@ -81,7 +81,7 @@ def open_unit(
         outcome = yield from lock_entity(sql, names, acquired, order, lease)
         if isinstance(outcome, Stale):
             done = Completion(acquired.key, acquired.owner, acquired.fencing_token)
-            yield from flows.complete(sql, [done], retention)
+            yield from flows.complete_one(sql, done, retention)
     return outcome
 
 
@@ -90,11 +90,8 @@ def complete_unit(
 ) -> Flow[Record]:
     """``Unit.complete``: the key completed (LeaseLost if no longer held) and, with an
     order, the entity advanced, in the unit's transaction."""
-    records = yield from flows.complete(
-        sql, [Completion(a.key, a.owner, a.fencing_token, result)], retention
-    )
-    if not records:
-        raise (yield from flows.lost(sql, a.key, a.owner, a.fencing_token))
+    done = Completion(a.key, a.owner, a.fencing_token, result)
+    record = yield from flows.complete_one(sql, done, retention)
     if order is not None:
         params = {
             "entity": order.entity,
@@ -107,7 +104,7 @@ def complete_unit(
             raise StoreError(
                 f"entity {order.entity!r} vanished from the transaction on key {a.key!r}"
             )
-    return records[0]
+    return record
 
 
 def try_lock(sql: Mapping[str, str], name: str) -> Flow[bool]:
