@@ -1,7 +1,7 @@
 """Benchmark: the library's own path, ``@idempotent`` / ``idemctl.run``, one call at a time.
 
     .venv/bin/python benchmarks/library_path.py [--keys 2000] [--rounds 5]
-        [--only powertools,floor,wake] [--wake-rounds 5] [--hold 1.0]
+        [--only powertools,floor,postgres,wake] [--wake-rounds 5] [--hold 1.0]
 
 - ``powertools``: ``@idempotent`` against Powertools' ``@idempotent_function`` over
   ``RedisCachePersistenceLayer`` on the same redis-server, in this process, rounds
@@ -10,6 +10,10 @@
 - ``floor``: ``idemctl.run`` first runs against two raw round trips a call, same run: Redis
   ``SET NX PX`` then ``SET PX``; PostgreSQL ``INSERT ... ON CONFLICT DO NOTHING`` then
   ``UPDATE`` (autocommit), on the same servers.
+- ``postgres``: ``idemctl.run`` and ``idemctl.aio.run`` on PostgreSQL, first runs (``--keys``
+  new keys) and replays (the same keys again), against that floor on a sync and on an async
+  psycopg connection, each round timing the six in turn; the ratios per round and their
+  medians.
 - ``wake``: 2 processes of 10 threads call one key with ``wait=10`` while a holder (this
   process) runs its handler ``--hold`` seconds: the time from the holder's completion to
   each waiter's return, p50/p99/max per store, over ``--wake-rounds`` keys.
@@ -162,6 +166,10 @@ def redis_floor(url: str) -> Any:
     return call
 
 
+FLOOR_INSERT = "INSERT INTO floor_keys (key, v) VALUES (%s, NULL) ON CONFLICT DO NOTHING"
+FLOOR_UPDATE = "UPDATE floor_keys SET v = '{\"ok\": true}' WHERE key = %s"
+
+
 def postgres_floor(url: str) -> Any:
     import psycopg
 
@@ -169,10 +177,8 @@ def postgres_floor(url: str) -> Any:
     conn.execute("CREATE TABLE IF NOT EXISTS floor_keys (key text PRIMARY KEY, v jsonb)")
 
     def call(key: str) -> None:
-        conn.execute(
-            "INSERT INTO floor_keys (key, v) VALUES (%s, NULL) ON CONFLICT DO NOTHING", (key,)
-        )
-        conn.execute("UPDATE floor_keys SET v = '{\"ok\": true}' WHERE key = %s", (key,))
+        conn.execute(FLOOR_INSERT, (key,))
+        conn.execute(FLOOR_UPDATE, (key,))
 
     return call
 
@@ -194,6 +200,98 @@ def section_floor(urls: dict[str, str], keys: int, rounds: int) -> None:
             store.close()
             print(f"{name}: idemctl {ours:,.0f}/s, floor {theirs:,.0f}/s = {ours / theirs:.2f}x")
         print(f"{name} median: {statistics.median(values):.2f}x")
+
+
+# postgres ------------------------------------------------------------------------------------
+
+
+def async_postgres_floor(url: str) -> Any:
+    """``postgres_floor`` on psycopg's AsyncConnection: an async function of a key."""
+    import psycopg
+
+    conns: list[Any] = []
+
+    async def call(key: str) -> None:
+        if not conns:
+            conns.append(await psycopg.AsyncConnection.connect(url, autocommit=True))
+            await conns[0].execute(
+                "CREATE TABLE IF NOT EXISTS floor_keys (key text PRIMARY KEY, v jsonb)"
+            )
+        await conns[0].execute(FLOOR_INSERT, (key,))
+        await conns[0].execute(FLOOR_UPDATE, (key,))
+
+    return call
+
+
+async def async_timed(fn: Any, keys: list[str]) -> float:
+    started = time.perf_counter()
+    for key in keys:
+        await fn(key)
+    return rate(len(keys), time.perf_counter() - started)
+
+
+def section_postgres(url: str, keys: int, rounds: int) -> None:
+    """The PostgreSQL rows of issue 64's table: ``idemctl.run`` and ``idemctl.aio.run``,
+    first runs and replays, against the floor (sync and asyncio psycopg), the four timed in
+    turn within each round on the same server, the store's statements warmed first."""
+    import asyncio
+
+    from idemctl import aio
+
+    print(f"\n== PostgreSQL: idemctl against two raw statements, {keys} keys a round")
+    plain = url.split("?", maxsplit=1)[0]
+    store = open_store(url)
+    store.provision()
+    floor = postgres_floor(plain)
+    ratios: dict[str, list[float]] = {}
+
+    def note(name: str, value: float) -> None:
+        ratios.setdefault(name, []).append(value)
+
+    async def async_round(astore: Any, afloor: Any, tag: str) -> tuple[float, float, float]:
+        names = [f"{tag}-a{i}" for i in range(keys)]
+
+        async def handler(ctx: Any) -> dict[str, bool]:
+            return {"ok": True}
+
+        async def call(key: str) -> None:
+            await aio.run(astore, key, handler)
+
+        first = await async_timed(call, names)
+        again = await async_timed(call, names)
+        bare = await async_timed(afloor, [f"{n}-f" for n in names])
+        return first, again, bare
+
+    async def main() -> None:
+        astore = aio.open_store(url)
+        afloor = async_postgres_floor(plain)
+        try:
+            await async_round(astore, afloor, "warm")  # prepare and keep every plan first
+            timed(lambda k: run(store, k, lambda ctx: {"ok": True}), [f"w{i}" for i in range(50)])
+            for r in range(rounds):
+                tag = uuid.uuid4().hex[:6]
+                names = [f"{tag}-{i}" for i in range(keys)]
+                ours = timed(lambda k: run(store, k, lambda ctx: {"ok": True}), names)
+                again = timed(lambda k: run(store, k, lambda ctx: {"ok": True}), names)
+                theirs = timed(floor, [f"{n}-f" for n in names])
+                afirst, aagain, abare = await async_round(astore, afloor, tag)
+                note("sync first runs / floor", ours / theirs)
+                note("sync replays / floor", again / theirs)
+                note("asyncio first runs / floor", afirst / abare)
+                note("asyncio replays / floor", aagain / abare)
+                print(
+                    f"round {r + 1}: sync {ours:,.0f}/s first, {again:,.0f}/s replays, floor "
+                    f"{theirs:,.0f}/s; asyncio {afirst:,.0f}/s first, {aagain:,.0f}/s "
+                    f"replays, floor {abare:,.0f}/s"
+                )
+        finally:
+            await astore.aclose()
+
+    asyncio.run(main())
+    store.close()
+    for name, values in ratios.items():
+        spread = f"{min(values):.2f}-{max(values):.2f}"
+        print(f"{name}: median {statistics.median(values):.2f}x ({spread}; target >= 0.6x)")
 
 
 # wake ----------------------------------------------------------------------------------------
@@ -257,7 +355,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", default="powertools,floor,wake")
+    parser.add_argument("--only", default="powertools,floor,postgres,wake")
     parser.add_argument("--wake-rounds", type=int, default=5)
     parser.add_argument("--hold", type=float, default=1.0)
     args = parser.parse_args()
@@ -274,6 +372,8 @@ def main() -> None:
         if "floor" in only:
             urls = {"redis": redis_url, "postgres": postgres_url}
             section_floor(urls, args.keys, max(1, args.rounds // 2))
+        if "postgres" in only:
+            section_postgres(postgres.url(schema="library"), args.keys, args.rounds)
         if "wake" in only:
             stack.enter_context(fake_aws_env())
             moto = MotoServer(tmp).start()

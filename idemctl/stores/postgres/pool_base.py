@@ -62,7 +62,7 @@ class PoolSettings:
         # execution for its values: a plan kept from while the table was tiny (a sequential
         # scan, cheapest then) would get slower with every key until autovacuum's next
         # ANALYZE replaced it; a key's lookup by its primary key is exposed to that only
-        # until the table outgrows a few pages (docs/guides/postgres.md).
+        # for REPLAN_EVERY executions (stores.postgres.drive; docs/guides/production.md).
         options = (
             f"-c lock_timeout={round(self.lock_timeout * 1000)} "
             f"-c statement_timeout={round(self.statement_timeout * 1000)} -c TimeZone=UTC"
