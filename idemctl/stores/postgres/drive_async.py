@@ -20,12 +20,12 @@ from idemctl.stores.postgres.flows import Flow, Reply, T
 REPLAN_EVERY = 500
 """Executions of prepared statements (the single-key path) on one connection before the
 connection drops them (DEALLOCATE ALL), so that PostgreSQL plans them again for the table as
-it is now. A plan it keeps is made for the table's size then, and is only made again when
-the table is analyzed: made while the table was tiny (where a sequential scan is cheapest),
-it gets slower with every key until autovacuum's next ANALYZE, up to a minute later or
-never. Made again this often, such a plan lasts 500 calls, whatever the table's statistics
-say (a plan is made for the table's pages now), at the cost of a round trip and five planned
-executions per 500."""
+it is now. A plan it keeps is made for the table's size then, and made again only once the
+table is analyzed: one made while the table was tiny (where a sequential scan is cheapest)
+gets slower with every key until autovacuum analyzes the table again (its next visit, a
+minute by default; never where autovacuum is off). Made again this often, such a plan lasts
+at most 500 calls, whatever the statistics say (a plan is made for the table's pages now),
+at the cost of a round trip and five planned executions per 500."""
 _executed: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 """Prepared executions on each connection since it last dropped its statements."""
 
