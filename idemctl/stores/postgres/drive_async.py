@@ -19,15 +19,16 @@ from idemctl.stores.postgres.flows import Flow, Reply, T
 
 REPLAN_EVERY = 500
 """Executions of prepared statements (the single-key path) on one connection before the
-connection drops them (DEALLOCATE ALL), so that PostgreSQL plans them again for the table as
-it is now. A plan it keeps is made for the table's size then, and made again only once the
-table is analyzed: one made while the table was tiny (where a sequential scan is cheapest)
-gets slower with every key until autovacuum analyzes the table again (its next visit, a
-minute by default; never where autovacuum is off). Made again this often, such a plan lasts
-at most 500 calls, whatever the statistics say (a plan is made for the table's pages now),
-at the cost of a round trip and five planned executions per 500."""
+connection drops their plans (DISCARD PLANS; the statements stay prepared), so that
+PostgreSQL plans them again for the table as it is now. A plan it keeps is made for the
+table's size then, and made again only once the table is analyzed: one made while the table
+was tiny (where a sequential scan is cheapest) gets slower with every key until autovacuum
+analyzes the table again (its next visit, a minute by default; never where autovacuum is
+off). Made again this often, such a plan lasts at most 500 calls, whatever the statistics
+say (a plan is made for the table's pages now), at the cost of a round trip and the
+planning of the next executions, per 500."""
 _executed: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-"""Prepared executions on each connection since it last dropped its statements."""
+"""Prepared executions on each connection since it last dropped its plans."""
 
 
 async def drive_async(conn: psycopg.AsyncConnection[Any], flow: Flow[T]) -> T:
@@ -51,11 +52,11 @@ async def drive_async(conn: psycopg.AsyncConnection[Any], flow: Flow[T]) -> T:
 
 
 async def _replan_due(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Count a prepared execution on ``conn``; past REPLAN_EVERY, drop its prepared
-    statements first (psycopg forgets them too on seeing DEALLOCATE ALL)."""
+    """Count a prepared execution on ``conn``; past REPLAN_EVERY, drop the plans its
+    prepared statements keep first."""
     n = _executed.get(conn, 0) + 1
     if n > REPLAN_EVERY:
-        await conn.execute("DEALLOCATE ALL")
+        await conn.execute("DISCARD PLANS")
         n = 1
     _executed[conn] = n
 
