@@ -151,7 +151,7 @@ def test_a_plan_kept_while_the_table_was_tiny_is_made_again(
 ) -> None:
     """ANALYZE on a table of 100 rows, as autovacuum does: the plans kept from then on scan
     the whole table (cheapest at that size), and would until the next ANALYZE. Every
-    REPLAN_EVERY executions the connection drops them, and once the table outgrew a few
+    REPLAN_EVERY executions the connection drops those plans, and once the table outgrew a few
     pages the plans made again look keys up by the primary key: no sequential scan of the
     table in the last 100 runs."""
     table = f'"{schema}".keys'
