@@ -1,7 +1,7 @@
 """Benchmark: the library's own path, ``@idempotent`` / ``idemctl.run``, one call at a time.
 
     .venv/bin/python benchmarks/library_path.py [--keys 2000] [--rounds 5]
-        [--only powertools,floor,postgres,wake] [--wake-rounds 5] [--hold 1.0]
+        [--only powertools,floor,postgres,idemkit,wake] [--wake-rounds 5] [--hold 1.0]
 
 - ``powertools``: ``@idempotent`` against Powertools' ``@idempotent_function`` over
   ``RedisCachePersistenceLayer`` on the same redis-server, in this process, rounds
@@ -14,6 +14,9 @@
   new keys) and replays (the same keys again), against that floor on a sync and on an async
   psycopg connection, each round timing the six in turn; the ratios per round and their
   medians.
+- ``idemkit``: ``idemctl.aio.run`` against idemkit's ``@idempotent`` (its defaults) on the
+  same Redis and PostgreSQL, first runs and replays, the two in turn (alternating who goes
+  first); on Redis also the server's µs a call of each (INFO commandstats).
 - ``wake``: 2 processes of 10 threads call one key with ``wait=10`` while a holder (this
   process) runs its handler ``--hold`` seconds: the time from the holder's completion to
   each waiter's return, p50/p99/max per store, over ``--wake-rounds`` keys.
@@ -294,6 +297,115 @@ def section_postgres(url: str, keys: int, rounds: int) -> None:
         print(f"{name}: median {statistics.median(values):.2f}x ({spread}; target >= 0.6x)")
 
 
+# idemkit -------------------------------------------------------------------------------------
+
+
+def server_us(client: Any, keys: int) -> float:
+    """Redis's own time (INFO commandstats, every command) since the last CONFIG RESETSTAT,
+    per key, and resets it."""
+    stats = client.info("commandstats")
+    client.config_resetstat()
+    return sum(v["usec"] for v in stats.values()) / keys
+
+
+def section_idemkit(redis_url: str, postgres_url: str, keys: int, rounds: int) -> None:
+    """``idemctl.aio.run`` against idemkit 1.0.2's ``@idempotent`` (its defaults, keyed on
+    the argument), on the same Redis and PostgreSQL, in the same rounds (the order of the
+    two alternating): first runs, then replays; on Redis also the server's µs a first run
+    and a replay (INFO commandstats)."""
+    import asyncio
+
+    import redis as redis_py
+
+    from idemctl import aio
+
+    try:
+        from idemkit import MethodConfig, PostgresBackend, RedisBackend
+        from idemkit import idempotent as ik_idempotent
+        from idemkit.backends.postgres import init_pg
+    except ImportError:
+        print("\n== idemkit: not installed (pip install -e '.[bench]'), skipped")
+        return
+    print(f"\n== idemctl.aio.run against idemkit's @idempotent, {keys} keys a round")
+    admin = redis_py.Redis.from_url(redis_url)
+    ratios: dict[str, list[float]] = {}
+    server: dict[str, list[float]] = {}
+
+    async def main() -> None:
+        ours = {
+            "redis": aio.open_store(f"{redis_url}?prefix=vsik:"),
+            "postgres": aio.open_store(f"{postgres_url}?schema=vsik"),
+        }
+        for store in ours.values():
+            await store.provision()
+        await init_pg(postgres_url)
+        backends = {
+            "redis": RedisBackend.from_url(redis_url),
+            "postgres": PostgresBackend.from_url(postgres_url),
+        }
+        theirs = {}
+        for name, backend in backends.items():
+
+            @ik_idempotent(backend=backend, config=MethodConfig(key_fields=["order_id"]))
+            async def charge(*, order_id: str) -> dict[str, bool]:
+                return {"ok": True}
+
+            theirs[name] = charge
+
+        async def handler(ctx: Any) -> dict[str, bool]:
+            return {"ok": True}
+
+        def contenders(name: str) -> dict[str, Any]:
+            store = ours[name]
+            return {
+                "idemctl": lambda k: aio.run(store, k, handler),
+                "idemkit": lambda k: theirs[name](order_id=k),
+            }
+
+        for name in ours:  # warm-up: connections, scripts, prepared statements
+            for fn in contenders(name).values():
+                await async_timed(fn, [f"warm-{uuid.uuid4().hex[:6]}-{i}" for i in range(50)])
+        try:
+            for r in range(rounds):
+                tag = uuid.uuid4().hex[:6]
+                for name in ours:
+                    figures = {}
+                    order = list(contenders(name).items())
+                    for who, fn in order if r % 2 == 0 else reversed(order):
+                        names = [f"{tag}-{who}-{i}" for i in range(keys)]
+                        admin.config_resetstat()
+                        first = await async_timed(fn, names)
+                        us_first = server_us(admin, keys)
+                        again = await async_timed(fn, names)
+                        us_again = server_us(admin, keys)
+                        figures[who] = (first, again)
+                        if name == "redis":
+                            server.setdefault(f"{who} first run", []).append(us_first)
+                            server.setdefault(f"{who} replay", []).append(us_again)
+                    (a, b), (c, d) = figures["idemctl"], figures["idemkit"]
+                    ratios.setdefault(f"{name} asyncio first runs", []).append(a / c)
+                    ratios.setdefault(f"{name} asyncio replays", []).append(b / d)
+                    print(
+                        f"round {r + 1} {name}: idemctl {a:,.0f}/s first, {b:,.0f}/s replays; "
+                        f"idemkit {c:,.0f}/s first, {d:,.0f}/s replays"
+                    )
+        finally:
+            for store in ours.values():
+                await store.aclose()
+            for backend in backends.values():
+                await backend.aclose()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # idemkit's warning that no scope was given
+        asyncio.run(main())
+    admin.close()
+    for name, values in ratios.items():
+        spread = f"{min(values):.2f}-{max(values):.2f}"
+        print(f"{name}, idemctl / idemkit: median {statistics.median(values):.2f}x ({spread})")
+    for name, values in server.items():
+        print(f"Redis server µs a call, {name}: median {statistics.median(values):.1f}")
+
+
 # wake ----------------------------------------------------------------------------------------
 
 
@@ -355,7 +467,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", default="powertools,floor,postgres,wake")
+    parser.add_argument("--only", default="powertools,floor,postgres,idemkit,wake")
     parser.add_argument("--wake-rounds", type=int, default=5)
     parser.add_argument("--hold", type=float, default=1.0)
     args = parser.parse_args()
@@ -374,6 +486,8 @@ def main() -> None:
             section_floor(urls, args.keys, max(1, args.rounds // 2))
         if "postgres" in only:
             section_postgres(postgres.url(schema="library"), args.keys, args.rounds)
+        if "idemkit" in only:
+            section_idemkit(redis_url, postgres_url, args.keys, args.rounds)
         if "wake" in only:
             stack.enter_context(fake_aws_env())
             moto = MotoServer(tmp).start()
