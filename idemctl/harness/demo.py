@@ -216,10 +216,8 @@ class _Zombie:
     ) -> None:
         """One look: SIGSTOP the consumer that began the charge; once a takeover charged the
         payment, let it go (SIGCONT) to charge late."""
-        inside = self.folder / "inside"
-        if self.pid is None and inside.exists():
-            pid, self.token = inside.read_text().split()
-            self.pid = int(pid)
+        if not (self.stopped or self.resumed) and self.look():
+            assert self.pid is not None
             if any(c.pid == self.pid and c.poll() is None for c in consumers):
                 os.kill(self.pid, signal.SIGSTOP)
                 self.stopped = True
@@ -230,6 +228,15 @@ class _Zombie:
             self._go()
             os.kill(self.pid or 0, signal.SIGCONT)
             on_step(f"a takeover charged {self.key}; resumed the stopped consumer")
+
+    def look(self) -> bool:
+        """Whether an attempt began the charge (``inside``): then ``pid`` and ``token`` are
+        its consumer's and its own."""
+        inside = self.folder / "inside"
+        if self.pid is None and inside.exists():
+            pid, self.token = inside.read_text().split()
+            self.pid = int(pid)
+        return self.pid is not None
 
     def _charged_by_taker(self, ledger: Path) -> bool:
         """Whether the takeover's charge landed (the zombie, stopped before its own, wrote
@@ -259,7 +266,10 @@ class _Zombie:
 def _victim(consumers: list[subprocess.Popen[bytes]], zombie: _Zombie) -> int:
     """Which consumer the kill hits: not the zombie's, when its stop came first (its
     payment's partition ran ahead), which must live to charge late (a SIGCONT to it killed
-    raised ProcessLookupError and ended the demo)."""
+    raised ProcessLookupError and ended the demo), nor the one that began the zombie's
+    charge just now (killed, the zombie's payment would go to a takeover, which is never
+    held up, and the run would have no zombie): its ``inside`` is read right before."""
+    zombie.look()
     return next(i for i, c in enumerate(consumers) if c.pid != zombie.pid)
 
 
@@ -306,6 +316,7 @@ def _consume(
             exited = all(c.poll() is not None for c in consumers)
             if exited or (not charged and time.monotonic() > started + 120):
                 raise ConfigError("the consumers made no progress: is the broker reachable?")
+            zombie.step(consumers, ledger, on_step)  # before the kill: it spares the zombie
             if not kills and len(charged) >= len(keys) // 3:
                 victim = _victim(consumers, zombie)
                 consumers[victim].send_signal(signal.SIGKILL)
@@ -313,7 +324,6 @@ def _consume(
                 kills += 1
                 on_step("killed one consumer mid-run (SIGKILL) and started it again")
                 consumers[victim] = start()
-            zombie.step(consumers, ledger, on_step)
             if charged == keys and zombie.settled(ledger):
                 break
             time.sleep(0.05)
