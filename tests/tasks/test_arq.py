@@ -25,12 +25,15 @@ from tests.tasks.shop import Shop, charge_through_a_kill
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # a bound on a loaded machine, not a speed
+@pytest.mark.parametrize("fenced", [False, True], ids=["ledger", "fenced-ledger"])
 def test_orders_sent_again_and_a_killed_worker_charge_each_once(
-    tmp_path: Path, redis: RedisServer
+    tmp_path: Path, redis: RedisServer, fenced: bool
 ) -> None:
     """shop.charge_through_a_kill: arq runs a killed worker's jobs again once their
-    in-progress markers expire (the 3 s job timeout plus 10 s)."""
-    shop = Shop(tmp_path, redis, None, "arq", JOB_TIMEOUT="3", IDEMCTL_LEASE="3")
+    in-progress markers expire (the 3 s job timeout plus 10 s). With the fenced ledger
+    (examples/tasks/ledger.py) one row an order, none refused, as for the other queues
+    (tests/tasks/test_queues.py)."""
+    shop = Shop(tmp_path, redis, None, "arq", fenced=fenced, JOB_TIMEOUT="3", IDEMCTL_LEASE="3")
     charge_through_a_kill(shop)
 
 

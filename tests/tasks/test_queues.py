@@ -45,17 +45,18 @@ def test_orders_sent_again_and_a_killed_worker_charge_each_once(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("queue", ["celery", "taskiq"])
+@pytest.mark.parametrize("queue", ["celery", "dramatiq", "rq", "taskiq"])
 def test_with_a_fenced_ledger_a_kill_charges_no_order_twice(
     tmp_path: Path, redis: RedisServer, queue: str
 ) -> None:
     """The same scenario, the charges written to a fenced ledger (examples/tasks/ledger.py),
     one row an order: every order charged, the kill's cut-off charge replaced by its
-    takeover's rather than refused; on Celery's threads and on taskiq's asyncio tasks."""
+    takeover's rather than refused; on Celery's and dramatiq's threads, rq's forked work
+    horses and taskiq's asyncio tasks (arq's coroutines: tests/tasks/test_arq.py)."""
     pytest.importorskip("taskiq_redis" if queue == "taskiq" else queue)
     shop = Shop(
         tmp_path, redis, None, queue, fenced=True,
-        VISIBILITY_TIMEOUT="3", IDLE_TIMEOUT="3", IDEMCTL_LEASE="3",
+        VISIBILITY_TIMEOUT="3", HEARTBEAT_TIMEOUT="3", IDLE_TIMEOUT="3", IDEMCTL_LEASE="3",
     )  # fmt: skip
     charge_through_a_kill(shop)  # a row an order: what it checks is that none was lost
     # and no charge was refused (its logs name no FenceConflict or StaleFence)
