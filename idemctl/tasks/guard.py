@@ -8,6 +8,7 @@ import asyncio
 import os
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -88,7 +89,10 @@ class TaskGuard:
         self._store: Store | None = None
         self._astore: AsyncStore | None = None
         self._pid = 0
-        self._apid: tuple[int, int] | None = None
+        self._apid = 0
+        self._aloop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        """The loop ``_astore`` was opened on: a reference, not its id(), which a loop made
+        after that one ended may be given again."""
         self._lock = threading.Lock()
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str | None]:
@@ -126,15 +130,16 @@ class TaskGuard:
         given = self.options.store
         if isinstance(given, AsyncStore):
             return given
-        here = (os.getpid(), id(asyncio.get_running_loop()))
+        loop = asyncio.get_running_loop()
         with self._lock:
-            if self._astore is None or self._apid != here:
+            made_here = self._aloop is not None and self._aloop() is loop
+            if self._astore is None or self._apid != os.getpid() or not made_here:
                 self._astore = (
                     open_store(self._url())
                     if given is None or isinstance(given, str)
                     else wrap(given)
                 )
-                self._apid = here
+                self._apid, self._aloop = os.getpid(), weakref.ref(loop)
             return self._astore
 
     def _url(self) -> str:
