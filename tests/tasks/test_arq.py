@@ -7,6 +7,7 @@ in-process worker in burst mode."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +40,23 @@ def test_orders_sent_again_and_a_killed_worker_charge_each_once(
 
 def run_burst(redis: RedisServer, functions: list[Any], jobs: list[tuple[Any, ...]]) -> Worker:
     """Each of ``jobs`` (a function's name and its arguments) enqueued, then run by a worker
-    in this process until the queue is empty (the functions named by their own names, as
-    module-level jobs are)."""
+    in this process until the queue is empty, one at a time in the order sent, the functions
+    named by their own names, as module-level jobs are. arq's queue is ordered by the time
+    each job is due in ms, jobs due in the same ms by their random ids, and its worker runs
+    ten at once: so each job is due a ms after the one before it (all of them already), and
+    the worker takes one at a time."""
     settings = RedisSettings(host="127.0.0.1", port=redis.port)
 
     async def main() -> Worker:
         pool = await create_pool(settings)
+        due = datetime.now(UTC) - timedelta(seconds=1)
         try:
-            for name, *args in jobs:
-                await pool.enqueue_job(name, *args)
+            for n, (name, *args) in enumerate(jobs):
+                await pool.enqueue_job(name, *args, _defer_until=due + timedelta(milliseconds=n))
             named = [func(f, name=f.__name__) for f in functions]
             worker = Worker(
                 functions=named, redis_settings=settings, burst=True, poll_delay=0.05,
-                handle_signals=False,
+                handle_signals=False, max_jobs=1,
             )  # fmt: skip
             await worker.async_run()
             await worker.close()
