@@ -204,7 +204,7 @@ def protocol_statements(names: Names) -> dict[str, str]:
     t = names.keys_table
     live = "(k.expires_at IS NULL OR k.expires_at > now())"
     wake = f"pg_notify('{keys_channel(names)}', k.key)"
-    complete = f"""
+    complete_batch = f"""
 WITH req AS (
     SELECT * FROM unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[],
                          %(results)s::text[]) AS r(key, owner, token, result)
@@ -283,7 +283,7 @@ RETURNING {prefixed(COLUMNS, "k.")}, {wake}"""
             "AS r(key, fingerprint, owner)",
             old=f"SELECT k.* FROM {t} k JOIN req USING (key)",
         ),
-        "complete_keys": f"{complete}\nRETURNING k.key, {wake}",
+        "complete_keys": f"{complete_batch}\nRETURNING k.key, {wake}",
         "fail": f"""
 UPDATE {t} k SET status = 'failed', owner = NULL, lease_expires_at = NULL, updated_at = now(),
     expires_at = now() + %(retention)s * interval '1 second', error = %(error)s,
